@@ -1,0 +1,31 @@
+# Two commands: `make run` and `make test`. Both create the environment when it is missing.
+# The venv sees system site-packages, so a CUDA torch / Transformer Engine already installed
+# (Colab, NGC containers, a GPU box) is reused, never replaced. Where no torch exists, the pinned
+# CPU build is installed (on a GPU machine, install your CUDA torch first).
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+TORCH  ?= torch==2.13.0
+PRESET ?= auto
+OUT    ?= results
+SET    ?=
+
+.PHONY: setup run test bench clean-venv
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv --system-site-packages $(VENV)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $@
+
+# Executes notebooks/distill_benchmark.ipynb with papermill; results and the executed copy go to
+# $(OUT)/<run_id>/. Example: make run PRESET=large SET="--set backends=torch_bf16,te_fp8:current"
+run: setup
+	$(BIN)/python -m workbench notebook --preset $(PRESET) --out $(OUT) $(SET)
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+clean-venv:
+	rm -rf $(VENV)

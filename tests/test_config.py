@@ -1,0 +1,105 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from workbench import config
+from workbench.config import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_seed_preset_is_the_tutorial():
+    c = config.from_preset("seed")
+    m, t, b = c.model, c.train, c.bench
+    assert (m.vocab, m.hidden, m.intermediate, m.layers, m.seq_len, m.batch) == (4096, 512, 2048, 3, 128, 8)
+    assert (t.steps, t.lr, t.weight_decay, t.seed, t.eval_batches) == (25, 2e-4, 1e-2, 42, 8)
+    assert (b.warmup, b.iters) == (5, 20)
+    assert c.distill.loss == "mse"
+
+
+def test_large_and_smoke_presets():
+    large = config.from_preset("large").model
+    assert (large.hidden, large.intermediate, large.layers, large.seq_len, large.batch) == (4096, 16384, 3, 512, 16)
+    smoke = config.from_preset("cpu-smoke")
+    assert smoke.model.hidden * smoke.model.intermediate < 512 * 2048  # small enough for seconds on a CPU
+    assert len(smoke.backends) >= 3
+
+
+def test_overrides_flat_and_dotted_are_coerced():
+    c = config.from_preset("seed", hidden="1024", **{"train.lr": "1e-3"}, backends="torch_bf16,te_fp8:current",
+                           baseline="torch_bf16", fused_optimizer="true")
+    assert c.model.hidden == 1024 and c.train.lr == 1e-3 and c.train.fused_optimizer is True
+    assert c.backends == ["torch_bf16", "te_fp8:current"]
+
+
+def test_round_trip_through_dict():
+    c = config.from_preset("large", steps=3)
+    assert config.Config.from_dict(json.loads(c.to_json())) == c
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        ({"hidden": 0}, "model.hidden must be a positive integer"),
+        ({"layers": -2}, "model.layers must be a positive integer"),
+        ({"steps": 0}, "train.steps"),
+        ({"iters": 0}, "bench.iters"),
+        ({"lr": -1.0}, "train.lr"),
+        ({"loss": "kl"}, "distill.loss must be one of ['mse', 'cosine', 'hidden']"),
+        ({"backends": "torch_bf16,tensorrt"}, "unknown backend 'tensorrt'"),
+        ({"backends": "torch_bf16,te_fp8:fancy"}, "unknown recipe 'fancy' for backend 'te_fp8'"),
+        ({"backends": "torch_bf16,torch_fp32:delayed"}, "takes no recipe"),
+        ({"baseline": "torch_fp16"}, "baseline 'torch_fp16' must be one of backends"),
+        ({"device": "tpu"}, "device must be one of"),
+        ({"hidden": "wide"}, "hidden expects a value of type int"),
+        ({"layout": "weird"}, "model.layout must be one of"),
+        ({"teacher_precision": "int8"}, "distill.teacher_precision"),
+    ],
+)
+def test_bad_values_name_the_field_and_the_allowed(overrides, needle):
+    with pytest.raises(ConfigError) as e:
+        config.from_preset("seed", **overrides)
+    assert needle in str(e.value)
+
+
+def test_unknown_backend_message_lists_allowed():
+    with pytest.raises(ConfigError, match=r"allowed: \[.*'te_fp8'.*'torch_bf16'"):
+        config.from_preset("seed", backends="nope")
+
+
+def test_unknown_preset_and_malformed_set():
+    with pytest.raises(ConfigError, match="unknown preset 'huge'.*cpu-smoke"):
+        config.from_preset("huge")
+    with pytest.raises(ConfigError, match="--set expects field=value"):
+        config.parse_set(["hidden1024"])
+    with pytest.raises(ConfigError, match="unknown config field 'hiden'"):
+        config.parse_set(["hiden=1024"])
+
+
+def _parameters_cell(nb_path: Path) -> str:
+    nb = json.loads(nb_path.read_text())
+    cells = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
+    assert len(cells) == 1, "the notebook needs exactly one cell tagged 'parameters'"
+    return "".join(cells[0]["source"])
+
+
+def test_notebook_parameters_match_config_fields():
+    """The papermill parameters are exactly the config's fields (+ run location), documented from config.py."""
+    import ast
+
+    from workbench.notebook import MAIN_NOTEBOOK, RUN_PARAMETERS
+
+    src = _parameters_cell(MAIN_NOTEBOOK)
+    names = [n.targets[0].id for n in ast.parse(src).body if isinstance(n, ast.Assign)]
+    expected = set(config.flat_field_names()) | set(RUN_PARAMETERS)
+    assert set(names) == expected
+    docs = config.field_docs()
+    for line in src.splitlines():
+        name = line.split("=")[0].strip()
+        if name in docs and name != "preset":
+            assert docs[name] and docs[name] in line, f"parameter {name} should carry config.py's docstring"
+
+
+def test_every_field_has_a_docstring():
+    assert all(config.field_docs().values())

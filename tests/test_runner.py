@@ -1,0 +1,156 @@
+"""A real cpu-smoke run: matched students, fp32 losses, fallback without TE, result files, plots."""
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from workbench import backends, config, distill, results, runner
+from workbench.backends import _te
+
+TUTORIAL_SUMMARY_KEYS = {
+    "gpu_name", "compute_capability", "te_available", "fp8_available", "fp8_reason", "mode",
+    "baseline_eval_mse", "te_path_eval_mse", "baseline_mean_step_ms", "te_path_mean_step_ms",
+    "baseline_peak_mem_mb", "te_path_peak_mem_mb",
+}
+FILES = ["config.json", "env.json", "summary.json", "students.csv", "losses.csv"] + [
+    f"{p}.{e}" for p in ("loss_curves", "step_time", "peak_memory") for e in ("png", "svg")]
+
+
+def test_every_result_file_is_written(smoke_run):
+    _, run_dir = smoke_run
+    for name in FILES:
+        assert (run_dir / name).stat().st_size > 0, name
+    assert not list(run_dir.glob(".*tmp*")), "atomic writes leave no temporary files behind"
+
+
+def test_schema_round_trip(smoke_run):
+    cfg, run_dir = smoke_run
+    df = results.load(run_dir)
+    assert list(df.columns[: len(results.STUDENT_COLUMNS)]) == results.STUDENT_COLUMNS
+    assert list(df["student"]) == cfg.backends
+    assert (df["schema_version"] == results.SCHEMA_VERSION).all()
+    assert results.load_config(run_dir) == cfg
+    # every config field is on every row, under the same name
+    for name, value in cfg.flat().items():
+        col = df[f"cfg_{name}"].iloc[0]
+        assert str(col) == (",".join(value) if isinstance(value, list) else str(value))
+    summary = results.load_summary(run_dir)
+    assert TUTORIAL_SUMMARY_KEYS <= set(summary)
+    env = json.loads((run_dir / "env.json").read_text())
+    assert {"python", "platform", "torch", "torch_cuda", "gpu_name", "compute_capability", "cuda_home",
+            "nvcc_exists", "nvcc_path", "cudnn_header_exists", "te_version", "fp8_available", "fp8_reason",
+            "bf16_available"} <= set(env)
+    losses = results.load_losses(run_dir)
+    assert list(losses.columns) == ["step", "student", "loss"]
+    assert len(losses) == cfg.train.steps * len(cfg.backends)
+
+
+def test_load_concatenates_runs_below_a_folder(smoke_run):
+    _, run_dir = smoke_run
+    assert len(results.load(run_dir.parent)) == len(results.load(run_dir))
+
+
+def test_students_start_matched(smoke_run):
+    _, run_dir = smoke_run
+    df = results.load(run_dir)
+    init = df["initial_loss"].astype(float)
+    assert ((init.max() - init.min()) / init.mean()) <= 1e-5
+    first = df["first_step_loss"].astype(float)  # the students' own precision: close, not bitwise
+    assert ((first.max() - first.min()) / first.mean()) < 1e-2
+    assert results.load_summary(run_dir)["initial_losses_equal"] is True
+
+
+def test_fallback_without_te_is_a_row_that_says_so(smoke_run, monkeypatch):
+    _, run_dir = smoke_run
+    row = results.load(run_dir).set_index("student").loc["te_fp8:delayed"]
+    if _te.load()[0] is None:
+        assert row["status"] == "fallback" and row["mode"] == "Fallback-PyTorch"
+        assert "transformer_engine" in row["reason"] and pd.notna(row["step_ms_median"])
+        assert results.load_summary(run_dir)["mode"] == "Fallback-PyTorch"
+
+
+def test_te_missing_forced(monkeypatch, tmp_path):
+    """Even where TE is installed, a TE student without a usable TE runs the fallback and says why."""
+    monkeypatch.setattr(_te, "load", lambda: (None, None, "transformer_engine.pytorch does not import: fake"))
+    cfg = config.from_preset("cpu-smoke", steps=2, iters=2, warmup=0, backends="torch_bf16,te_bf16")
+    df = results.load(runner.run(cfg, out=tmp_path, run_id="r", progress=False))
+    te = df.set_index("student").loc["te_bf16"]
+    assert te["status"] == "fallback" and "fake" in te["reason"]
+
+
+def test_losses_are_fp32_and_backward_works_with_bf16_predictions():
+    pred = torch.randn(4, 8, dtype=torch.bfloat16, requires_grad=True)
+    target = torch.randn(4, 8)
+    for kind in ("mse", "cosine"):
+        loss = distill.loss(kind, pred, distill.Targets(target))
+        assert loss.dtype == torch.float32
+        loss.backward()  # the tutorial's "Found dtype Float but expected BFloat16" must not happen
+    hidden = [torch.randn(4, 8, dtype=torch.bfloat16, requires_grad=True)]
+    loss = distill.loss("hidden", (pred, hidden), distill.Targets(target, [torch.randn(4, 8)]))
+    assert loss.dtype == torch.float32
+    assert loss.item() > distill.mse(pred, target).item()  # hidden-state term adds to the output term
+
+
+@pytest.mark.parametrize("loss", ["cosine", "hidden"])
+def test_other_objectives_train(loss, tmp_path):
+    cfg = config.from_preset("cpu-smoke", loss=loss, steps=3, iters=2, warmup=0, backends="torch_fp32,torch_bf16")
+    df = results.load(runner.run(cfg, out=tmp_path, run_id="r", progress=False))
+    assert (df["status"] == "ok").all() and df["final_train_loss"].notna().all()
+
+
+def test_unavailable_backend_is_skipped_and_divergence_stops_one_student(tmp_path, monkeypatch):
+    cfg = config.from_preset("cpu-smoke", steps=4, iters=2, warmup=0, backends="torch_fp32,torch_fp16,torch_bf16",
+                             baseline="torch_fp32")
+    real_make = backends.make
+
+    def make(spec):  # force torch_bf16 to diverge: an absurd learning rate is applied only to it
+        b = real_make(spec)
+        if spec == "torch_bf16":
+            build = b.build
+
+            def diverging_build(cfg_, state, device):
+                m = build(cfg_, state, device)
+                with torch.no_grad():
+                    for p in m.parameters():
+                        p.mul_(1e30)
+                return m
+            b.build = diverging_build
+        return b
+
+    monkeypatch.setattr(backends, "make", make)
+    df = results.load(runner.run(cfg, out=tmp_path, run_id="r", progress=False)).set_index("student")
+    assert df.loc["torch_fp16", "status"] == "skipped" and "GPU" in df.loc["torch_fp16", "reason"]
+    assert df.loc["torch_bf16", "status"] == "diverged" and "non-finite" in df.loc["torch_bf16", "reason"]
+    assert df.loc["torch_fp32", "status"] == "ok"
+
+
+def test_a_crashing_student_does_not_take_down_the_others(tmp_path, monkeypatch):
+    cfg = config.from_preset("cpu-smoke", steps=2, iters=2, warmup=0, backends="torch_fp32,torch_bf16")
+    real_make = backends.make
+
+    def make(spec):
+        b = real_make(spec)
+        if spec == "torch_fp32":
+            def boom(*a):
+                raise RuntimeError("CUDA out of memory (simulated)")
+            b.build = boom
+        return b
+
+    monkeypatch.setattr(backends, "make", make)
+    df = results.load(runner.run(cfg, out=tmp_path, run_id="r", progress=False)).set_index("student")
+    assert df.loc["torch_fp32", "status"] == "error" and "out of memory" in df.loc["torch_fp32", "reason"]
+    assert df.loc["torch_bf16", "status"] == "ok"
+
+
+def test_plots_show_every_student(smoke_run):
+    import matplotlib.pyplot as plt
+
+    from workbench import plots
+
+    cfg, run_dir = smoke_run
+    fig = plots.loss_curves(run_dir)
+    assert len(fig.axes[0].get_lines()) == len(cfg.backends)
+    fig2 = plots.step_time(run_dir)
+    assert len(fig2.axes[0].patches) == len(cfg.backends)
+    plt.close("all")

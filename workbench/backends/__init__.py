@@ -1,0 +1,137 @@
+"""Precision backends behind one small interface; one file per backend.
+
+A backend answers three questions (gpt-fast / torchtitan style):
+  * `availability(ctx)` -> (ok, reason): can it run here, and if not, why, in words a user can act on;
+  * `build(cfg, init_state, device)` -> the student module, loaded with the shared initial weights;
+  * `forward_context()` -> the context manager that wraps the student's forward.
+Adding a backend is adding one file that subclasses `Backend` and decorates it with `@register`.
+
+A student is named by a spec 'backend' or 'backend:recipe' (e.g. 'te_fp8:current').
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+from dataclasses import dataclass
+from typing import Any, ContextManager
+
+import torch
+from torch import nn
+
+from workbench.config import ConfigError
+
+BACKENDS: dict[str, type["Backend"]] = {}
+
+
+def register(cls: type["Backend"]) -> type["Backend"]:
+    BACKENDS[cls.name] = cls
+    return cls
+
+
+@dataclass
+class Context:
+    """What a backend may look at to decide whether it can run: the resolved device and config."""
+
+    device: torch.device
+    cfg: Any  # workbench.config.Config
+
+
+class Backend:
+    name: str = ""
+    recipes: tuple[str, ...] = ()  # allowed recipes; empty = takes none
+    default_recipe: str | None = None
+    mode: str = "PyTorch"  # the tutorial's mode name for rows that run this backend
+    uses_grad_scaler = False  # fp16 needs loss scaling
+
+    def __init__(self, recipe: str | None = None):
+        self.recipe = recipe or self.default_recipe
+
+    @property
+    def spec(self) -> str:
+        return f"{self.name}:{self.recipe}" if self.recipe else self.name
+
+    def availability(self, ctx: Context) -> tuple[bool, str]:
+        return True, ""
+
+    def build(self, cfg: Any, init_state: dict[str, torch.Tensor], device: torch.device) -> nn.Module:
+        """The torch student with the shared initial weights, parameters in `model.param_dtype`."""
+        from workbench.models import Student
+
+        self.device = device
+        return to_param_dtype(load_matched(Student(cfg.model), init_state), cfg).to(device)
+
+    def forward_context(self) -> ContextManager:
+        return contextlib.nullcontext()
+
+    def fallback(self, ctx: Context, reason: str) -> "Backend | None":
+        """A backend to run instead when this one is unavailable (TE -> PyTorch autocast), or None."""
+        return None
+
+
+def load_matched(module: nn.Module, init_state: dict[str, torch.Tensor]) -> nn.Module:
+    """Load the shared initial weights; every parameter must be covered (only TE's FP8 `_extra_state`
+    may be missing), so students provably start identical."""
+    missing, unexpected = module.load_state_dict(init_state, strict=False)
+    missing = [k for k in missing if not k.endswith("_extra_state")]
+    if missing or unexpected:
+        raise RuntimeError(f"student does not match the shared init: missing={missing} unexpected={unexpected}")
+    return module
+
+
+def to_param_dtype(module: nn.Module, cfg: Any) -> nn.Module:
+    return module.to(torch.bfloat16) if cfg.model.param_dtype == "bf16" else module
+
+
+def reference_state(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The student's weights in the reference (torch, 'separate') layout, for the matched-init check."""
+    to_ref = getattr(module, "to_reference_state", None)
+    if to_ref is not None:
+        return to_ref()
+    return {k: v for k, v in module.state_dict().items() if not k.endswith("_extra_state")}
+
+
+def parse_spec(spec: str) -> tuple[str, str | None]:
+    """'te_fp8:current' -> ('te_fp8', 'current'); unknown names raise ConfigError listing what exists."""
+    _load_all()
+    name, _, recipe = str(spec).partition(":")
+    if name not in BACKENDS:
+        raise ConfigError(f"unknown backend {name!r} in backends; allowed: {sorted(BACKENDS)}")
+    cls = BACKENDS[name]
+    if recipe and recipe not in cls.recipes:
+        allowed = list(cls.recipes) if cls.recipes else "none (this backend takes no recipe)"
+        raise ConfigError(f"unknown recipe {recipe!r} for backend {name!r}; allowed: {allowed}")
+    return name, recipe or None
+
+
+def make(spec: str) -> Backend:
+    name, recipe = parse_spec(spec)
+    return BACKENDS[name](recipe)
+
+
+_MODULES = ("torch_fp32", "torch_autocast", "te_bf16", "te_fp8", "torchao_float8")
+
+
+def _load_all() -> None:
+    if len(BACKENDS) < len(_MODULES):
+        for mod in _MODULES:
+            try:
+                importlib.import_module(f"workbench.backends.{mod}")
+            except ModuleNotFoundError as e:  # a backend file not present in this checkout
+                if e.name != f"workbench.backends.{mod}":
+                    raise
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None) -> ContextManager:
+    """torch autocast for `device`, or a no-op for fp32."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def amp_dtype(device: torch.device) -> torch.dtype:
+    """bf16 where the hardware has it, else fp16 (e.g. a Colab T4, CC 7.5)."""
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return torch.float16
+    return torch.bfloat16
+
+

@@ -1,0 +1,40 @@
+"""Import Transformer Engine once, lazily, and remember why it failed (shared by the TE backends)."""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+
+@functools.lru_cache(maxsize=1)
+def load() -> tuple[Any, Any, str]:
+    """(transformer_engine.pytorch, transformer_engine.common.recipe, '') or (None, None, reason)."""
+    try:
+        import transformer_engine.pytorch as te
+        from transformer_engine.common import recipe
+    except Exception as e:  # ImportError, or an OSError/undefined symbol from a broken extension
+        return None, None, f"transformer_engine.pytorch does not import: {type(e).__name__}: {e}".strip()
+    return te, recipe, ""
+
+
+def check(fn: Callable | None, what: str) -> tuple[bool, str]:
+    """Run one of TE's `is_*_available` checks and return (ok, TE's own reason)."""
+    if fn is None:
+        return False, f"this Transformer Engine has no {what} check (too old for {what})"
+    try:
+        res = fn(return_reason=True)
+    except TypeError:  # older TE: no return_reason
+        res = fn()
+    except Exception as e:  # e.g. no CUDA device visible
+        return False, f"{what} check failed: {type(e).__name__}: {e}"
+    if isinstance(res, tuple):
+        ok, why = bool(res[0]), str(res[1] or "")
+    else:
+        ok, why = bool(res), ""
+    return ok, ("" if ok else (why or f"{what} not available on this GPU"))
+
+
+def autocast(te: Any, recipe: Any):
+    """te.autocast (TE >= 2.9) or the older te.fp8_autocast; wraps the forward only."""
+    if hasattr(te, "autocast"):
+        return te.autocast(enabled=True, recipe=recipe)
+    return te.fp8_autocast(enabled=True, fp8_recipe=recipe)

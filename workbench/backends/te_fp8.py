@@ -1,0 +1,81 @@
+"""Transformer Engine FP8 (and FP4) students: the recipe picks the scaling scheme.
+
+FP8 GEMMs run inside bf16 torch autocast, so everything TE does not quantise (LayerNorm, GELU,
+residuals) runs in bf16 exactly as in the bf16 students: the FP8-vs-bf16 comparison isolates the GEMMs.
+Each recipe is gated by TE's own capability check, and its reason is the row's reason.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from workbench.backends import Context, _te, register
+from workbench.backends.te_bf16 import TEBF16, te_usable
+
+# recipe name -> (TE capability check, required dim multiple)
+RECIPES = {
+    "delayed": ("is_fp8_available", 16),  # DelayedScaling, HYBRID: E4M3 forward, E5M2 gradients
+    "delayed_e4m3": ("is_fp8_available", 16),  # the tutorial's: DelayedScaling(margin=0, E4M3)
+    "current": ("is_fp8_available", 16),  # Float8CurrentScaling
+    "block": ("is_fp8_block_scaling_available", 16),  # Float8BlockScaling
+    "mxfp8": ("is_mxfp8_available", 32),  # MXFP8BlockScaling (Blackwell)
+    "nvfp4": ("is_nvfp4_available", 128),  # NVFP4BlockScaling (Blackwell); autocast does not check it
+}
+
+
+def make_recipe(recipe_mod, name: str):
+    R = recipe_mod
+    if name == "delayed":
+        return R.DelayedScaling(margin=0, fp8_format=R.Format.HYBRID, amax_history_len=16, amax_compute_algo="max")
+    if name == "delayed_e4m3":
+        return R.DelayedScaling(margin=0, fp8_format=R.Format.E4M3)
+    return {
+        "current": R.Float8CurrentScaling,
+        "block": R.Float8BlockScaling,
+        "mxfp8": R.MXFP8BlockScaling,
+        "nvfp4": R.NVFP4BlockScaling,
+    }[name]()
+
+
+def misaligned(cfg, multiple: int) -> list[str]:
+    """Names of the GEMM dimensions that are not multiples of `multiple` (FP8 kernels need them)."""
+    m = cfg.model
+    dims = {"model.hidden": m.hidden, "model.intermediate": m.intermediate, "tokens (batch*seq_len)": m.batch * m.seq_len}
+    return [f"{k}={v}" for k, v in dims.items() if v % multiple]
+
+
+@register
+class TEFP8(TEBF16):
+    name = "te_fp8"
+    recipes = tuple(RECIPES)
+    default_recipe = "delayed"
+    mode = "TE-FP8"
+
+    def availability(self, ctx: Context) -> tuple[bool, str]:
+        ok, why = te_usable(ctx)
+        if not ok:
+            return ok, why
+        te, _, _ = _te.load()
+        check, multiple = RECIPES[self.recipe]
+        ok, why = _te.check(getattr(te, check, None), f"{self.recipe} ({check})")
+        if not ok:
+            return False, why
+        bad = misaligned(ctx.cfg, multiple)
+        if bad:
+            return False, f"recipe {self.recipe} needs GEMM dims that are multiples of {multiple}; not: {', '.join(bad)}"
+        return True, ""
+
+    def build(self, cfg, init_state, device):
+        _, recipe_mod, _ = _te.load()
+        self.fp8_recipe = make_recipe(recipe_mod, self.recipe)
+        model = super().build(cfg, init_state, device)
+        self.dtype = torch.bfloat16
+        return model
+
+    def forward_context(self):
+        te, _, _ = _te.load()
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.autocast(device_type="cuda", dtype=torch.bfloat16))
+        stack.enter_context(_te.autocast(te, self.fp8_recipe))
+        return stack

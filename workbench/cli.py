@@ -1,0 +1,70 @@
+"""Command line: `python -m workbench <command>` (also the `workbench` entry point).
+
+  probe [--json]                              the environment probe (env.json)
+  run --preset P --set field=value ... --out DIR
+                                              one run without a notebook; last stdout line = summary JSON
+  notebook --preset P --set ... --out DIR     the same run, driven through papermill and the main notebook
+Other modules add commands by exposing `add_arguments(parser)` and `main(args)` (see COMMANDS).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+from workbench.config import ConfigError
+
+# command -> (module, help); each module has add_arguments(parser) and main(args) -> int
+COMMANDS = {
+    "probe": ("workbench.probe", "print the environment probe (GPU, CUDA, nvcc, cuDNN, TE)"),
+    "run": ("workbench.cli", "run every student of a preset and write results/<run_id>/"),
+    "notebook": ("workbench.notebook", "execute notebooks/distill_benchmark.ipynb with papermill"),
+    "install-te": ("workbench.install", "plan and run the Transformer Engine install"),
+    "doctor": ("workbench.doctor", "diagnose the TE install or an install/import log"),
+}
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="auto", help="seed | cpu-smoke | large | auto (seed on GPU, else cpu-smoke)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a config field, e.g. --set hidden=1024 --set backends=torch_bf16,te_fp8:current")
+    p.add_argument("--out", default="results", help="parent folder of the run folder")
+    p.add_argument("--run-id", default=None, help="run folder name (default: <timestamp>-<preset>)")
+
+
+add_arguments = add_run_arguments
+
+
+def main_run(args: argparse.Namespace) -> int:
+    from workbench import config, runner, results
+
+    overrides = config.parse_set(args.overrides)
+    cfg = config.from_preset(args.preset, **overrides)
+    run_dir = runner.run(cfg, out=args.out, run_id=args.run_id, requested={"preset": args.preset, **overrides})
+    summary = results.load_summary(run_dir)
+    summary["run_dir"] = str(run_dir)
+    print(json.dumps(summary, default=str))  # last line: machine-readable
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="workbench", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    handlers = {}
+    for name, (module, help_) in COMMANDS.items():
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name != module:
+                raise
+            continue  # a command whose module is not in this checkout
+        p = sub.add_parser(name, help=help_, description=help_)
+        mod.add_arguments(p) if name != "run" else add_run_arguments(p)
+        handlers[name] = main_run if name == "run" else mod.main
+    args = parser.parse_args(argv)
+    try:
+        return handlers[args.command](args)
+    except ConfigError as e:
+        print(f"workbench {args.command}: invalid configuration: {e}", file=sys.stderr)
+        return 2

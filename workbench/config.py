@@ -1,0 +1,320 @@
+"""The one configuration source: dataclasses, presets and validation.
+
+Every consumer reads these dataclasses: the CLI (`--set field=value`), the notebook's papermill
+`parameters` cell (one variable per field, same names) and every result row (flattened with
+`flat()`). Field names are unique across sections, so `hidden=1024` and `model.hidden=1024` both
+address `ModelConfig.hidden`. `tests/test_config.py` keeps the notebook and the dataclasses in
+agreement.
+
+Validation happens up front (`Config.validate`), before any model is built: a bad value raises
+`ConfigError` naming the field and what is allowed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field, fields, asdict
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration value is not allowed; the message names the field and the allowed values."""
+
+
+@dataclass
+class ModelConfig:
+    vocab: int = 4096
+    """Vocabulary size of the token embedding (random tokens are drawn from it)."""
+    hidden: int = 512
+    """Width of the residual stream (LayerNorm / Linear in-out features)."""
+    intermediate: int = 2048
+    """Width of each block's MLP (fc1 out / fc2 in)."""
+    layers: int = 3
+    """Number of residual pre-LayerNorm MLP blocks."""
+    seq_len: int = 128
+    """Tokens per sequence."""
+    batch: int = 8
+    """Sequences per batch; tokens per step: batch * seq_len."""
+    layout: str = "separate"
+    """Student block layout: 'separate' (LayerNorm, Linear, GELU, Linear as in the tutorial) or
+    'fused' (one te.LayerNormMLP per block on TE; the same maths on torch)."""
+    param_dtype: str = "fp32"
+    """Student parameter storage: 'fp32' (master weights, the tutorial's) or 'bf16'."""
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 25
+    """Training steps per student (losses recorded for every one)."""
+    lr: float = 2e-4
+    """AdamW learning rate."""
+    weight_decay: float = 1e-2
+    """AdamW weight decay."""
+    seed: int = 42
+    """Seeds the teacher, the students' shared initial weights and the batches."""
+    eval_batches: int = 8
+    """Held-out batches for the evaluation MSE against the teacher."""
+    fused_optimizer: bool = False
+    """Fused AdamW on CUDA (one kernel for the whole update)."""
+
+
+@dataclass
+class BenchConfig:
+    warmup: int = 5
+    """Untimed steps before the timed region (compilation, autotuning, FP8 amax history)."""
+    iters: int = 20
+    """Timed training steps; median, p20, p80 and mean are reported over them."""
+    compile: bool = False
+    """torch.compile the PyTorch students (TE modules are not compiled: dynamo skips them)."""
+    graphs: bool = False
+    """Capture the student's train step in a CUDA graph (GPU only; capture time reported apart)."""
+
+
+@dataclass
+class DistillConfig:
+    loss: str = "mse"
+    """Distillation objective on the teacher's output: 'mse' (the tutorial's), 'cosine'
+    (1 - cosine similarity per token), or 'hidden' (output MSE + MSE of every block's hidden state)."""
+    teacher_precision: str = "auto"
+    """Teacher forward precision: 'auto' (bf16 autocast on a bf16-capable GPU, else fp32), 'fp32',
+    'bf16' or 'fp16'."""
+
+
+DEFAULT_BACKENDS = ("torch_fp32", "torch_bf16", "te_bf16", "te_fp8:delayed", "te_fp8:current")
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    bench: BenchConfig = field(default_factory=BenchConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    backends: list[str] = field(default_factory=lambda: list(DEFAULT_BACKENDS))
+    """Students to compare, as 'backend' or 'backend:recipe' (see `workbench.backends.BACKENDS`)."""
+    baseline: str = "torch_bf16"
+    """Which student is the tutorial's 'baseline' in summary.json (must be in `backends`)."""
+    device: str = "auto"
+    """'auto' (CUDA when available, else CPU), 'cuda' or 'cpu'."""
+    preset: str = "seed"
+    """Name of the preset this config started from (recorded; set by `from_preset`)."""
+
+    # ---- flat view -------------------------------------------------------------------------
+    def flat(self) -> dict[str, Any]:
+        """Every field as {name: value} with section-free names (the notebook/CLI/row names)."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if dataclasses.is_dataclass(v):
+                out.update(asdict(v))
+            else:
+                out[f.name] = list(v) if isinstance(v, (list, tuple)) else v
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def replace(self, **overrides: Any) -> "Config":
+        """A copy with flat or dotted field overrides applied (values coerced to the field's type)."""
+        cfg = Config.from_dict(self.to_dict())
+        for key, value in overrides.items():
+            section, name = locate(key)
+            target = getattr(cfg, section) if section else cfg
+            setattr(target, name, _coerce(key, _field_type(section, name), value))
+        return cfg
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> "Config":
+        known = {f.name for f in fields(Config)}
+        unknown = set(d) - known
+        if unknown:
+            raise ConfigError(f"unknown config keys {sorted(unknown)}; allowed: {sorted(known)}")
+        kw = dict(d)
+        for name, cls in SECTIONS.items():
+            if name in kw and isinstance(kw[name], dict):
+                sub = kw[name]
+                allowed = {f.name for f in fields(cls)}
+                bad = set(sub) - allowed
+                if bad:
+                    raise ConfigError(f"unknown fields {sorted(bad)} in '{name}'; allowed: {sorted(allowed)}")
+                kw[name] = cls(**sub)
+        return Config(**kw)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    # ---- validation ------------------------------------------------------------------------
+    def validate(self) -> "Config":
+        """Raise ConfigError on the first bad field; return self so calls can chain."""
+        m, t, b, d = self.model, self.train, self.bench, self.distill
+        for name in ("vocab", "hidden", "intermediate", "layers", "seq_len", "batch"):
+            _positive(f"model.{name}", getattr(m, name))
+        _choice("model.layout", m.layout, LAYOUTS)
+        _choice("model.param_dtype", m.param_dtype, PARAM_DTYPES)
+        _positive("train.steps", t.steps)
+        _positive("train.eval_batches", t.eval_batches)
+        if not t.lr > 0:
+            raise ConfigError(f"train.lr must be > 0, got {t.lr!r}")
+        if t.weight_decay < 0:
+            raise ConfigError(f"train.weight_decay must be >= 0, got {t.weight_decay!r}")
+        if b.warmup < 0:
+            raise ConfigError(f"bench.warmup must be >= 0, got {b.warmup!r}")
+        _positive("bench.iters", b.iters)
+        _choice("distill.loss", d.loss, LOSSES)
+        _choice("distill.teacher_precision", d.teacher_precision, TEACHER_PRECISIONS)
+        _choice("device", self.device, DEVICES)
+        if not self.backends:
+            raise ConfigError("backends must list at least one student")
+        from workbench.backends import parse_spec  # late: backends import torch
+
+        for spec in self.backends:
+            parse_spec(spec)  # raises ConfigError naming the allowed backends / recipes
+        if len(set(self.backends)) != len(self.backends):
+            raise ConfigError(f"backends lists a student twice: {self.backends}")
+        if self.baseline not in self.backends:
+            raise ConfigError(f"baseline {self.baseline!r} must be one of backends {self.backends}")
+        return self
+
+
+LAYOUTS = ("separate", "fused")
+PARAM_DTYPES = ("fp32", "bf16")
+LOSSES = ("mse", "cosine", "hidden")
+TEACHER_PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+DEVICES = ("auto", "cuda", "cpu")
+SECTIONS = {"model": ModelConfig, "train": TrainConfig, "bench": BenchConfig, "distill": DistillConfig}
+
+
+def _positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{name} must be one of {list(allowed)}, got {value!r}")
+
+
+# ---- presets ---------------------------------------------------------------------------------
+def _seed() -> Config:
+    """The tutorial exactly (its sizes, optimiser, seed and measurement counts)."""
+    return Config(preset="seed")
+
+
+def _cpu_smoke() -> Config:
+    """Finishes in seconds on a CPU: tiny dims (multiples of 16, so FP8 rows are not skipped for size)."""
+    c = Config(preset="cpu-smoke")
+    c.model = ModelConfig(vocab=256, hidden=64, intermediate=256, layers=2, seq_len=32, batch=4)
+    c.train = TrainConfig(steps=8, eval_batches=2)
+    c.bench = BenchConfig(warmup=2, iters=5)
+    c.backends = ["torch_fp32", "torch_bf16", "te_fp8:delayed"]
+    return c
+
+
+def _large() -> Config:
+    """Where GEMMs dominate: hidden 4096, intermediate 16384, 8192 tokens per step."""
+    c = Config(preset="large")
+    c.model = ModelConfig(hidden=4096, intermediate=16384, layers=3, seq_len=512, batch=16)
+    return c
+
+
+PRESETS = {"seed": _seed, "cpu-smoke": _cpu_smoke, "large": _large}
+
+
+def default_preset_name() -> str:
+    """'seed' where a CUDA GPU is visible, else 'cpu-smoke' (what `make run` uses)."""
+    import torch
+
+    return "seed" if torch.cuda.is_available() else "cpu-smoke"
+
+
+def from_preset(name: str = "seed", **overrides: Any) -> Config:
+    """The named preset with flat or dotted overrides, validated. 'auto' picks `default_preset_name()`."""
+    if name == "auto":
+        name = default_preset_name()
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; allowed: {sorted(PRESETS)} or 'auto'")
+    return PRESETS[name]().replace(**overrides).validate()
+
+
+def parse_set(items: list[str]) -> dict[str, Any]:
+    """Parse CLI `--set field=value` items into overrides (values coerced later, by field type)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set expects field=value, got {item!r}; fields: {sorted(flat_field_names())}")
+        locate(key.strip())  # fails early on unknown names
+        out[key.strip()] = value
+    return out
+
+
+# ---- field lookup and coercion ---------------------------------------------------------------
+def flat_field_names() -> list[str]:
+    return list(Config().flat())
+
+
+def locate(key: str) -> tuple[str | None, str]:
+    """'hidden' or 'model.hidden' -> ('model', 'hidden'); 'backends' -> (None, 'backends')."""
+    if "." in key:
+        section, _, name = key.partition(".")
+        if section in SECTIONS and name in {f.name for f in fields(SECTIONS[section])}:
+            return section, name
+    else:
+        for section, cls in SECTIONS.items():
+            if key in {f.name for f in fields(cls)}:
+                return section, key
+        if key in {f.name for f in fields(Config)} and key not in SECTIONS:
+            return None, key
+    raise ConfigError(f"unknown config field {key!r}; allowed: {sorted(flat_field_names())}")
+
+
+def _field_type(section: str | None, name: str) -> Any:
+    cls = SECTIONS[section] if section else Config
+    return {f.name: f.type for f in fields(cls)}[name]
+
+
+def _coerce(key: str, ftype: Any, value: Any) -> Any:
+    """Strings from the CLI / papermill become the field's type; a bad value names the field."""
+    t = str(ftype)
+    try:
+        if t.startswith("list"):
+            if isinstance(value, str):
+                value = value.strip()
+                if value.startswith("["):
+                    return list(json.loads(value))
+                return [v.strip() for v in value.split(",") if v.strip()]
+            return list(value)
+        if t == "bool":
+            if isinstance(value, str):
+                low = value.lower()
+                if low not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError(value)
+                return low in ("true", "1", "yes")
+            return bool(value)
+        if t == "int":
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
+            if isinstance(value, bool):
+                raise ValueError(value)
+            return int(value) if not isinstance(value, str) else int(value.strip())
+        if t == "float":
+            return float(value)
+        return str(value)
+    except (ValueError, TypeError, json.JSONDecodeError):
+        raise ConfigError(f"{key} expects a value of type {t}, got {value!r}") from None
+
+
+def field_docs() -> dict[str, str]:
+    """{flat field name: its docstring}, read from this file's attribute docstrings (one source)."""
+    import ast
+    import inspect
+    import sys
+
+    docs: dict[str, str] = {}
+    tree = ast.parse(inspect.getsource(sys.modules[__name__]))
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name in {c.__name__ for c in (*SECTIONS.values(), Config)}:
+            body = node.body
+            for a, b in zip(body, body[1:]):
+                if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant):
+                    docs[a.target.id] = " ".join(str(b.value.value).split())
+    return {k: docs.get(k, "") for k in flat_field_names()}

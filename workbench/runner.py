@@ -1,0 +1,212 @@
+"""One workbench run: probe -> teacher targets -> every student -> result files -> plots.
+
+    from workbench import config, runner
+    run_dir = runner.run(config.from_preset("cpu-smoke"), out="results")
+
+Writes results/<run_id>/ (see workbench.results). A student that cannot run here becomes a row with
+status 'skipped' and the reason; one that fails or diverges becomes an 'error' / 'diverged' row; the
+other students still run.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import traceback
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from workbench import backends, distill, probe, results, timing
+from workbench.config import Config
+from workbench.models import Student, Teacher
+from workbench.train import Data, Diverged, run_student
+
+BF16_REFERENCES = ("te_bf16", "torch_bf16")  # the "bf16 student" FP8 losses are compared with
+
+
+def resolve_device(cfg: Config) -> torch.device:
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        from workbench.config import ConfigError
+
+        raise ConfigError("device='cuda' but no CUDA GPU is visible; allowed here: 'auto' or 'cpu'")
+    if cfg.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(cfg.device)
+
+
+def teacher_dtype(cfg: Config, device: torch.device) -> torch.dtype | None:
+    """None = fp32. 'auto': bf16 autocast on a bf16-capable GPU (REFERENCE §1.2: an fp32 teacher
+    costs ~3x a student step at the large size), fp32 on CPU."""
+    p = cfg.distill.teacher_precision
+    if p == "auto":
+        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
+    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[p]
+
+
+def make_data(cfg: Config, teacher: Teacher, device: torch.device, dtype) -> Data:
+    """Random-token batches from a seeded generator and the teacher's targets, computed once."""
+    m = cfg.model
+    gen = torch.Generator().manual_seed(cfg.train.seed + 1)
+    want_hidden = distill.needs_hidden(cfg.distill.loss)
+
+    def batches(n: int):
+        out = []
+        for _ in range(n):
+            tokens = torch.randint(0, m.vocab, (m.batch, m.seq_len), generator=gen).to(device)
+            with torch.no_grad(), backends.autocast(device, dtype):
+                y = teacher(tokens, return_hidden=want_hidden)
+            out_t, hidden = y if want_hidden else (y, None)
+            out.append((tokens, distill.Targets(out_t.float(), [h.float() for h in hidden] if hidden else None)))
+        return out
+
+    return Data(train=batches(cfg.train.steps), bench=batches(cfg.bench.warmup + cfg.bench.iters),
+                eval=batches(cfg.train.eval_batches))
+
+
+def time_teacher(cfg: Config, teacher: Teacher, data: Data, device: torch.device, dtype) -> float | None:
+    """Median teacher forward per batch, measured on its own (it is never part of a student step)."""
+    tokens = data.bench[0][0]
+
+    def fwd():
+        with torch.no_grad(), backends.autocast(device, dtype):
+            teacher(tokens)
+
+    return timing.measure(fwd, cfg.bench.warmup, cfg.bench.iters, timing.clock_for(device)).median
+
+
+def new_run_id(cfg: Config) -> str:
+    return f"{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{cfg.preset}"
+
+
+def run(cfg: Config, out: str | Path = "results", run_id: str | None = None, requested: dict | None = None,
+        progress: bool = True) -> Path:
+    """Run every student in `cfg.backends`; return the run folder. `out` is the parent folder."""
+    cfg.validate()
+    device = resolve_device(cfg)
+    run_id = run_id or new_run_id(cfg)
+    run_dir = Path(out) / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    env = probe.probe()
+    tdtype = teacher_dtype(cfg, device)
+    results.write_json(run_dir / "env.json", env)
+    results.write_json(run_dir / "config.json", {
+        "schema_version": results.SCHEMA_VERSION, "run_id": run_id,
+        "requested": requested or {}, "config": cfg.to_dict(),
+        "derived": {"device": str(device), "teacher_dtype": str(tdtype or torch.float32)},
+    })
+
+    torch.manual_seed(cfg.train.seed)
+    teacher = Teacher(cfg.model).to(device).eval().requires_grad_(False)
+    init_state = {k: v.clone() for k, v in Student(cfg.model).state_dict().items()}  # shared by all students
+    data = make_data(cfg, teacher, device, tdtype)
+    teacher_ms = time_teacher(cfg, teacher, data, device, tdtype)
+    ctx = backends.Context(device=device, cfg=cfg)
+
+    stamp = {k: env.get(k) for k in results.ENV_STAMP}
+    flat_cfg = {k: (",".join(v) if isinstance(v, list) else v) for k, v in cfg.flat().items()}
+    rows, loss_rows = [], []
+    for spec in cfg.backends:
+        row, losses = _one_student(spec, cfg, ctx, init_state, data, device, progress)
+        row.update({"schema_version": results.SCHEMA_VERSION, "run_id": run_id, "teacher_ms_median": teacher_ms})
+        row.update({f"cfg_{k}": v for k, v in flat_cfg.items()})
+        row.update(stamp)
+        rows.append(row)
+        loss_rows += [{"step": i + 1, "student": spec, "loss": v} for i, v in enumerate(losses)]
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # each student's memory peak starts from the same floor
+
+    df = results.students_frame(rows)
+    results.write_csv(run_dir / "students.csv", df)
+    results.write_csv(run_dir / "losses.csv", pd.DataFrame(loss_rows, columns=["step", "student", "loss"]))
+    results.write_json(run_dir / "summary.json", summarize(cfg, env, df, run_id, device, tdtype))
+    from workbench import plots  # matplotlib only once there is something to plot
+
+    plots.plot_run(run_dir)
+    return run_dir
+
+
+def _one_student(spec: str, cfg: Config, ctx, init_state, data: Data, device, progress: bool):
+    backend = backends.make(spec)
+    row: dict[str, Any] = {"student": spec, "backend": backend.name, "recipe": backend.recipe,
+                           "mode": backend.mode, "status": "ok", "reason": ""}
+    ok, reason = backend.availability(ctx)
+    row["reason"] = reason  # an available backend may still carry a note (e.g. fp16 instead of bf16)
+    if not ok:
+        fb = backend.fallback(ctx, reason)
+        if fb is None:
+            row.update(status="skipped", mode=None)
+            _say(progress, f"[{spec}] skipped: {reason}")
+            return row, []
+        row.update(status="fallback", mode=fb.mode, reason=f"{reason} -> ran PyTorch autocast instead")
+        backend = fb
+    _say(progress, f"[{spec}] training {cfg.train.steps} steps ({row['mode']})")
+    try:
+        metrics, losses = run_student(backend, cfg, init_state, data, device)
+        row.update(metrics)
+    except Diverged as e:
+        row.update(e.metrics, status="diverged", reason=str(e), steps_run=len(e.losses))
+        losses = e.losses
+    except Exception as e:  # one failing student must not take down the others; the row says why
+        row.update(status="error", reason=f"{type(e).__name__}: {e}".strip()[:2000])
+        _say(progress, traceback.format_exc())
+        losses = []
+    _say(progress, f"[{spec}] {row['status']}: final loss {row.get('final_train_loss')}, "
+                   f"step {row.get('step_ms_median')} ms, eval mse {row.get('eval_mse')}")
+    return row, losses
+
+
+def _say(progress: bool, msg: str) -> None:
+    if progress:
+        print(msg, flush=True)
+
+
+def _row(df: pd.DataFrame, spec: str | None) -> dict[str, Any]:
+    if spec is None or spec not in set(df["student"]):
+        return {}
+    r = df[df["student"] == spec].iloc[0].to_dict()
+    return {k: (None if isinstance(v, float) and pd.isna(v) else v) for k, v in r.items()}
+
+
+def summarize(cfg: Config, env: dict, df: pd.DataFrame, run_id: str, device, tdtype) -> dict[str, Any]:
+    """The tutorial's summary keys (same meaning, correct numbers) plus what they were missing."""
+    ran = df[df["status"].isin(["ok", "fallback"])]
+    te_rows = ran[ran["backend"].str.startswith("te_")]
+    te_spec = te_rows["student"].iloc[0] if len(te_rows) else None
+    fp8_first = ran[ran["backend"] == "te_fp8"]
+    if len(fp8_first) and (te_spec is None or not te_spec.startswith("te_fp8")):
+        te_spec = fp8_first["student"].iloc[0]  # the tutorial's TE path is the FP8 one when FP8 ran
+    base, te = _row(df, cfg.baseline), _row(df, te_spec)
+    bf16_ref = next((s for s in BF16_REFERENCES if _row(ran, s)), None)
+    ref = _row(ran, bf16_ref)
+
+    def ratio(a, b):
+        return a / b if a is not None and b else None
+
+    fp8_vs_bf16 = {
+        r["student"]: {
+            "final_loss_ratio": ratio(r.get("final_train_loss"), ref.get("final_train_loss")),
+            "eval_mse_ratio": ratio(r.get("eval_mse"), ref.get("eval_mse")),
+        }
+        for r in (_row(df, s) for s in df[(df["backend"] == "te_fp8") & (df["status"] == "ok")]["student"])
+    }
+    init = ran["initial_loss"].dropna().astype(float)
+    spread = float((init.max() - init.min()) / abs(init.mean())) if len(init) else None
+    return {
+        # the tutorial's keys
+        "gpu_name": env.get("gpu_name"), "compute_capability": env.get("compute_capability"),
+        "te_available": env.get("te_available"), "fp8_available": env.get("fp8_available"),
+        "fp8_reason": env.get("fp8_reason"), "mode": te.get("mode") or "Fallback-PyTorch",
+        "baseline_eval_mse": base.get("eval_mse"), "te_path_eval_mse": te.get("eval_mse"),
+        "baseline_mean_step_ms": base.get("step_ms_mean"), "te_path_mean_step_ms": te.get("step_ms_mean"),
+        "baseline_peak_mem_mb": base.get("peak_mem_allocated_mb"), "te_path_peak_mem_mb": te.get("peak_mem_allocated_mb"),
+        # and more
+        "schema_version": results.SCHEMA_VERSION, "run_id": run_id, "preset": cfg.preset, "device": str(device),
+        "baseline_student": cfg.baseline, "te_path_student": te_spec,
+        "baseline_median_step_ms": base.get("step_ms_median"), "te_path_median_step_ms": te.get("step_ms_median"),
+        "teacher_ms_median": df["teacher_ms_median"].iloc[0] if len(df) else None,
+        "teacher_dtype": str(tdtype or torch.float32),
+        "initial_loss_rel_spread": spread, "initial_losses_equal": spread is not None and spread <= 1e-5,
+        "bf16_reference_student": bf16_ref, "fp8_vs_bf16": fp8_vs_bf16,
+        "students": {r["student"]: {"status": r["status"], "reason": r["reason"]} for r in df.to_dict("records")},
+    }

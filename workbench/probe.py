@@ -1,11 +1,23 @@
-"""Environment probe: what this machine has (GPU, CUDA, nvcc, cuDNN, TE) and what TE can do on it.
+"""Environment probe: what this machine has (GPU, driver, CUDA, nvcc, cuDNN, TE packages) and what TE can do.
 
-`probe()` returns a JSON-able dict; every run stores it as env.json and stamps result rows with it.
+`probe()` returns a flat JSON-able dict; every run stores it as env.json and stamps result rows with it,
+and `workbench.install.plan()` decides the Transformer Engine install from it alone (so a plan for any
+machine can be simulated with a plain dict). Unknown values are None, never a guess.
+
+    python -m workbench probe            # grouped human table
+    python -m workbench probe --json     # the dict, as JSON
+
+Why these fields (REFERENCE.md §3): most TE install failures are a mismatch between two of them —
+the TE core package's CUDA major vs torch's, nvcc's major vs torch's, the extension's build vs the
+installed torch / C++ ABI, the meta/core/extension versions, or a cuDNN the build or loader cannot see.
 """
 from __future__ import annotations
 
+import glob
+import importlib.metadata
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -13,14 +25,153 @@ from typing import Any
 
 import torch
 
+# TE capability checks: probe key -> function name in transformer_engine.pytorch (REFERENCE §2)
+CAPABILITY_CHECKS = {"fp8": "is_fp8_available", "fp8_block_scaling": "is_fp8_block_scaling_available",
+                     "mxfp8": "is_mxfp8_available", "nvfp4": "is_nvfp4_available", "bf16": "is_bf16_available"}
 
-def _git_sha() -> str | None:
+TE_META, TE_TORCH = "transformer-engine", "transformer-engine-torch"  # canonical distribution names
+
+
+def _run(argv: list[str], timeout: float = 10) -> str | None:
+    """stdout of a short tool call (nvcc, nvidia-smi, git), or None when it is missing or fails."""
     try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        out = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5)
-        return out.stdout.strip() or None
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.SubprocessError):
         return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def _git_sha() -> str | None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = _run(["git", "-C", here, "rev-parse", "--short", "HEAD"], timeout=5)
+    return out.strip() or None if out else None
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()  # PEP 503 normalisation, as pip compares names
+
+
+def _major(version: str | None) -> int | None:
+    m = re.match(r"(\d+)", version or "")
+    return int(m.group(1)) if m else None
+
+
+def _cuda_home() -> str | None:
+    """The CUDA toolkit a TE build would use: torch's own discovery (CUDA_HOME/CUDA_PATH, nvcc on PATH,
+    /usr/local/cuda); on a CPU torch build, which has none, the same rules by hand."""
+    from torch.utils import cpp_extension
+
+    if cpp_extension.CUDA_HOME:
+        return cpp_extension.CUDA_HOME
+    env = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if env:
+        return env
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        return os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
+    return "/usr/local/cuda" if os.path.isdir("/usr/local/cuda") else None
+
+
+def _nvcc(cuda_home: str | None) -> tuple[str | None, str | None]:
+    """(path, 'MAJOR.MINOR') of the nvcc a build would run."""
+    candidates = [os.path.join(cuda_home, "bin", "nvcc")] if cuda_home else []
+    candidates.append(shutil.which("nvcc") or "")
+    path = next((c for c in candidates if c and os.path.exists(c)), None)
+    if path is None:
+        return None, None
+    m = re.search(r"release (\d+\.\d+)", _run([path, "--version"]) or "")
+    return path, (m.group(1) if m else None)
+
+
+def _driver() -> str | None:
+    out = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    if out and out.strip():
+        return out.strip().splitlines()[0].strip()
+    try:  # no nvidia-smi in some containers; the kernel module still reports itself
+        with open("/proc/driver/nvidia/version") as f:
+            m = re.search(r"Kernel Module\s+(?:for \S+\s+)?([\d.]+)", f.read())
+        return m.group(1) if m else None
+    except OSError:
+        return None
+
+
+def _cudnn_headers(cuda_home: str | None) -> dict[str, Any]:
+    """Where cudnn.h is: the system (CUDA_HOME, /usr) and the pip `nvidia-cudnn-cu*` package, whose
+    root is what CUDNN_PATH must name for a build that cannot find cuDNN (TE #918, #930)."""
+    system = [os.path.join(cuda_home, "include", "cudnn.h")] if cuda_home else []
+    system += ["/usr/include/cudnn.h", "/usr/local/include/cudnn.h", "/usr/include/x86_64-linux-gnu/cudnn.h"]
+    system_header = next((p for p in system if os.path.exists(p)), None)
+    pip_header = None
+    for entry in sys.path:  # the pip wheels put cuDNN under site-packages/nvidia/{cudnn,cu13}/include
+        hits = sorted(glob.glob(os.path.join(entry, "nvidia", "*", "include", "cudnn.h")))
+        if hits:
+            pip_header = hits[0]
+            break
+    pip_pkg = {d: v for d, v in _installed(lambda n: n.startswith("nvidia-cudnn-cu")).items()}
+    return {
+        "cudnn_system_header": system_header,
+        "cudnn_pip_header": pip_header,
+        "cudnn_pip_root": os.path.dirname(os.path.dirname(pip_header)) if pip_header else None,
+        "cudnn_pip_packages": pip_pkg,
+        "cudnn_header_exists": bool(system_header or pip_header),
+    }
+
+
+def _installed(match) -> dict[str, str]:
+    """{canonical name: version} of installed distributions whose name matches; the first one on
+    sys.path wins, as for imports."""
+    found: dict[str, str] = {}
+    for dist in importlib.metadata.distributions():
+        name = _canonical(dist.metadata["Name"] or "")
+        if name and match(name) and name not in found:
+            found[name] = dist.version
+    return found
+
+
+def te_packages() -> dict[str, str]:
+    """Every installed transformer-engine* distribution (meta, core cu12/cu13, torch/jax extensions)."""
+    return _installed(lambda n: n.startswith("transformer-engine"))
+
+
+def consistency(env: dict[str, Any]) -> list[dict[str, Any]]:
+    """TE's own import-time rules, checked from package metadata so they also explain a TE that does
+    not import: one version everywhere, one core whose CUDA major is torch's, the torch extension
+    present, and the extension importing. Each check: {check, ok, detail}; ok None = not applicable."""
+    pkgs: dict[str, str] = env.get("te_packages") or {}
+    if not pkgs:
+        return []
+    cores = {n: v for n, v in pkgs.items() if re.fullmatch(r"transformer-engine-cu\d+", n)}
+    torch_major = _major(env.get("torch_cuda"))
+    out = []
+
+    def add(check: str, ok: bool | None, detail: str) -> None:
+        out.append({"check": check, "ok": ok, "detail": detail})
+
+    versions = sorted(set(pkgs.values()))
+    add("same_version", len(versions) == 1,
+        "all " + versions[0] if len(versions) == 1 else "different versions: " + ", ".join(f"{n} {v}" for n, v in pkgs.items()))
+    add("meta_package", TE_META in pkgs, "transformer-engine installed" if TE_META in pkgs else
+        "no transformer-engine meta package (TE checks for it at import)")
+    add("one_core", len(cores) == 1, ", ".join(cores) or "no transformer-engine-cu* core package")
+    if cores and torch_major is not None:
+        core_majors = {int(n.rsplit("cu", 1)[1]) for n in cores}
+        add("core_matches_torch_cuda", core_majors == {torch_major},
+            f"core {sorted(core_majors)} vs torch CUDA {env.get('torch_cuda')}")
+    else:
+        add("core_matches_torch_cuda", None, "no core package or CPU-only torch")
+    add("torch_extension", TE_TORCH in pkgs, "transformer-engine-torch " + pkgs.get(TE_TORCH, "missing"))
+    add("extension_imports", bool(env.get("te_available")), env.get("te_import_error") or "transformer_engine.pytorch imports")
+    return out
+
+
+def _memory_gb() -> tuple[float | None, float | None]:
+    """(total, available) GiB from /proc/meminfo: sizes the parallel build (MAX_JOBS)."""
+    try:
+        with open("/proc/meminfo") as f:
+            info = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in f)}
+        return round(info["MemTotal"] / 2**20, 1), round(info.get("MemAvailable", info["MemTotal"]) / 2**20, 1)
+    except (OSError, KeyError, ValueError):
+        return None, None
 
 
 def probe() -> dict[str, Any]:
@@ -28,30 +179,41 @@ def probe() -> dict[str, Any]:
 
     cuda = torch.cuda.is_available()
     cc = torch.cuda.get_device_capability(0) if cuda else None
-    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
-    nvcc = shutil.which("nvcc") or os.path.join(cuda_home, "bin", "nvcc")
-    nvcc_exists = os.path.exists(nvcc)
-    cudnn_headers = [os.path.join(cuda_home, "include", "cudnn.h"), "/usr/include/cudnn.h", "/usr/local/include/cudnn.h"]
+    cuda_home = _cuda_home()
+    nvcc_path, nvcc_version = _nvcc(cuda_home)
+    mem_total, mem_avail = _memory_gb()
     env: dict[str, Any] = {
         "python": sys.version.split()[0],
+        "python_tag": f"cp{sys.version_info.major}{sys.version_info.minor}",
         "platform": platform.platform(),
+        "machine": platform.machine(),
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,
+        "torch_cuda_major": _major(torch.version.cuda),
+        "torch_cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
         "gpu_name": torch.cuda.get_device_name(0) if cuda else None,
         "compute_capability": f"{cc[0]}.{cc[1]}" if cc else None,
+        "gpu_count": torch.cuda.device_count() if cuda else 0,
+        "driver": _driver(),
         "cuda_home": cuda_home,
-        "nvcc_exists": nvcc_exists,
-        "nvcc_path": nvcc if nvcc_exists else None,
-        "cudnn_header_exists": any(os.path.exists(p) for p in cudnn_headers),
+        "nvcc_exists": nvcc_path is not None,
+        "nvcc_path": nvcc_path,
+        "nvcc_version": nvcc_version,
+        "cudnn_torch": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        **_cudnn_headers(cuda_home),
+        "cpu_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "mem_total_gb": mem_total,
+        "mem_available_gb": mem_avail,
+        "ngc_pytorch_container": os.environ.get("NVIDIA_PYTORCH_VERSION"),
+        "colab": "google.colab" in sys.modules,
         "git_sha": _git_sha(),
     }
     te, _, why = _te.load()
     env["te_available"] = te is not None
     env["te_import_error"] = why or None
-    env["te_version"] = getattr(__import__("transformer_engine"), "__version__", None) if te is not None else None
-    checks = {"fp8": "is_fp8_available", "fp8_block_scaling": "is_fp8_block_scaling_available",
-              "mxfp8": "is_mxfp8_available", "nvfp4": "is_nvfp4_available", "bf16": "is_bf16_available"}
-    for key, fn in checks.items():
+    env["te_version"] = getattr(sys.modules.get("transformer_engine"), "__version__", None) if te is not None else None
+    env["te_packages"] = te_packages()
+    for key, fn in CAPABILITY_CHECKS.items():
         if te is None:
             ok, reason = False, f"Transformer Engine not available: {why}"
             if key == "bf16":  # bf16 without TE is still a torch question
@@ -62,7 +224,46 @@ def probe() -> dict[str, Any]:
             ok, reason = _te.check(getattr(te, fn, None), key)
         env[f"{key}_available"] = ok
         env[f"{key}_reason"] = reason
+    env["te_consistency"] = consistency(env)
+    checks = [c["ok"] for c in env["te_consistency"] if c["ok"] is not None]
+    env["te_consistent"] = all(checks) if checks else None
     return env
+
+
+SECTIONS = {  # the human table's groups, in order; keys not listed go to "other"
+    "system": ["python", "platform", "cpu_cores", "mem_total_gb", "mem_available_gb", "ngc_pytorch_container", "colab", "git_sha"],
+    "torch": ["torch", "torch_cuda", "torch_cxx11_abi", "cudnn_torch"],
+    "GPU": ["gpu_name", "compute_capability", "gpu_count", "driver"],
+    "toolkit": ["cuda_home", "nvcc_path", "nvcc_version", "cudnn_system_header", "cudnn_pip_header", "cudnn_pip_packages"],
+    "Transformer Engine": ["te_available", "te_version", "te_packages", "te_consistent", "te_import_error"],
+}
+
+
+def rows(env: dict[str, Any]) -> list[dict[str, Any]]:
+    """The probe as (section, item, value, note) rows: the notebook shows them as a DataFrame."""
+    out = [{"section": s, "item": k, "value": env.get(k), "note": ""} for s, keys in SECTIONS.items() for k in keys if k in env]
+    for c in env.get("te_consistency") or []:
+        out.append({"section": "TE consistency", "item": c["check"],
+                    "value": {True: "ok", False: "FAIL", None: "n/a"}[c["ok"]], "note": c["detail"]})
+    for key in CAPABILITY_CHECKS:
+        if f"{key}_available" in env:
+            out.append({"section": "TE capability", "item": key, "value": env[f"{key}_available"],
+                        "note": env.get(f"{key}_reason") or ""})
+    return out
+
+
+def table(env: dict[str, Any]) -> str:
+    lines, section = [], None
+    for r in rows(env):
+        if r["section"] != section:
+            section = r["section"]
+            lines.append(f"\n[{section}]")
+        value = r["value"]
+        if isinstance(value, dict):
+            value = ", ".join(f"{k} {v}" for k, v in value.items()) or "none"
+        note = f"  ({r['note']})" if r["note"] else ""
+        lines.append(f"  {r['item']:<22} {value}{note}")
+    return "\n".join(lines).lstrip("\n")
 
 
 def add_arguments(p) -> None:
@@ -73,10 +274,5 @@ def main(args) -> int:
     import json
 
     env = probe()
-    if args.json:
-        print(json.dumps(env, indent=2))
-    else:
-        width = max(map(len, env))
-        for k, v in env.items():
-            print(f"{k:<{width}}  {v}")
+    print(json.dumps(env, indent=2) if args.json else table(env))
     return 0

@@ -46,7 +46,7 @@ def _bars(ax, df: pd.DataFrame, col: str, err: tuple[str, str] | None = None) ->
         lo, hi = d[col] - d[err[0]], d[err[1]] - d[col]
         kw = {"yerr": [lo.clip(lower=0).values, hi.clip(lower=0).values], "capsize": 4}
     bars = ax.bar(labels, d[col].values, **kw)
-    ax.bar_label(bars, fmt="%.3g", fontsize=8)
+    ax.bar_label(bars, fmt=lambda v: f"{v:,.0f}" if v >= 100 else f"{v:.3g}", fontsize=8)
     ax.tick_params(axis="x", rotation=25, labelsize=8)
     ax.grid(True, axis="y", alpha=0.3)
     if d.empty:

@@ -30,12 +30,19 @@ STUDENT_COLUMNS = [  # the first columns of students.csv, in order; config and e
 ENV_STAMP = ["gpu_name", "compute_capability", "torch", "torch_cuda", "te_version", "git_sha"]
 
 
-def _atomic_write(path: Path, write) -> Path:
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _atomic_write(path: Path, write, mode: str = "w") -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; results are meant to be shared
     try:
-        with os.fdopen(fd, "w", newline="") as f:
+        with os.fdopen(fd, mode, **({"newline": ""} if "b" not in mode else {})) as f:
             write(f)
         os.replace(tmp, path)
     except BaseException:
@@ -53,13 +60,8 @@ def write_csv(path: Path, df: pd.DataFrame) -> Path:
     return _atomic_write(path, lambda f: df.to_csv(f, index=False))
 
 
-def write_bytes_atomic(path: Path, data: bytes) -> Path:
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-    return path
+def write_bytes(path: Path, data: bytes) -> Path:
+    return _atomic_write(path, lambda f: f.write(data), mode="wb")
 
 
 def read_json(path: Path) -> Any:

@@ -184,6 +184,7 @@ def probe() -> dict[str, Any]:
     mem_total, mem_avail = _memory_gb()
     env: dict[str, Any] = {
         "python": sys.version.split()[0],
+        "python_executable": sys.executable,
         "python_tag": f"cp{sys.version_info.major}{sys.version_info.minor}",
         "platform": platform.platform(),
         "machine": platform.machine(),
@@ -231,7 +232,7 @@ def probe() -> dict[str, Any]:
 
 
 SECTIONS = {  # the human table's groups, in order; keys not listed go to "other"
-    "system": ["python", "platform", "cpu_cores", "mem_total_gb", "mem_available_gb", "ngc_pytorch_container", "colab", "git_sha"],
+    "system": ["python", "python_executable", "platform", "cpu_cores", "mem_total_gb", "mem_available_gb", "ngc_pytorch_container", "colab", "git_sha"],
     "torch": ["torch", "torch_cuda", "torch_cxx11_abi", "cudnn_torch"],
     "GPU": ["gpu_name", "compute_capability", "gpu_count", "driver"],
     "toolkit": ["cuda_home", "nvcc_path", "nvcc_version", "cudnn_system_header", "cudnn_pip_header", "cudnn_pip_packages"],

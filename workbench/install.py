@@ -1,0 +1,592 @@
+"""Transformer Engine installer: plan from the probe, preflight, run pip, verify, fall back gracefully.
+
+    python -m workbench install-te --dry-run                              # the plan: commands + environment
+    python -m workbench install-te                                        # PyPI, the documented route
+    python -m workbench install-te --find-links WHEELHOUSE --no-index     # offline (clusters without internet)
+    python -m workbench install-te --build-from-source                    # compile the torch extension here
+
+From Python (the notebook): `plan(probe_dict, ...)` -> Plan, `install_te(...)` -> Outcome.
+
+`plan()` reads nothing but the probe dict (and the wheelhouse folder), so any machine can be simulated
+with plain data. It picks the core extra (`core_cu12` / `core_cu13`) from torch's CUDA major, pins the
+meta package, core and extension to one version, and sets the build environment when the extension may
+compile: NVTE_FRAMEWORK, NVTE_CUDA_ARCHS for this GPU, MAX_JOBS / NVTE_BUILD_THREADS_PER_JOB sized to
+memory and cores, CUDA_HOME, CUDNN_PATH. Preflight refuses, with the reason, what cannot work.
+
+`install_te()` runs each step with pip as a subprocess (argument list, no shell), streams its output, and
+writes results/install/<timestamp>/: install.log (complete), plan.json, probe_before.json,
+probe_after.json (a fresh process, so the new TE is really imported) and outcome.json: te_mode
+(transformer_engine | fallback), the reason, the doctor's diagnosis, the steps' exit codes, an FP8
+forward/backward smoke test. On fallback the workbench's TE students run the PyTorch autocast path.
+"""
+from __future__ import annotations
+
+import email.parser
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tarfile
+import time
+import zipfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import InvalidSdistFilename, InvalidWheelFilename, canonicalize_name, parse_sdist_filename, parse_wheel_filename
+from packaging.version import Version
+
+from workbench import doctor
+from workbench.results import write_json
+
+META, EXTENSION = "transformer-engine", "transformer-engine-torch"
+GB_PER_BUILD_JOB = 4
+"""Peak memory of one parallel compile job of TE's CUDA sources; an unbounded build gets Killed (TE #1249)."""
+REPO_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+def core_name(cuda_major: int) -> str:
+    return f"transformer-engine-cu{cuda_major}"
+
+
+@dataclass
+class Step:
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    """Added to the inherited environment (NVTE_RELEASE_BUILD is always removed: it drops the extension, #2505)."""
+    why: str = ""
+
+    def shell(self) -> str:
+        """The step as one copy-pasteable shell line (display only; it runs without a shell)."""
+        return " ".join([f"{k}={shlex.quote(v)}" for k, v in self.env.items()] + [shlex.join(self.argv)])
+
+
+@dataclass
+class Plan:
+    python: str
+    version: str | None
+    """TE version the meta, core and extension packages are pinned to (None: PyPI's newest)."""
+    core_extra: str | None
+    build: str
+    """'yes' (the extension compiles here), 'maybe' (PyPI sdist: a prebuilt wheel if one matches, else compile), 'no'."""
+    build_reason: str
+    build_env: dict[str, str]
+    steps: list[Step]
+    refusals: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    find_links: str | None = None
+    no_index: bool = False
+    target: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.refusals
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ok"] = self.ok
+        d["commands"] = [s.shell() for s in self.steps]
+        return d
+
+    def render(self) -> str:
+        head = f"Transformer Engine {self.version or '(newest on PyPI)'}, {self.core_extra or 'no core extra'}; " \
+               f"extension build: {self.build} ({self.build_reason})"
+        lines = [head, f"python: {self.python}", "preflight: " + ("ok" if self.ok else "REFUSED")]
+        lines += [f"  refused: {r}" for r in self.refusals]
+        lines += [f"  warning: {w}" for w in self.warnings]
+        lines += [f"  note: {n}" for n in self.notes]
+        for i, s in enumerate(self.steps, 1):
+            lines += [f"{i}. {s.name}: {s.why}", f"   $ {s.shell()}"]
+        if self.steps:
+            lines.append(f"{len(self.steps) + 1}. verify: probe in a fresh process (transformer_engine.pytorch must import); "
+                         "FP8 forward/backward of one te.Linear if FP8 is available")
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------- wheelhouse
+@dataclass(frozen=True)
+class Dist:
+    name: str
+    version: Version
+    path: Path
+    tags: frozenset = frozenset()  # empty for an sdist
+
+    @property
+    def is_wheel(self) -> bool:
+        return self.path.name.endswith(".whl")
+
+
+def scan_wheelhouse(folder: str | Path) -> dict[str, list[Dist]]:
+    """{canonical name: [Dist, ...]} of the wheels and sdists in a --find-links folder (names per PEP 427/625)."""
+    found: dict[str, list[Dist]] = {}
+    for path in sorted(Path(folder).iterdir()):
+        try:
+            if path.name.endswith(".whl"):
+                name, version, _, tags = parse_wheel_filename(path.name)
+            elif path.name.endswith((".tar.gz", ".zip")):
+                (name, version), tags = parse_sdist_filename(path.name), frozenset()
+            else:
+                continue
+        except (InvalidWheelFilename, InvalidSdistFilename):
+            continue
+        found.setdefault(str(name), []).append(Dist(str(name), version, path, tags))
+    return found
+
+
+def _wheel_fits(dist: Dist, env: dict[str, Any]) -> bool:
+    """Does this wheel install on the probed Python/platform (interpreter tag and machine)?"""
+    py, machine = env.get("python_tag") or "", env.get("machine") or ""
+    return any((t.interpreter == py or t.interpreter in ("py3", "py2.py3")) and
+               (t.platform == "any" or (machine and machine in t.platform)) for t in dist.tags)
+
+
+def _requires(dist: Dist) -> list[Requirement]:
+    """Requires-Dist of a wheel (METADATA) or sdist (PKG-INFO), without extras-only requirements."""
+    try:
+        if dist.is_wheel:
+            with zipfile.ZipFile(dist.path) as z:
+                name = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+                text = z.read(name).decode()
+        else:
+            with tarfile.open(dist.path) as t:
+                member = next(m for m in t.getmembers() if m.name.count("/") == 1 and m.name.endswith("/PKG-INFO"))
+                text = t.extractfile(member).read().decode()
+    except (StopIteration, OSError, zipfile.BadZipFile, tarfile.TarError):
+        return []
+    out = []
+    for line in email.parser.Parser().parsestr(text).get_all("Requires-Dist") or []:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue
+        if req.marker is None or "extra" not in str(req.marker):
+            out.append(req)
+    return out
+
+
+def _pick(dists: list[Dist], version: Version, env: dict[str, Any]) -> Dist | None:
+    """The wheel for this Python of `version`, else its sdist."""
+    same = [d for d in dists if d.version == version]
+    return next((d for d in same if d.is_wheel and _wheel_fits(d, env)), next((d for d in same if not d.is_wheel), None))
+
+
+def _runtime_deps(chosen: list[Dist], house: dict[str, list[Dist]]) -> tuple[list[str], list[str]]:
+    """(names in the wheelhouse, names missing from it) of what the chosen TE packages require,
+    followed through the wheelhouse; TE's own packages and torch are excluded (never touched)."""
+    skip = {META, EXTENSION, "torch"} | {n for n in house if n.startswith("transformer-engine-cu")}
+    todo, present, missing = list(chosen), [], []
+    while todo:
+        for req in _requires(todo.pop()):
+            name = str(canonicalize_name(req.name))
+            if name in skip or name in present or name in missing:
+                continue
+            if name in house:
+                present.append(name)
+                todo.append(max(house[name], key=lambda d: (d.version, d.is_wheel)))
+            else:
+                missing.append(name)
+    return present, missing
+
+
+# ------------------------------------------------------------------------------------------------- plan
+def build_env(env: dict[str, Any], max_jobs: int | None = None, force_build: bool = False) -> dict[str, str]:
+    """Environment for compiling transformer_engine_torch here (REFERENCE §3). MAX_JOBS: the cores, but
+    no more jobs than memory holds at GB_PER_BUILD_JOB each; threads per job share the remaining cores
+    among this GPU's architectures (one arch: one thread)."""
+    cores = int(env.get("cpu_cores") or 1)
+    mem = env.get("mem_available_gb") or env.get("mem_total_gb")
+    jobs = max_jobs or max(1, min(cores, int(mem // GB_PER_BUILD_JOB) if mem else 1))
+    archs = [env["compute_capability"].replace(".", "")] if env.get("compute_capability") else []
+    out = {"NVTE_FRAMEWORK": "pytorch", "MAX_JOBS": str(jobs),
+           "NVTE_BUILD_THREADS_PER_JOB": str(max(1, min(len(archs) or 1, cores // jobs)))}
+    if archs:
+        out["NVTE_CUDA_ARCHS"] = ";".join(archs)
+    if env.get("cuda_home"):
+        out["CUDA_HOME"] = out["CUDA_PATH"] = env["cuda_home"]
+    cudnn = env.get("cudnn_pip_root") or (os.path.dirname(os.path.dirname(env["cudnn_system_header"]))
+                                          if env.get("cudnn_system_header") else None)
+    if cudnn:
+        out["CUDNN_PATH"] = out["CUDNN_HOME"] = cudnn
+    if force_build:
+        out["NVTE_PYTORCH_FORCE_BUILD"] = "TRUE"  # skip the extension's attempt to download a prebuilt wheel
+    return out
+
+
+def _capability_refusals(env: dict[str, Any]) -> tuple[list[str], list[str]]:
+    refusals, warnings = [], []
+    if not env.get("torch_cuda"):
+        refusals.append(f"torch {env.get('torch')} is a CPU build (torch.version.cuda is None): install a CUDA "
+                        "build of torch first; meanwhile the workbench runs the PyTorch fallback")
+    elif env.get("torch_cuda_major") not in (12, 13):
+        refusals.append(f"torch CUDA {env.get('torch_cuda')}: TE publishes core_cu12 and core_cu13 only")
+    if not env.get("gpu_name") or not env.get("compute_capability"):
+        refusals.append("no CUDA GPU visible (torch.cuda.is_available() is False): TE needs an NVIDIA GPU; "
+                        "the workbench runs the PyTorch fallback")
+    else:
+        cc = tuple(int(x) for x in env["compute_capability"].split("."))
+        if cc < (8, 0):
+            refusals.append(f"compute capability {env['compute_capability']} ({env['gpu_name']}) is below 8.0: no bf16 "
+                            "and no FP8, so TE brings no benefit; the workbench uses fp16 autocast + GradScaler")
+        elif cc < (8, 9):
+            warnings.append(f"compute capability {env['compute_capability']}: TE bf16 only, no FP8 "
+                            "(FP8 needs 8.9 with CUDA >= 12.1, or 9.0+)")
+    return refusals, warnings
+
+
+def _build_refusals(env: dict[str, Any], benv: dict[str, str]) -> list[str]:
+    """What a compile of the extension needs and this machine lacks."""
+    out = []
+    torch_major = env.get("torch_cuda_major")
+    if not env.get("nvcc_path"):
+        out.append(f"nvcc not found (CUDA_HOME={env.get('cuda_home')}): install the CUDA {torch_major} toolkit "
+                   "or use an NGC PyTorch container (environments/Dockerfile)")
+    elif env.get("nvcc_version") and torch_major and int(env["nvcc_version"].split(".")[0]) != torch_major:
+        out.append(f"nvcc {env['nvcc_version']} at {env['nvcc_path']} but torch was built with CUDA "
+                   f"{env.get('torch_cuda')}: the majors must match (TE #553)")
+    if "CUDNN_PATH" not in benv:
+        out.append(f"cuDNN headers (cudnn.h) not found under CUDA_HOME, /usr or a pip nvidia-cudnn package: "
+                   f"pip install nvidia-cudnn-cu{torch_major} (TE #918)")
+    return out
+
+
+def plan(env: dict[str, Any], *, version: str | None = None, find_links: str | None = None, no_index: bool = False,
+         build_from_source: bool = False, reinstall: bool = False, force: bool = False, max_jobs: int | None = None,
+         target: str | None = None, python: str | None = None) -> Plan:
+    """The install for the probed machine `env` (a `workbench.probe.probe()` dict, real or simulated)."""
+    python = python or env.get("python_executable") or sys.executable
+    refusals, warnings = _capability_refusals(env)
+    notes: list[str] = []
+    major = env.get("torch_cuda_major")
+    core = core_name(major) if major else None
+    core_extra = f"core_cu{major}" if major else None
+    pin: Version | None = Version(version) if version else None
+    house: dict[str, list[Dist]] = {}
+    ext_dist = None
+
+    if no_index and not find_links:
+        refusals.append("--no-index needs --find-links DIR (a wheelhouse)")
+    if find_links:
+        if not Path(find_links).is_dir():
+            refusals.append(f"--find-links {find_links}: not a folder")
+        else:
+            house = scan_wheelhouse(find_links)
+    if no_index and find_links and Path(find_links).is_dir():
+        if pin is None and META in house:
+            pin = max(d.version for d in house[META])
+        if pin is None:
+            refusals.append(f"the wheelhouse {find_links} has no transformer_engine meta package")
+        else:
+            for name in (META, core, EXTENSION):
+                if name and _pick(house.get(name, []), pin, env) is None:
+                    kind = "a wheel for " + str(env.get("python_tag")) + " or an sdist" if name == EXTENSION else "a wheel"
+                    refusals.append(f"the wheelhouse {find_links} has no {name}=={pin} ({kind})")
+            ext_dist = _pick(house.get(EXTENSION, []), pin, env)
+
+    # Will the extension compile here?
+    if build_from_source:
+        build, build_reason = "yes", "--build-from-source"
+    elif ext_dist is not None:
+        build, build_reason = ("no", f"prebuilt wheel {ext_dist.path.name}") if ext_dist.is_wheel else \
+            ("yes", f"the wheelhouse has only the sdist {ext_dist.path.name} for {env.get('python_tag')}")
+    elif no_index:
+        build, build_reason = "no", "nothing to build (see refusals)"
+    else:
+        build, build_reason = "maybe", ("transformer_engine_torch is an sdist on PyPI: it fetches a prebuilt "
+                                        "extension when one matches this torch, else compiles")
+    benv = build_env(env, max_jobs, force_build=build == "yes") if build != "no" else {}
+    if build != "no" and not refusals:
+        missing = _build_refusals(env, benv)
+        if build == "yes":
+            refusals += missing
+        else:
+            warnings += [f"if it compiles: {m}" for m in missing]
+
+    if force and refusals:
+        warnings += [f"(--force) {r}" for r in refusals]
+        refusals = []
+    if core is None and not refusals:  # not even --force can choose core_cu12 / core_cu13 then
+        refusals.append(f"cannot choose core_cu12 / core_cu13: torch {env.get('torch')} has no CUDA version")
+    if refusals:
+        notes.append("preflight refused: nothing will run (--force runs anyway where it can)")
+        return Plan(python, str(pin) if pin else None, core_extra, build, build_reason, benv, [], refusals, warnings,
+                    notes, find_links, no_index, target)
+
+    # Already there?
+    installed = env.get("te_packages") or {}
+    have = env.get("te_version") or installed.get(META)
+    healthy = bool(env.get("te_available")) and env.get("te_consistent") is not False
+    if healthy and not (reinstall or build_from_source) and (pin is None or have == str(pin)):
+        notes.append(f"nothing to do: Transformer Engine {have} is installed, consistent and imports "
+                     "(--reinstall or --build-from-source to install again)")
+        return Plan(python, str(pin) if pin else have, core_extra, "no", "already installed", {}, [], refusals,
+                    warnings, notes, find_links, no_index, target)
+
+    steps: list[Step] = []
+    pip = [python, "-m", "pip"]
+    quiet = {"PIP_DISABLE_PIP_VERSION_CHECK": "1"}  # no network call to PyPI for pip's own version
+    if installed and target is None:
+        why = "one consistent set: remove every transformer-engine* package first (TE #2410); pip " \
+              "--force-reinstall would reinstall torch and friends too"
+        if env.get("te_consistent") is False:
+            bad = [c["check"] for c in env.get("te_consistency") or [] if c["ok"] is False]
+            why = f"the installed TE is inconsistent ({', '.join(bad)}); " + why
+        steps.append(Step("uninstall", pip + ["uninstall", "-y", *sorted(installed)], dict(quiet), why))
+    where = ["--target", target] if target else []
+    links = ["--find-links", find_links] if find_links else []
+    source = ["--no-binary", "transformer_engine_torch", "--no-cache-dir"] if build_from_source else []
+    verbose = ["-v"] if build != "no" else []  # compiler output in the log: the first 'error:' is the cause
+    if no_index and pin is not None and core:
+        chosen = [d for d in (_pick(house.get(n, []), pin, env) for n in (META, core, EXTENSION)) if d]
+        present, missing = _runtime_deps(chosen, house)
+        if missing:
+            warnings.append("required by TE but not in the wheelhouse, so they must already be installed (the "
+                            "verification import shows a missing one): " + ", ".join(missing))
+        if present:
+            steps.append(Step("runtime-deps", pip + ["install", "--no-index", *links, "--no-deps", *where, *present],
+                              dict(quiet), "TE's runtime dependencies found in the wheelhouse; --no-deps so pip "
+                              "never tries to replace torch or fetch CUDA libraries offline (already installed ones "
+                              "are left as they are)"))
+        steps.append(Step("transformer-engine", pip + ["install", "--no-index", *links, "--no-deps", "--no-build-isolation",
+                                                       *source, *verbose, *where,
+                                                       f"transformer_engine=={pin}", f"{core.replace('-', '_')}=={pin}",
+                                                       f"transformer_engine_torch=={pin}"],
+                          {**quiet, **benv}, "meta, core and extension pinned to one version; --no-build-isolation so "
+                          "the extension builds against the installed torch"))
+    elif not no_index:
+        spec = f"transformer_engine[pytorch,{core_extra}]" + (f"=={pin}" if pin else "")
+        steps.append(Step("transformer-engine", pip + ["install", "--no-build-isolation", *links, *source, *verbose,
+                                                       *where, spec],
+                          {**quiet, **benv}, "the documented route: the [pytorch] extension and the core for "
+                          "torch's CUDA major, built against the installed torch"))
+    return Plan(python, str(pin) if pin else None, core_extra, build, build_reason, benv, steps, refusals, warnings,
+                notes, find_links, no_index, target)
+
+
+# ---------------------------------------------------------------------------------------------- running
+@dataclass
+class Outcome:
+    te_mode: str
+    """'transformer_engine' (TE imports after this run) or 'fallback' (the workbench uses PyTorch autocast)."""
+    ok: bool
+    """The planned install ran and TE imports afterwards."""
+    reason: str
+    diagnosis: list[dict[str, Any]]
+    te_version: str | None
+    refused: bool = False
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    duration_s: float = 0.0
+    fp8_smoke: dict[str, Any] | None = None
+    run_dir: str | None = None
+    log: str | None = None
+    log_tail: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _subprocess_env(step_env: dict[str, str], target: str | None) -> dict[str, str]:
+    env = {**os.environ, **step_env}
+    env.pop("NVTE_RELEASE_BUILD", None)  # set, it builds TE without the PyTorch extension (TE #2505)
+    paths = [p for p in (target, REPO_ROOT, os.environ.get("PYTHONPATH")) if p]
+    env["PYTHONPATH"] = os.pathsep.join(paths)  # the target's packages and this workbench, for verification
+    return env
+
+
+def _stream(argv: list[str], env: dict[str, str], log, echo: Callable[[str], None] | None) -> int:
+    """Run argv (no shell), copy every output line to the log (and to `echo`), return the exit code."""
+    log.write(f"\n$ {shlex.join(argv)}\n")
+    log.flush()
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                          errors="replace", bufsize=1) as proc:
+        for line in proc.stdout:
+            log.write(line)
+            if echo:
+                echo(line)
+        rc = proc.wait()
+    log.write(f"[exit {rc}]\n")
+    log.flush()
+    return rc
+
+
+def _probe_fresh(python: str, target: str | None) -> dict[str, Any]:
+    """The probe in a new interpreter: this one may hold a stale (or no) TE import."""
+    out = subprocess.run([python, "-m", "workbench", "probe", "--json"], capture_output=True, text=True,
+                         env=_subprocess_env({}, target), errors="replace")
+    start = out.stdout.find("{\n")
+    if out.returncode == 0 and start >= 0:
+        return json.loads(out.stdout[start:])
+    err = (out.stderr or out.stdout).strip().splitlines()[-20:]
+    return {"te_available": False, "te_import_error": "probe failed: " + " | ".join(err), "probe_error": True}
+
+
+FP8_SMOKE = """
+import json, torch, transformer_engine.pytorch as te
+from transformer_engine.common import recipe
+from workbench.backends._te import autocast
+torch.manual_seed(0)
+layer = te.Linear(256, 256, bias=True).cuda()
+x = torch.randn(64, 256, device="cuda", requires_grad=True)
+with autocast(te, recipe.DelayedScaling(margin=0, fp8_format=recipe.Format.HYBRID)):
+    y = layer(x)
+y.float().pow(2).mean().backward()
+torch.cuda.synchronize()
+finite = bool(torch.isfinite(y).all() and torch.isfinite(x.grad).all() and torch.isfinite(layer.weight.grad).all())
+print(json.dumps({"ok": finite, "recipe": "DelayedScaling(HYBRID)", "shape": list(y.shape),
+                  "weight_grad_norm": float(layer.weight.grad.norm())}))
+"""
+
+
+def fp8_smoke(python: str, target: str | None = None, log=None) -> dict[str, Any]:
+    """FP8 forward + backward of one te.Linear in a fresh process: proves the install, not just the import."""
+    out = subprocess.run([python, "-c", FP8_SMOKE], capture_output=True, text=True, env=_subprocess_env({}, target),
+                         errors="replace")
+    if log:
+        log.write(f"\n$ fp8 smoke test\n{out.stdout}{out.stderr}[exit {out.returncode}]\n")
+    lines = out.stdout.strip().splitlines()
+    if out.returncode == 0 and lines:
+        return json.loads(lines[-1])
+    return {"ok": False, "error": " | ".join((out.stderr or out.stdout).strip().splitlines()[-5:])}
+
+
+def _new_run_dir(out: str | Path) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1000):
+        d = Path(out) / (stamp if n == 0 else f"{stamp}-{n}")
+        try:
+            d.mkdir(parents=True)
+            return d
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"cannot create a run folder under {out}")
+
+
+def _tail(path: Path, n: int = 40) -> list[str]:
+    return path.read_text(errors="replace").splitlines()[-n:]
+
+
+def install_te(env: dict[str, Any] | None = None, *, out: str | Path = "results/install", progress: bool = True,
+               smoke: bool = True, **plan_kwargs) -> Outcome:
+    """Plan, preflight, run, verify; never raises for an install failure: the Outcome says what happened.
+
+    `env`: the probe (default: probe this machine). `plan_kwargs`: see `plan()`. Writes
+    `out/<timestamp>/{probe_before,plan,probe_after,outcome}.json` and `install.log`."""
+    from workbench import probe
+
+    t0 = time.perf_counter()
+    env = env if env is not None else probe.probe()
+    p = plan(env, **plan_kwargs)
+    run_dir = _new_run_dir(out)
+    write_json(run_dir / "probe_before.json", env)
+    write_json(run_dir / "plan.json", p.to_dict())
+    log_path = run_dir / "install.log"
+    echo = (lambda line: print(line, end="", flush=True)) if progress else None
+    te_before = "transformer_engine" if env.get("te_available") else "fallback"
+
+    def finish(o: Outcome) -> Outcome:
+        o.duration_s = round(time.perf_counter() - t0, 2)
+        o.run_dir, o.log = str(run_dir), str(log_path)
+        o.log_tail = _tail(log_path) if log_path.exists() else []
+        write_json(run_dir / "outcome.json", o.to_dict())
+        if progress:
+            print(f"install-te: {o.te_mode}: {o.reason}\n  (saved in {run_dir})")
+        return o
+
+    with open(log_path, "w") as log:
+        log.write(p.render() + "\n")
+    if not p.ok:
+        diag = [] if env.get("te_available") else [d.to_dict() for d in doctor.check_installed(env)]
+        return finish(Outcome(te_before, False, "preflight refused: " + "; ".join(p.refusals), diag,
+                              env.get("te_version"), refused=True))
+    if not p.steps:
+        return finish(Outcome(te_before, bool(env.get("te_available")), p.notes[0] if p.notes else "nothing to do",
+                              [], env.get("te_version")))
+
+    results, failed = [], None
+    with open(log_path, "a") as log:
+        for step in p.steps:
+            if progress:
+                print(f"install-te: {step.name}: $ {step.shell()}", flush=True)
+            s0 = time.perf_counter()
+            start = log.tell()
+            rc = _stream(step.argv, _subprocess_env(step.env, p.target), log, echo)
+            results.append({"name": step.name, "returncode": rc, "duration_s": round(time.perf_counter() - s0, 2)})
+            if rc != 0:
+                failed = (step, start)
+                break
+        after = _probe_fresh(p.python, p.target)
+        write_json(run_dir / "probe_after.json", after)
+        smoke_result = None
+        if smoke and after.get("te_available") and after.get("fp8_available"):
+            smoke_result = fp8_smoke(p.python, p.target, log)
+
+    te_mode = "transformer_engine" if after.get("te_available") else "fallback"
+    version = after.get("te_version")
+    if failed:
+        step, start = failed
+        with open(log_path) as f:
+            f.seek(start)
+            step_log = f.read()
+        found = doctor.diagnose(step_log, env) or [doctor.unknown(log_path, step_log)]
+        reason = f"step '{step.name}' failed (exit {results[-1]['returncode']}): {found[0].cause}"
+        if te_mode == "transformer_engine":
+            reason += f"; the Transformer Engine already installed ({version}) still imports"
+        return finish(Outcome(te_mode, False, reason, [d.to_dict() for d in found], version, False, results,
+                              fp8_smoke=smoke_result))
+    if te_mode == "fallback":
+        found = doctor.check_installed(after) or [doctor.unknown(log_path, after.get("te_import_error") or "")]
+        reason = f"pip succeeded but transformer_engine.pytorch does not import: {after.get('te_import_error')}"
+        return finish(Outcome(te_mode, False, reason, [d.to_dict() for d in found], version, False, results))
+    ok = smoke_result is None or bool(smoke_result.get("ok"))
+    reason = f"Transformer Engine {version} installed ({'compiled here' if p.build == 'yes' else p.build_reason}) " \
+             "and transformer_engine.pytorch imports"
+    if smoke_result is not None:
+        reason += "; FP8 forward/backward " + ("works" if ok else f"FAILED: {smoke_result.get('error')}")
+    elif not after.get("fp8_available"):
+        reason += f"; FP8 not available here: {after.get('fp8_reason')}"
+    return finish(Outcome(te_mode, ok, reason, [], version, False, results, fp8_smoke=smoke_result))
+
+
+def last_outcome(root: str | Path = "results/install") -> dict[str, Any] | None:
+    """The newest outcome.json under `root` (what the rest of the workbench reads), or None."""
+    found = sorted(Path(root).glob("*/outcome.json"))
+    return json.loads(found[-1].read_text()) if found else None
+
+
+# ------------------------------------------------------------------------------------------------- CLI
+def add_arguments(p) -> None:
+    p.add_argument("--dry-run", action="store_true", help="print the plan (commands and environment) and stop")
+    p.add_argument("--version", default=None, help="TE version to pin (default: PyPI's newest, or the wheelhouse's)")
+    p.add_argument("--find-links", default=None, metavar="DIR", help="a wheelhouse folder for pip")
+    p.add_argument("--no-index", action="store_true", help="offline: use only --find-links, never PyPI")
+    p.add_argument("--build-from-source", action="store_true", help="compile the PyTorch extension here (from its sdist)")
+    p.add_argument("--reinstall", action="store_true", help="uninstall the installed TE packages and install again")
+    p.add_argument("--force", action="store_true", help="run even where preflight refuses (the refusals become warnings)")
+    p.add_argument("--max-jobs", type=int, default=None, help="parallel compile jobs (default: sized to memory and cores)")
+    p.add_argument("--target", default=None, help="install into this folder (pip --target) instead of the environment")
+    p.add_argument("--out", default="results/install", help="parent folder of the install record")
+    p.add_argument("--quiet", action="store_true", help="do not stream pip's output (it is still logged)")
+    p.add_argument("--json", action="store_true", help="print the plan (with --dry-run) or the outcome as JSON")
+
+
+def main(args) -> int:
+    """Exit status: 0 TE usable after the run, 1 install failed (fallback or old TE kept), 2 refused."""
+    from workbench import probe
+
+    kwargs = dict(version=args.version, find_links=args.find_links, no_index=args.no_index,
+                  build_from_source=args.build_from_source, reinstall=args.reinstall, force=args.force,
+                  max_jobs=args.max_jobs, target=args.target)
+    env = probe.probe()
+    if args.dry_run:
+        p = plan(env, **kwargs)
+        print(json.dumps(p.to_dict(), indent=2) if args.json else p.render())
+        return 0 if p.ok else 2
+    o = install_te(env, out=args.out, progress=not args.quiet, **kwargs)
+    if args.json:
+        print(json.dumps(o.to_dict(), indent=2))
+    elif o.diagnosis:
+        print(doctor.render([doctor.Diagnosis(**d) for d in o.diagnosis]))
+    return 2 if o.refused else (0 if o.ok else 1)

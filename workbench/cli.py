@@ -22,6 +22,7 @@ COMMANDS = {
     "notebook": ("workbench.notebook", "execute notebooks/distill_benchmark.ipynb with papermill"),
     "install-te": ("workbench.install", "plan and run the Transformer Engine install"),
     "doctor": ("workbench.doctor", "diagnose the TE install or an install/import log"),
+    "sweep": ("workbench.sweep", "papermill sweep over a config grid into results/sweeps/<name>/, resumable, + report"),
 }
 
 

@@ -1,0 +1,85 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/<org>/te-workbench/blob/main/notebooks/sweep_report.ipynb)
+#
+# # Sweep report: from which model size on does FP8 win here?
+#
+# Reads one sweep folder written by `workbench sweep` (`results/sweeps/<name>/`): every student of
+# every complete point, compared with the bf16 reference student at the same config. The crossover is
+# the smallest hidden size at which an FP8 recipe's train step is faster than bf16's. Every number
+# comes from the result files; `workbench.report` does the joins, this notebook only shows them. It
+# writes `sweep.csv`, `crossover.csv`, `loss_band.csv`, `failed_points.csv` and the plots into
+# `<sweep>/report/`; `workbench.report.run` (called at the end of every sweep) executes it with
+# papermill and adds `report.html`:
+#
+#     python -m workbench sweep --name size_crossover --report-only
+#     papermill notebooks/sweep_report.ipynb out.ipynb -p sweep_dir results/sweeps/size_crossover
+
+# %%
+# Colab only (elsewhere this cell does nothing): install the workbench from its repository and, on a
+# GPU, Transformer Engine. The repository address is a placeholder until the project is published.
+import os, subprocess, sys  # noqa: E401
+
+if "google.colab" in sys.modules:
+    REPO = "<org>/te-workbench"
+    if not os.path.isdir("/content/te-workbench"):
+        subprocess.run(["git", "clone", "-q", f"https://github.com/{REPO}", "/content/te-workbench"], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "/content/te-workbench"], check=True)
+    sys.path.insert(0, "/content/te-workbench")  # this kernel started before the editable install
+    os.chdir("/content/te-workbench")
+
+# %% tags=["parameters"]
+# The sweep folder (results/sweeps/<name>), the student every other is compared with, and where the
+# report goes (None: <sweep_dir>/report)
+sweep_dir = "results/sweeps/size_crossover"
+reference = "torch_bf16"
+out_dir = None
+
+# %%
+from workbench import report
+
+df = report.load_sweep(sweep_dir, reference=reference)
+written = report.write_files(df, out_dir or report.default_out(sweep_dir), sweep_dir=sweep_dir)
+report.overview(df)
+
+# %% [markdown]
+# ## Crossover: smallest hidden size at which each FP8 student beats the reference
+# Empty `crossover_hidden`: slower at every size measured (or did not run as itself: see `note`).
+
+# %%
+report.crossover(df)
+
+# %%
+report.speedup_vs_size(df);
+
+# %% [markdown]
+# ## Step time, peak memory and the FP8-vs-bf16 loss band
+
+# %%
+report.step_time_vs_size(df);
+
+# %%
+report.peak_memory_vs_size(df);
+
+# %%
+report.loss_band_vs_size(df);
+
+# %% [markdown]
+# ## Points that did not finish (their error; a restart of the sweep retries them)
+
+# %%
+report.failed_points(sweep_dir)

@@ -1,0 +1,475 @@
+"""Sweeps: one papermill execution of the main notebook per grid point, resumable, then the report.
+
+    python -m workbench sweep --name sizes --preset large --set steps=10 \\
+        --grid hidden=1024,2048,4096 --grid intermediate=4096,8192,16384 --link hidden,intermediate \\
+        --grid seq_len=128,1024
+    python -m workbench sweep sizes.yaml          # the same sweep from a file (YAML or JSON, below)
+    python -m workbench sweep --name sizes        # restart: resumes from results/sweeps/sizes/sweep.json
+    make sweep NAME=sizes GRID="hidden=512,1024 seq_len=128,1024"
+
+A spec file (sweep.json, written at the start, is one too):
+
+    name: sizes
+    preset: large
+    set: {steps: 10, backends: [torch_bf16, "te_fp8:current"]}   # fixed overrides, every point
+    grid:                              # the points are the product of the axes
+      seq_len: [128, 1024]             # an axis over one config field
+      size:                            # a linked axis: each entry sets several fields together
+        - {hidden: 512, intermediate: 2048}
+        - {hidden: 1024, intermediate: 4096}
+
+results/sweeps/<name>/
+  sweep.json   the spec a bare restart resumes
+  index.csv    one row per point: id, grid values, status (running/done/failed), error, wall time
+  <point>/     a run folder (workbench.results files + the executed notebook) and done.json
+  report/      workbench.report's CSVs, plots and report.html (written at the end)
+
+A point's id is a short hash of its resolved config. It is complete when <point>/students.csv and
+<point>/done.json exist; done.json is written only after the notebook finished, so a sweep killed at
+any moment and restarted skips exactly the complete points and reruns the others from an empty folder:
+nothing lost, nothing duplicated. A point whose notebook fails (cell error, out of memory, dead
+kernel) is recorded in index.csv with its error and the sweep goes on; a restart retries it.
+Students that error or diverge inside a finished point are rows of its students.csv (status/reason)
+and are summarised in the index's `problems` column.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import itertools
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import pandas as pd
+
+from workbench import config, results
+from workbench.config import ConfigError
+
+DEFAULT_ROOT = Path("results") / "sweeps"
+SPEC_FILE, INDEX_FILE, DONE_FILE, LOCK_FILE = "sweep.json", "index.csv", "done.json", ".lock"
+INDEX_COLUMNS = ["point", "status", "error_kind", "error", "problems", "wall_s", "started_at",
+                 "finished_at", "worker", "overrides"]
+
+
+# ---- the spec ----------------------------------------------------------------------------------
+@dataclass
+class Spec:
+    name: str
+    preset: str = "auto"
+    fixed: dict[str, Any] = field(default_factory=dict)
+    """Overrides every point gets (`--set`, `set:`)."""
+    grid: dict[str, list] = field(default_factory=dict)
+    """axis -> values: a config field's values, or (linked axis) dicts of field values."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "preset": self.preset, "set": self.fixed, "grid": self.grid}
+
+    @staticmethod
+    def from_dict(d: dict[str, Any], name: str | None = None) -> "Spec":
+        unknown = set(d) - {"name", "preset", "set", "grid"}
+        if unknown:
+            raise ConfigError(f"sweep spec: unknown keys {sorted(unknown)}; allowed: name, preset, set, grid")
+        name = name or d.get("name")
+        if not name:
+            raise ConfigError("sweep spec: a sweep needs a name (--name or `name:`)")
+        spec = Spec(name=str(name), preset=str(d.get("preset") or "auto"), fixed=dict(d.get("set") or {}),
+                    grid={str(k): v if isinstance(v, list) else [v] for k, v in (d.get("grid") or {}).items()})
+        spec.axes()  # fail early on a malformed grid
+        return spec
+
+    def axes(self) -> list[list[dict[str, Any]]]:
+        """Each axis as the list of field overrides its values stand for."""
+        out = []
+        for axis, values in self.grid.items():
+            if not values:
+                raise ConfigError(f"sweep grid: axis {axis!r} has no values")
+            if all(isinstance(v, dict) for v in values):  # linked axis: fields move together
+                for v in values:
+                    for k in v:
+                        config.locate(k)
+                out.append([dict(v) for v in values])
+            elif any(isinstance(v, dict) for v in values):
+                raise ConfigError(f"sweep grid: axis {axis!r} mixes field values and point dicts")
+            else:
+                config.locate(axis)  # a plain axis is named by the field it varies
+                out.append([{axis: v} for v in values])
+        return out or [[{}]]
+
+
+@dataclass
+class Point:
+    id: str
+    grid: dict[str, Any]
+    """This point's grid values (what distinguishes it from the sweep's other points)."""
+    overrides: dict[str, Any]
+    """Everything passed to the notebook: the spec's fixed overrides and the grid values."""
+
+
+def config_hash(cfg: config.Config) -> str:
+    """Short, stable id of a resolved config: the same run gets the same folder on every restart."""
+    return hashlib.sha1(json.dumps(cfg.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def plan(spec: Spec) -> list[Point]:
+    """The sweep's points in grid order; every point's config is validated before anything runs."""
+    points: dict[str, Point] = {}
+    for combo in itertools.product(*spec.axes()):
+        grid: dict[str, Any] = {}
+        for part in combo:
+            grid.update(part)
+        overrides = {**spec.fixed, **grid}
+        try:
+            cfg = config.from_preset(spec.preset, **overrides)
+        except ConfigError as e:
+            raise ConfigError(f"sweep point {grid}: {e}") from None
+        flat = cfg.flat()
+        typed_grid = {k: flat[config.locate(k)[1]] for k in grid}
+        pid = config_hash(cfg)
+        points.setdefault(pid, Point(pid, typed_grid, overrides))  # two grid entries, one config: one run
+    return list(points.values())
+
+
+def parse_grid_args(items: list[str], links: list[str]) -> dict[str, list]:
+    """`--grid field=v1,v2` (or `field=[...]` in YAML/JSON, e.g. for list values such as backends) and
+    `--link a,b`: the named axes advance together (zipped) instead of multiplying."""
+    grid: dict[str, list] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key or not value:
+            raise ConfigError(f"--grid expects field=v1,v2,..., got {item!r}")
+        config.locate(key)
+        if value.startswith("["):
+            import yaml
+
+            values = yaml.safe_load(value)
+        else:
+            values = [v.strip() for v in value.split(",") if v.strip()]
+        grid[key] = list(values)
+    for link in links:
+        names = [n.strip() for n in link.split(",") if n.strip()]
+        missing = [n for n in names if n not in grid]
+        if len(names) < 2 or missing:
+            raise ConfigError(f"--link {link!r}: name two or more --grid fields (missing: {missing})")
+        lengths = {n: len(grid[n]) for n in names}
+        if len(set(lengths.values())) != 1:
+            raise ConfigError(f"--link {link!r}: linked axes need the same number of values, got {lengths}")
+        zipped = [dict(zip(names, vals)) for vals in zip(*(grid.pop(n) for n in names))]
+        grid["+".join(names)] = zipped
+    return grid
+
+
+def load_spec_file(path: str | Path) -> dict[str, Any]:
+    text = Path(path).read_text()
+    if str(path).endswith(".json"):
+        return json.loads(text)
+    import yaml  # YAML is a superset of JSON, but keep JSON files free of the import
+
+    return yaml.safe_load(text) or {}
+
+
+# ---- the index ---------------------------------------------------------------------------------
+def read_index(sweep_dir: str | Path) -> pd.DataFrame:
+    path = Path(sweep_dir) / INDEX_FILE
+    if not path.exists():
+        return pd.DataFrame(columns=INDEX_COLUMNS)
+    return pd.read_csv(path, dtype={"point": str}, keep_default_na=False, na_values=[""])
+
+
+class Index:
+    """index.csv, owned by the sweep's one driving process and rewritten atomically on every change."""
+
+    def __init__(self, sweep_dir: Path):
+        self.path = sweep_dir / INDEX_FILE
+        df = read_index(sweep_dir)
+        self.rows: dict[str, dict[str, Any]] = {
+            r["point"]: {k: (None if isinstance(v, float) and pd.isna(v) else v) for k, v in r.items()}
+            for r in df.to_dict("records")
+        }
+
+    def update(self, point: Point, **fields: Any) -> None:
+        row = self.rows.setdefault(point.id, {"point": point.id})
+        row.update({f"grid_{k}": _cell(v) for k, v in point.grid.items()})
+        row["overrides"] = json.dumps(point.overrides, sort_keys=True, default=str)
+        row.update(fields)
+        self.write()
+
+    def write(self) -> None:
+        df = pd.DataFrame(list(self.rows.values()))
+        grid_cols = sorted(c for c in df.columns if c.startswith("grid_"))
+        cols = [c for c in INDEX_COLUMNS if c != "overrides"] + grid_cols + ["overrides"]
+        results.write_csv(self.path, df.reindex(columns=cols))
+
+
+def _cell(v: Any) -> Any:
+    return ",".join(map(str, v)) if isinstance(v, (list, tuple)) else v
+
+
+def _now() -> str:
+    return _dt.datetime.now().isoformat(timespec="seconds")
+
+
+def is_complete(point_dir: Path) -> bool:
+    return (point_dir / "students.csv").exists() and (point_dir / DONE_FILE).exists()
+
+
+def complete_points(sweep_dir: str | Path) -> list[Path]:
+    """Every complete point folder of a sweep (what the report reads)."""
+    return sorted(d for d in Path(sweep_dir).iterdir() if d.is_dir() and is_complete(d))
+
+
+# ---- one point -----------------------------------------------------------------------------------
+def run_point(sweep_dir: Path, preset: str, point_id: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """Execute the main notebook for one point; return its index fields. Never raises for a failing
+    notebook (the failure is the result); KeyboardInterrupt still stops the sweep."""
+    from workbench import notebook
+
+    point_dir = sweep_dir / point_id
+    if point_dir.exists():
+        shutil.rmtree(point_dir)  # leftovers of a killed or failed attempt: start from an empty folder
+    t0 = time.monotonic()
+    error = None
+    try:
+        notebook.execute(preset, overrides, out=sweep_dir, run_id=point_id)
+        if not (point_dir / "students.csv").exists():
+            error = ("error", "the notebook finished without writing students.csv")
+    except Exception as e:  # noqa: BLE001 - any failure of one point is recorded; the sweep goes on
+        error = describe_failure(e)
+    wall_s = round(time.monotonic() - t0, 2)
+    if error:
+        return {"status": "failed", "error_kind": error[0], "error": error[1], "wall_s": wall_s,
+                "finished_at": _now()}
+    problems = student_problems(point_dir)
+    # Last: done.json is what makes the point complete, so it must only exist after everything else.
+    results.write_json(point_dir / DONE_FILE, {"point": point_id, "finished_at": _now(), "wall_s": wall_s,
+                                              "overrides": overrides, "problems": problems})
+    return {"status": "done", "error_kind": None, "error": None, "problems": problems, "wall_s": wall_s,
+            "finished_at": _now()}
+
+
+_OOM = re.compile(r"out of memory|OutOfMemoryError|can't allocate memory|Cannot allocate memory", re.I)
+
+
+def describe_failure(e: BaseException) -> tuple[str, str]:
+    """(kind, message): kind is 'oom', 'kernel_died', 'cell_error' or 'error'."""
+    from nbclient.exceptions import DeadKernelError
+    from papermill.exceptions import PapermillExecutionError
+
+    if isinstance(e, PapermillExecutionError):
+        msg, kind = f"{e.ename}: {e.evalue} (cell {e.exec_count})", "cell_error"
+    elif isinstance(e, DeadKernelError):
+        # usually the host OOM killer, or a crash in native code; the executed notebook shows how far it got
+        msg, kind = f"kernel died: {e}", "kernel_died"
+    else:
+        msg, kind = f"{type(e).__name__}: {e}", "error"
+    if _OOM.search(msg):
+        kind = "oom"
+    return kind, " ".join(msg.split())[:2000]
+
+
+def student_problems(point_dir: Path) -> str:
+    """'te_fp8:current diverged: ...; torchao_float8 error: ...' for students that did not run cleanly."""
+    df = results.load(point_dir)
+    bad = df[~df["status"].isin(["ok", "fallback"])]
+    return "; ".join(f"{r.student} {r.status}: {r.reason}" for r in bad.itertuples())[:2000]
+
+
+# ---- workers -------------------------------------------------------------------------------------
+def worker_slots(workers: str | int) -> list[str | None]:
+    """One slot per worker: a CUDA device id each on a GPU machine, a single `None` slot on a CPU
+    (parallel CPU runs would time each other)."""
+    import torch
+
+    n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n_gpus == 0:
+        return [None]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [v.strip() for v in visible.split(",")] if visible else [str(i) for i in range(n_gpus)]
+    ids = ids[:n_gpus]
+    n = len(ids) if str(workers) == "auto" else max(1, min(int(workers), len(ids)))
+    return [None] if n == 1 else ids[:n]  # one worker keeps the parent's CUDA_VISIBLE_DEVICES
+
+
+def _worker(gpu: str, tasks, events, sweep_dir: str, preset: str) -> None:
+    """A worker process pinned to one GPU: the kernels it starts inherit CUDA_VISIBLE_DEVICES."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+    for point_id, overrides in iter(tasks.get, None):
+        events.put(("start", point_id, gpu, {}))
+        events.put(("end", point_id, gpu, run_point(Path(sweep_dir), preset, point_id, overrides)))
+
+
+def _execute(points: list[Point], slots: list[str | None], sweep_dir: Path, preset: str) -> Iterator[tuple]:
+    """Yield ('start'|'end', point id, worker, fields) events as the points run."""
+    if slots == [None] or len(slots) == 1:  # in this process: simplest, and Ctrl-C stops it cleanly
+        for p in points:
+            yield "start", p.id, slots[0], {}
+            yield "end", p.id, slots[0], run_point(sweep_dir, preset, p.id, p.overrides)
+        return
+    import multiprocessing as mp
+    import queue
+
+    ctx = mp.get_context("spawn")  # a fresh interpreter per worker: no CUDA state inherited
+    tasks, events = ctx.Queue(), ctx.Queue()
+    for p in points:
+        tasks.put((p.id, p.overrides))
+    procs = [ctx.Process(target=_worker, args=(gpu, tasks, events, str(sweep_dir), preset), daemon=True)
+             for gpu in slots]
+    for proc in procs:
+        tasks.put(None)
+        proc.start()
+    ended = 0
+    try:
+        while ended < len(points):
+            try:
+                ev = events.get(timeout=5)
+            except queue.Empty:
+                if not any(proc.is_alive() for proc in procs):
+                    return  # every worker died; what did not end stays 'running' and reruns next time
+                continue
+            ended += ev[0] == "end"
+            yield ev
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
+            proc.join(timeout=10)
+
+
+# ---- the sweep -------------------------------------------------------------------------------------
+class SweepLock:
+    """Two processes driving one sweep folder would run points twice; the second one is refused."""
+
+    def __init__(self, sweep_dir: Path):
+        self.path = sweep_dir / LOCK_FILE
+
+    def __enter__(self):
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                os.write(fd, str(os.getpid()).encode())
+                os.close(fd)
+                return self
+            except FileExistsError:
+                pid = int(self.path.read_text().strip() or 0)
+                if pid and _alive(pid):
+                    raise ConfigError(f"sweep folder {self.path.parent} is being run by process {pid}") from None
+                self.path.unlink(missing_ok=True)  # a killed sweep's stale lock
+        raise ConfigError(f"cannot lock {self.path}")
+
+    def __exit__(self, *exc):
+        self.path.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def run_sweep(spec: Spec, root: str | Path = DEFAULT_ROOT, workers: str | int = "auto",
+              progress: bool = True) -> dict[str, Any]:
+    """Run every incomplete point of `spec` into <root>/<name>/; return counts and the folder."""
+    from tqdm.auto import tqdm
+
+    points = plan(spec)  # validates every point before any kernel starts
+    sweep_dir = (Path(root) / spec.name).resolve()
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    with SweepLock(sweep_dir):
+        results.write_json(sweep_dir / SPEC_FILE, spec.to_dict())
+        index = Index(sweep_dir)
+        todo = []
+        for p in points:
+            if is_complete(sweep_dir / p.id):
+                if index.rows.get(p.id, {}).get("status") != "done":  # killed between done.json and the index
+                    done = results.read_json(sweep_dir / p.id / DONE_FILE)
+                    index.update(p, status="done", error_kind=None, error=None,
+                                 problems=done.get("problems"), wall_s=done.get("wall_s"),
+                                 finished_at=done.get("finished_at"))
+            else:
+                todo.append(p)
+        by_id = {p.id: p for p in points}
+        counts = {"points": len(points), "skipped": len(points) - len(todo), "done": 0, "failed": 0}
+        bar = tqdm(total=len(points), initial=counts["skipped"], desc=f"sweep {spec.name}", unit="point",
+                   disable=not progress, file=sys.stderr)
+        try:
+            for kind, pid, worker, fields in _execute(todo, worker_slots(workers), sweep_dir, spec.preset):
+                if kind == "start":
+                    index.update(by_id[pid], status="running", started_at=_now(), finished_at=None,
+                                 worker=worker or "", error_kind=None, error=None, problems=None, wall_s=None)
+                    bar.set_postfix_str(f"running {pid}")
+                    continue
+                index.update(by_id[pid], **fields)
+                counts[fields["status"]] += 1
+                if fields["status"] == "failed":
+                    bar.write(f"sweep {spec.name}: point {pid} {by_id[pid].grid} failed "
+                              f"({fields['error_kind']}): {fields['error'][:300]}")
+                bar.update(1)
+        finally:
+            bar.close()
+    counts["complete"] = len(complete_points(sweep_dir))
+    return {"sweep_dir": str(sweep_dir), **counts}
+
+
+# ---- CLI -------------------------------------------------------------------------------------------
+def add_arguments(p) -> None:
+    p.add_argument("spec", nargs="?", help="sweep spec file (YAML or JSON: name, preset, set, grid)")
+    p.add_argument("--name", help="sweep name, the folder <out>/<name>; alone: resume that sweep")
+    p.add_argument("--preset", default=None, help="preset every point starts from (default: the spec's, or auto)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                   help="fixed override for every point, e.g. --set steps=10")
+    p.add_argument("--grid", action="append", default=[], metavar="FIELD=V1,V2",
+                   help="an axis of the grid, e.g. --grid hidden=512,1024 (list values: --grid 'backends=[[a,b],[a]]')")
+    p.add_argument("--link", action="append", default=[], metavar="F1,F2",
+                   help="zip these --grid axes (equal lengths) instead of multiplying, e.g. --link hidden,intermediate")
+    p.add_argument("--out", default=str(DEFAULT_ROOT), help="parent folder of the sweep folder")
+    p.add_argument("--workers", default="auto", help="'auto': one per visible GPU, one on a CPU; or a number")
+    p.add_argument("--reference", default="torch_bf16", help="student the report compares with")
+    p.add_argument("--no-report", action="store_true", help="skip the report notebook at the end")
+    p.add_argument("--report-only", action="store_true", help="only (re)write the report of an existing sweep")
+
+
+def spec_from_args(args) -> Spec:
+    d: dict[str, Any] = load_spec_file(args.spec) if args.spec else {}
+    name = args.name or d.get("name")
+    stored = Path(args.out) / str(name) / SPEC_FILE if name else None
+    if not args.spec and not args.grid and stored is not None and stored.exists():
+        d = results.read_json(stored)  # a bare restart: resume the stored sweep (plus any new --set)
+    elif not args.spec and not args.grid:
+        raise ConfigError("give a spec file or --grid axes (or --name of an existing sweep to resume it)")
+    if args.preset:
+        d["preset"] = args.preset
+    d["set"] = {**(d.get("set") or {}), **config.parse_set(args.overrides)}
+    d["grid"] = {**(d.get("grid") or {}), **parse_grid_args(args.grid, args.link)}
+    return Spec.from_dict(d, name=name)
+
+
+def main(args) -> int:
+    from workbench import report
+
+    if args.report_only:
+        if not args.name:
+            raise ConfigError("--report-only needs --name (the sweep folder <out>/<name>)")
+        out = report.run(Path(args.out) / args.name, reference=args.reference)
+        print(json.dumps({"report_dir": str(out)}))
+        return 0
+    summary = run_sweep(spec_from_args(args), root=args.out, workers=args.workers)
+    rc = 1 if summary["failed"] else 0
+    if not args.no_report and summary["complete"]:
+        try:
+            summary["report_dir"] = str(report.run(summary["sweep_dir"], reference=args.reference))
+        except Exception as e:  # noqa: BLE001 - the sweep's results stand; say why the report did not
+            print(f"workbench sweep: the report failed: {type(e).__name__}: {e}", file=sys.stderr)
+            rc = 1
+    print(json.dumps(summary))  # last line: machine-readable
+    return rc

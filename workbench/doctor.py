@@ -50,7 +50,7 @@ KNOWN_FAILURES: tuple[Failure, ...] = (
             ("NVIDIA/TransformerEngine#1192", "#1684", "#1283"), 10),
     Failure("cudnn_headers_missing",
             (r"(cudnn(?:_version)?\.h): No such file", r"Could not find (cudnn_LIBRARY)", r"Could not find (cuDNN)"),
-            "the build cannot see cuDNN (headers/libraries): CUDNN_PATH / CUDNN_HOME are unset and cuDNN is not "
+            "the build cannot see cuDNN headers/libraries: CUDNN_PATH / CUDNN_HOME unset or wrong, and cuDNN not "
             "under CUDA_HOME",
             ("{python} -m pip install nvidia-cudnn-cu{cuda_major}",
              "export CUDNN_PATH={cudnn_root} CUDNN_HOME={cudnn_root}",

@@ -1,0 +1,245 @@
+"""install-te: plans for simulated machines (plain probe dicts), the offline wheelhouse route, and the
+real pip subprocess path against a local wheelhouse of stand-in packages (never the project's venv,
+never the network: --no-index, --target tmp_path)."""
+from __future__ import annotations
+
+import importlib.metadata
+import json
+from pathlib import Path
+
+import pytest
+
+from te_fixtures import FAKE_VERSION, build_wheelhouses, machine
+from workbench import cli, install
+
+
+def step(p: install.Plan, name: str) -> install.Step:
+    return next(s for s in p.steps if s.name == name)
+
+
+# ------------------------------------------------------------------ plans for a table of simulated machines
+CPU_ONLY = machine(torch="2.13.0+cpu", torch_cuda=None, torch_cuda_major=None, gpu_name=None, compute_capability=None,
+                   nvcc_path=None, nvcc_version=None)
+CUDA12_NO_NVCC = machine(nvcc_path=None, nvcc_version=None, nvcc_exists=False)
+CUDA13_FULL = machine(torch="2.11.0+cu130", torch_cuda="13.0", torch_cuda_major=13, nvcc_version="13.0",
+                      nvcc_path="/usr/local/cuda-13.0/bin/nvcc", cuda_home="/usr/local/cuda-13.0",
+                      cpu_cores=64, mem_available_gb=32.0)
+T4 = machine(gpu_name="Tesla T4", compute_capability="7.5")
+A100 = machine(gpu_name="NVIDIA A100-SXM4-80GB", compute_capability="8.0")
+H100 = machine()
+INCONSISTENT = machine(
+    te_packages={"transformer-engine": "2.8.0", "transformer-engine-cu12": "2.8.0", "transformer-engine-cu13": "2.9.0",
+                 "transformer-engine-torch": "2.9.0"},
+    te_consistent=False, te_available=False,
+    te_consistency=[{"check": "same_version", "ok": False, "detail": "different versions"},
+                    {"check": "one_core", "ok": False, "detail": "transformer-engine-cu12, transformer-engine-cu13"}],
+    te_import_error="AssertionError: Transformer Engine package version mismatch. Found transformer_engine_torch v2.9.0")
+
+PLAN_TABLE = [  # (id, machine, plan kwargs, ok, core extra, build, expected words in refusals+warnings)
+    ("cpu-only", CPU_ONLY, {}, False, None, "maybe", ["CPU build", "no CUDA GPU"]),
+    ("cuda12-no-nvcc-pypi", CUDA12_NO_NVCC, {}, True, "core_cu12", "maybe", ["if it compiles: nvcc not found"]),
+    ("cuda12-no-nvcc-forced-build", CUDA12_NO_NVCC, {"build_from_source": True}, False, "core_cu12", "yes", ["nvcc not found"]),
+    ("cuda13-nvcc-cudnn-build", CUDA13_FULL, {"build_from_source": True}, True, "core_cu13", "yes", []),
+    ("t4-cc75", T4, {}, False, "core_cu12", "maybe", ["7.5", "below 8.0", "fp16"]),
+    ("a100-bf16-no-fp8", A100, {}, True, "core_cu12", "maybe", ["bf16 only, no FP8"]),
+    ("h100-cc90", H100, {}, True, "core_cu12", "maybe", []),
+    ("te-inconsistent", INCONSISTENT, {"version": "2.9.0"}, True, "core_cu12", "maybe", []),
+]
+
+
+@pytest.mark.parametrize("case", PLAN_TABLE, ids=[c[0] for c in PLAN_TABLE])
+def test_plan_for_simulated_machine(case):
+    _, env, kwargs, ok, core_extra, build, words = case
+    p = install.plan(env, **kwargs)
+    assert p.ok is ok, p.render()
+    assert p.core_extra == core_extra
+    assert p.build == build
+    said = " ".join(p.refusals + p.warnings)
+    for w in words:
+        assert w in said, f"{w!r} not in {said!r}"
+    if not ok:
+        assert p.steps == []  # a refused plan runs nothing
+    else:
+        install_step = step(p, "transformer-engine")
+        assert "--no-build-isolation" in install_step.argv
+        assert install_step.argv[:3] == [env["python_executable"], "-m", "pip"]
+    json.dumps(p.to_dict())  # plan.json is plain data
+
+
+def test_pypi_plan_uses_documented_spec_with_core_for_torch_cuda_major():
+    p = install.plan(CUDA13_FULL, version="2.20.2")
+    assert p.steps[-1].argv[-1] == "transformer_engine[pytorch,core_cu13]==2.20.2"
+
+
+def test_build_env_names_this_gpu_and_sizes_jobs_to_memory():
+    p = install.plan(CUDA13_FULL, build_from_source=True)
+    env = step(p, "transformer-engine").env
+    assert env["NVTE_FRAMEWORK"] == "pytorch"
+    assert env["NVTE_CUDA_ARCHS"] == "90"
+    assert env["MAX_JOBS"] == str(32 // install.GB_PER_BUILD_JOB)  # 64 cores, but 32 GB hold 8 jobs
+    assert env["CUDA_HOME"] == "/usr/local/cuda-13.0"
+    assert env["CUDNN_PATH"] == CUDA13_FULL["cudnn_pip_root"]
+    assert env["NVTE_PYTORCH_FORCE_BUILD"] == "TRUE"
+    argv = step(p, "transformer-engine").argv
+    assert argv[argv.index("--no-binary") + 1] == "transformer_engine_torch"
+
+
+def test_build_env_explicit_max_jobs_wins_and_cc_12_is_written_120():
+    env = install.build_env(machine(compute_capability="12.0"), max_jobs=3)
+    assert env["MAX_JOBS"] == "3" and env["NVTE_CUDA_ARCHS"] == "120"
+
+
+def test_a100_build_targets_sm80():
+    assert install.build_env(A100)["NVTE_CUDA_ARCHS"] == "80"
+
+
+def test_nvcc_major_mismatch_refuses_a_build():
+    p = install.plan(machine(torch="2.11.0+cu130", torch_cuda="13.0", torch_cuda_major=13), build_from_source=True)
+    assert not p.ok and any("nvcc 12.4" in r and "#553" in r for r in p.refusals)
+
+
+def test_missing_cudnn_headers_refuse_a_build():
+    p = install.plan(machine(cudnn_pip_root=None, cudnn_pip_header=None, cudnn_system_header=None), build_from_source=True)
+    assert not p.ok and any("cudnn.h" in r for r in p.refusals)
+
+
+def test_inconsistent_te_is_uninstalled_completely_before_one_pinned_install():
+    p = install.plan(INCONSISTENT, version="2.9.0")
+    assert [s.name for s in p.steps] == ["uninstall", "transformer-engine"]
+    assert sorted(p.steps[0].argv[-4:]) == sorted(INCONSISTENT["te_packages"])
+    assert "inconsistent" in p.steps[0].why
+
+
+def test_healthy_install_means_nothing_to_do_unless_reinstall():
+    healthy = machine(te_available=True, te_consistent=True, te_version="2.9.0",
+                      te_packages={"transformer-engine": "2.9.0", "transformer-engine-cu12": "2.9.0",
+                                   "transformer-engine-torch": "2.9.0"})
+    assert install.plan(healthy).steps == [] and "nothing to do" in install.plan(healthy).notes[0]
+    assert [s.name for s in install.plan(healthy, reinstall=True).steps] == ["uninstall", "transformer-engine"]
+    assert install.plan(healthy, version="2.10.0").steps  # another version requested
+
+
+def test_force_turns_refusals_into_warnings():
+    p = install.plan(T4, force=True)
+    assert p.ok and p.steps and any(w.startswith("(--force)") for w in p.warnings)
+
+
+# ------------------------------------------------------------------------------- offline wheelhouse plans
+def _touch(folder: Path, *names: str) -> Path:
+    folder.mkdir(exist_ok=True)
+    for n in names:
+        (folder / n).write_bytes(b"")
+    return folder
+
+
+def test_offline_plan_pins_the_wheelhouse_version_and_uses_the_prebuilt_extension(tmp_path):
+    tag = H100["python_tag"]
+    wh = _touch(tmp_path / "wh", "transformer_engine-2.19.0-py3-none-any.whl", "transformer_engine-2.20.2-py3-none-any.whl",
+                "transformer_engine_cu12-2.20.2-py3-none-manylinux_2_28_x86_64.whl",
+                f"transformer_engine_torch-2.20.2-{tag}-{tag}-linux_{H100['machine']}.whl",
+                "transformer_engine_torch-2.20.2.tar.gz")
+    p = install.plan(H100, find_links=str(wh), no_index=True)
+    assert p.ok and p.version == "2.20.2" and p.build == "no"
+    argv = step(p, "transformer-engine").argv
+    assert {"--no-index", "--no-deps", "--no-build-isolation"} <= set(argv)
+    assert argv[-3:] == ["transformer_engine==2.20.2", "transformer_engine_cu12==2.20.2", "transformer_engine_torch==2.20.2"]
+
+
+def test_offline_plan_builds_when_only_the_extension_sdist_fits_this_python(tmp_path):
+    wh = _touch(tmp_path / "wh", "transformer_engine-2.20.2-py3-none-any.whl",
+                "transformer_engine_cu12-2.20.2-py3-none-manylinux_2_28_x86_64.whl",
+                "transformer_engine_torch-2.20.2-cp39-cp39-linux_x86_64.whl", "transformer_engine_torch-2.20.2.tar.gz")
+    p = install.plan(H100, find_links=str(wh), no_index=True)
+    assert p.build == "yes" and "sdist" in p.build_reason
+    assert step(p, "transformer-engine").env["NVTE_CUDA_ARCHS"] == "90"
+
+
+def test_offline_plan_refuses_a_wheelhouse_without_the_extension(tmp_path):
+    wh = _touch(tmp_path / "wh", "transformer_engine-2.20.2-py3-none-any.whl",
+                "transformer_engine_cu12-2.20.2-py3-none-manylinux_2_28_x86_64.whl")
+    p = install.plan(H100, find_links=str(wh), no_index=True)
+    assert not p.ok and any("transformer-engine-torch==2.20.2" in r for r in p.refusals)
+
+
+def test_offline_plan_refuses_a_core_for_the_wrong_cuda_major(tmp_path):
+    wh = _touch(tmp_path / "wh", "transformer_engine-2.20.2-py3-none-any.whl",
+                "transformer_engine_cu13-2.20.2-py3-none-manylinux_2_28_x86_64.whl", "transformer_engine_torch-2.20.2.tar.gz")
+    p = install.plan(H100, find_links=str(wh), no_index=True)  # torch is CUDA 12
+    assert any("transformer-engine-cu12==2.20.2" in r for r in p.refusals)
+
+
+def test_no_index_needs_a_wheelhouse():
+    assert any("--find-links" in r for r in install.plan(H100, no_index=True).refusals)
+
+
+# ----------------------------------------------------------- the real subprocess path, local wheelhouse
+@pytest.fixture(scope="module")
+def wheelhouses(tmp_path_factory):
+    return build_wheelhouses(tmp_path_factory.mktemp("wheelhouses"))
+
+
+def _te_in_project_venv() -> bool:
+    return any((d.metadata["Name"] or "").lower().startswith("transformer") for d in importlib.metadata.distributions())
+
+
+def test_install_from_local_wheelhouse_succeeds_and_records_everything(wheelhouses, tmp_path):
+    good, _ = wheelhouses
+    site = tmp_path / "site"
+    o = install.install_te(machine(), find_links=str(good), no_index=True, target=str(site), out=tmp_path / "results",
+                           progress=False)
+    assert o.te_mode == "transformer_engine" and o.ok, o.reason
+    assert [s["name"] for s in o.steps] == ["runtime-deps", "transformer-engine"]
+    assert all(s["returncode"] == 0 for s in o.steps)
+    assert o.te_version == FAKE_VERSION
+    assert (site / "transformer_engine" / "pytorch" / "__init__.py").exists() and (site / "tiny_dep.py").exists()
+    run = Path(o.run_dir)
+    assert {p.name for p in run.iterdir()} >= {"install.log", "plan.json", "probe_before.json", "probe_after.json", "outcome.json"}
+    log = (run / "install.log").read_text()
+    assert "Successfully installed transformer_engine-9.9.0" in log and "[exit 0]" in log
+    after = json.loads((run / "probe_after.json").read_text())
+    assert after["te_available"] and after["te_packages"] == {
+        "transformer-engine": FAKE_VERSION, "transformer-engine-cu12": FAKE_VERSION, "transformer-engine-torch": FAKE_VERSION}
+    assert json.loads((run / "outcome.json").read_text())["te_mode"] == "transformer_engine"
+    assert install.last_outcome(tmp_path / "results")["run_dir"] == o.run_dir
+    assert "einops" in " ".join(json.loads((run / "plan.json").read_text())["warnings"])  # required, not in wheelhouse
+    assert not _te_in_project_venv()
+
+
+def test_failed_extension_build_falls_back_with_log_and_diagnosis(wheelhouses, tmp_path):
+    _, broken = wheelhouses
+    o = install.install_te(machine(), find_links=str(broken), no_index=True, target=str(tmp_path / "site"),
+                           out=tmp_path / "results", progress=False)
+    assert o.te_mode == "fallback" and not o.ok
+    assert o.steps[-1] == {**o.steps[-1], "name": "transformer-engine", "returncode": 1}
+    assert "failed (exit 1)" in o.reason and "cuDNN" in o.reason
+    assert o.diagnosis[0]["id"] == "cudnn_headers_missing"
+    assert "fatal error: cudnn.h" in o.diagnosis[0]["evidence"]
+    assert any("CUDNN_PATH=" in c for c in o.diagnosis[0]["fix"])
+    log = Path(o.log).read_text()
+    assert "fatal error: cudnn.h: No such file or directory" in log and "[exit 1]" in log
+    assert any("Failed" in line or "ERROR" in line for line in o.log_tail)
+    saved = json.loads((Path(o.run_dir) / "outcome.json").read_text())
+    assert saved["te_mode"] == "fallback" and saved["diagnosis"][0]["id"] == "cudnn_headers_missing"
+    assert not _te_in_project_venv()
+
+
+def test_streamed_output_reaches_the_caller(wheelhouses, tmp_path, capsys):
+    good, _ = wheelhouses
+    install.install_te(machine(), find_links=str(good), no_index=True, target=str(tmp_path / "site"),
+                       out=tmp_path / "results", progress=True)
+    out = capsys.readouterr().out
+    assert "Successfully installed tiny-dep-1.0" in out and "install-te: transformer_engine:" in out
+
+
+def test_refused_install_runs_nothing_and_records_the_reason(tmp_path):
+    o = install.install_te(T4, out=tmp_path, progress=False)
+    assert o.refused and o.te_mode == "fallback" and o.steps == []
+    assert "below 8.0" in o.reason
+    run = Path(o.run_dir)
+    assert (run / "outcome.json").exists() and not (run / "probe_after.json").exists()
+
+
+def test_cli_dry_run_prints_the_plan_and_exits_2_when_refused(capsys):
+    rc = cli.main(["install-te", "--dry-run"])  # this CPU machine
+    out = capsys.readouterr().out
+    assert rc == 2 and "preflight: REFUSED" in out

@@ -40,25 +40,85 @@ class Teacher(nn.Module):
         return (out, hidden) if return_hidden else out
 
 
-class Student(nn.Module):
-    """The tutorial's BaselineStudent (tanh GELU); `linear`/`norm` pick torch or TE layers."""
+class LayerNormMLP(nn.Module):
+    """LayerNorm -> Linear -> tanh-GELU -> Linear as one module, with te.LayerNormMLP's parameter
+    names: the torch counterpart of the fused layout (torch.compile fuses its pointwise work)."""
 
-    def __init__(self, m: ModelConfig, linear=nn.Linear, norm=nn.LayerNorm, **layer_kw):
+    def __init__(self, hidden: int, ffn: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.layer_norm_weight = nn.Parameter(torch.ones(hidden))
+        self.layer_norm_bias = nn.Parameter(torch.zeros(hidden))
+        self.fc1_weight = nn.Parameter(torch.empty(ffn, hidden))
+        self.fc1_bias = nn.Parameter(torch.zeros(ffn))
+        self.fc2_weight = nn.Parameter(torch.empty(hidden, ffn))
+        self.fc2_bias = nn.Parameter(torch.zeros(hidden))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.layer_norm(x, x.shape[-1:], self.layer_norm_weight, self.layer_norm_bias, self.eps)
+        return F.linear(F.gelu(F.linear(y, self.fc1_weight, self.fc1_bias), approximate="tanh"), self.fc2_weight, self.fc2_bias)
+
+
+# fused parameter name -> separate-layout name (block index filled in)
+FUSED_TO_SEPARATE = {
+    "layer_norm_weight": "norms.{i}.weight", "layer_norm_bias": "norms.{i}.bias",
+    "fc1_weight": "fc1.{i}.weight", "fc1_bias": "fc1.{i}.bias",
+    "fc2_weight": "fc2.{i}.weight", "fc2_bias": "fc2.{i}.bias",
+}
+
+
+class Student(nn.Module):
+    """The tutorial's BaselineStudent (tanh GELU); `linear`/`norm` pick torch or TE layers.
+
+    With `mlp` (LayerNormMLP above, or te.LayerNormMLP) each block is one fused module instead
+    (layout 'fused'); `from_reference_state` / `to_reference_state` translate the weights so every
+    layout loads the same shared initial state.
+    """
+
+    def __init__(self, m: ModelConfig, linear=nn.Linear, norm=nn.LayerNorm, mlp=None, **layer_kw):
         super().__init__()
         self.embed = nn.Embedding(m.vocab, m.hidden)
-        self.norms = nn.ModuleList(norm(m.hidden, **layer_kw) for _ in range(m.layers))
-        self.fc1 = nn.ModuleList(linear(m.hidden, m.intermediate, **layer_kw) for _ in range(m.layers))
-        self.fc2 = nn.ModuleList(linear(m.intermediate, m.hidden, **layer_kw) for _ in range(m.layers))
+        if mlp is None:
+            self.norms = nn.ModuleList(norm(m.hidden, **layer_kw) for _ in range(m.layers))
+            self.fc1 = nn.ModuleList(linear(m.hidden, m.intermediate, **layer_kw) for _ in range(m.layers))
+            self.fc2 = nn.ModuleList(linear(m.intermediate, m.hidden, **layer_kw) for _ in range(m.layers))
+            self.blocks = None
+        else:
+            self.blocks = nn.ModuleList(mlp(m.hidden, m.intermediate, **layer_kw) for _ in range(m.layers))
         self.head = linear(m.hidden, m.hidden, **layer_kw)
 
     def forward(self, tokens: torch.Tensor, return_hidden: bool = False):
         x = self.embed(tokens)
         hidden = []
-        for ln, fc1, fc2 in zip(self.norms, self.fc1, self.fc2):
-            x = x + fc2(F.gelu(fc1(ln(x)), approximate="tanh"))
-            hidden.append(x)
+        if self.blocks is not None:
+            for blk in self.blocks:
+                x = x + blk(x)
+                hidden.append(x)
+        else:
+            for ln, fc1, fc2 in zip(self.norms, self.fc1, self.fc2):
+                x = x + fc2(F.gelu(fc1(ln(x)), approximate="tanh"))
+                hidden.append(x)
         out = self.head(x)
         return (out, hidden) if return_hidden else out
+
+    def from_reference_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if self.blocks is None:
+            return state
+        out = {k: v for k, v in state.items() if k.startswith(("embed.", "head."))}
+        for i in range(len(self.blocks)):
+            for fused, sep in FUSED_TO_SEPARATE.items():
+                out[f"blocks.{i}.{fused}"] = state[sep.format(i=i)]
+        return out
+
+    def to_reference_state(self) -> dict[str, torch.Tensor]:
+        own = {k: v for k, v in self.state_dict().items() if not k.endswith("_extra_state")}
+        if self.blocks is None:
+            return own
+        out = {k: v for k, v in own.items() if k.startswith(("embed.", "head."))}
+        for i in range(len(self.blocks)):
+            for fused, sep in FUSED_TO_SEPARATE.items():
+                out[sep.format(i=i)] = own[f"blocks.{i}.{fused}"]
+        return out
 
 
 def count_params(model: nn.Module) -> int:

@@ -15,7 +15,7 @@ from workbench import config
 
 ROOT = Path(__file__).resolve().parent.parent
 MAIN_NOTEBOOK = ROOT / "notebooks" / "distill_benchmark.ipynb"
-RUN_PARAMETERS = ("preset", "out", "run_id")  # the notebook's parameters besides the config fields
+RUN_PARAMETERS = ("preset", "out", "run_id", "show_panel")  # the notebook's parameters besides the config fields
 
 
 def overrides_from(namespace: dict[str, Any]) -> dict[str, Any]:

@@ -81,6 +81,14 @@ def measure(step: Callable[[], Any], warmup: int, iters: int, clock, before_time
     clock.sync()  # drain warm-up and anything queued before: it must not land in the first timed step
     if before_timed is not None:
         before_timed()
+    t = _timed_block(step, iters, clock)
+    if _OBSERVER is not None:  # only inside `observe()` (workbench bench); never changes `t`
+        _OBSERVER.after_measure(step, iters, clock, t)
+    return t
+
+
+def _timed_block(step: Callable[[], Any], iters: int, clock) -> Timing:
+    """`iters` steps, each bracketed by its own marks; one sync at the end, before reading them."""
     marks = []
     for _ in range(iters):
         start = clock.mark()
@@ -101,3 +109,103 @@ def peak_memory_mb(device: torch.device) -> tuple[float | None, float | None]:
         return None, None
     mib = 1024 ** 2
     return torch.cuda.max_memory_allocated(device) / mib, torch.cuda.max_memory_reserved(device) / mib
+
+
+# ---- noise and observation (workbench bench) -------------------------------------------------
+# The bench needs two things from every timed region without changing how a run times it: repeated
+# medians (target P4: how much does the median move between measurements?) and one extra block run
+# under the profiler (the kernel-time cross-check). `observe()` collects both from every `measure()`
+# call made while it is active -- including the ones inside runner.run / train.run_student -- by
+# running the same warmed-up `step` again *after* the returned timing was taken. The run's own numbers
+# (step_ms_median, peak memory) are untouched; the extra blocks only cost time.
+
+
+@dataclass
+class RepeatStats:
+    """Medians of `n` back-to-back timed blocks and how far they spread."""
+
+    medians_ms: list[float]
+
+    @property
+    def median_ms(self) -> float | None:
+        return float(np.median(self.medians_ms)) if self.medians_ms else None
+
+    @property
+    def spread_pct(self) -> float | None:
+        """(max - min) / median of the block medians, in percent; None with fewer than 2 blocks."""
+        m = self.median_ms
+        if len(self.medians_ms) < 2 or not m:
+            return None
+        return (max(self.medians_ms) - min(self.medians_ms)) / m * 100.0
+
+    def summary(self) -> dict[str, Any]:
+        return {"repeats": len(self.medians_ms), "repeat_medians_ms": list(self.medians_ms),
+                "median_of_medians_ms": self.median_ms, "median_spread_pct": self.spread_pct}
+
+
+def repeat_medians(block: Callable[[], Timing], n: int) -> RepeatStats:
+    """Run `block` (one timed measurement returning a Timing) `n` times; keep each median."""
+    return RepeatStats([m for m in (block().median for _ in range(n)) if m is not None])
+
+
+@dataclass
+class Observation:
+    """What `observe()` saw of one `measure()` call."""
+
+    median_ms: float | None  # the median measure() returned (matches the row that reports it)
+    iters: int
+    noise: RepeatStats  # the returned block first, then the repeats
+    extra: dict[str, Any] = field(default_factory=dict)  # what `extra_block` returned
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"median_ms": self.median_ms, "iters": self.iters, **self.noise.summary(), **self.extra}
+
+
+class _Observer:
+    def __init__(self, repeats: int, extra_block):
+        self.repeats, self.extra_block = repeats, extra_block
+        self.observations: list[Observation] = []
+
+    def after_measure(self, step, iters: int, clock, first: Timing) -> None:
+        def block() -> Timing:
+            return _timed_block(step, iters, clock)
+
+        more = repeat_medians(block, self.repeats - 1) if self.repeats > 1 else RepeatStats([])
+        noise = RepeatStats(([first.median] if first.median is not None else []) + more.medians_ms)
+        extra = self.extra_block(block) if self.extra_block is not None else {}
+        self.observations.append(Observation(first.median, iters, noise, extra))
+
+
+_OBSERVER: _Observer | None = None
+
+
+class observe:
+    """Context manager: while active, every `measure()` also runs `repeats - 1` more timed blocks of
+    the same step (noise), then `extra_block(block)` if given (e.g. one block under torch.profiler).
+
+        with timing.observe(repeats=3) as seen:
+            runner.run(cfg, ...)
+        seen.observations  # one Observation per measure() call, in call order
+
+    Not reentrant: the bench observes one run at a time.
+    """
+
+    def __init__(self, repeats: int = 1, extra_block: Callable[[Callable[[], Timing]], dict] | None = None):
+        if repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {repeats}")
+        self._observer = _Observer(repeats, extra_block)
+
+    @property
+    def observations(self) -> list[Observation]:
+        return self._observer.observations
+
+    def __enter__(self) -> "observe":
+        global _OBSERVER
+        if _OBSERVER is not None:
+            raise RuntimeError("timing.observe() is already active")
+        _OBSERVER = self._observer
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global _OBSERVER
+        _OBSERVER = None

@@ -7,6 +7,7 @@ optimizer update: teacher targets were computed and synchronized before (REFEREN
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -38,7 +39,7 @@ def make_step(model: torch.nn.Module, opt: torch.optim.Optimizer, backend: Backe
     def step(tokens: torch.Tensor, targets: distill.Targets) -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
         with backend.forward_context():  # wraps the forward only (TE: autocast must not wrap backward)
-            out = model(tokens, return_hidden=want_hidden)
+            out = model(tokens, return_hidden=True) if want_hidden else model(tokens)
         loss = distill.loss(loss_kind, out, targets)
         if scaler is not None:
             scaler.scale(loss).backward()
@@ -50,6 +51,82 @@ def make_step(model: torch.nn.Module, opt: torch.optim.Optimizer, backend: Backe
         return loss.detach()
 
     return step
+
+
+def make_optimizer(model: torch.nn.Module, cfg, device: torch.device, capturable: bool) -> torch.optim.Optimizer:
+    """AdamW as in the tutorial; fused (one kernel) on request, capturable when the step is graphed."""
+    kw: dict[str, Any] = {}
+    if device.type == "cuda" and cfg.train.fused_optimizer:
+        kw["fused"] = True
+    if capturable:
+        kw["capturable"] = True  # optimizer state and step count live on the GPU, so replays update them
+    return torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, **kw)
+
+
+def _sync_time(fn) -> tuple[Any, float]:
+    """Wall time of a one-off (compilation, graph capture), synchronized on both sides."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return out, (time.perf_counter() - t0) * 1e3
+
+
+def capture_step(model: torch.nn.Module, fwd: torch.nn.Module, opt: torch.optim.Optimizer, backend: Backend,
+                 loss_kind: str, batch: tuple[torch.Tensor, distill.Targets], warmup: int = 3):
+    """Capture forward, loss, backward and optimizer step in one CUDA graph; return a replaying step.
+
+    The warm-up iterations that capture needs really update the weights, so weights and optimizer
+    state are restored afterwards: the graphed student still starts from the shared init.
+    """
+    tokens, targets = batch
+    s_tokens = tokens.clone()
+    s_targets = distill.Targets(targets.out.clone(), [h.clone() for h in targets.hidden] if targets.hidden else None)
+    snapshot = [p.detach().clone() for p in model.parameters()]
+    eager = make_step(fwd, opt, backend, loss_kind)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up on a side stream, as torch.cuda.graphs requires
+        for _ in range(warmup):
+            eager(s_tokens, s_targets)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)  # grads are then allocated (not accumulated) inside the graph
+    with torch.cuda.graph(graph):
+        with backend.forward_context():
+            out = fwd(s_tokens, return_hidden=True) if distill.needs_hidden(loss_kind) else fwd(s_tokens)
+        s_loss = distill.loss(loss_kind, out, s_targets)
+        s_loss.backward()
+        opt.step()
+    with torch.no_grad():
+        for p, v in zip(model.parameters(), snapshot):
+            p.copy_(v)
+        for state in opt.state.values():  # fresh AdamW: zero moments and step count
+            for v in state.values():
+                if torch.is_tensor(v):
+                    v.zero_()
+
+    def step(tokens: torch.Tensor, targets: distill.Targets) -> torch.Tensor:
+        s_tokens.copy_(tokens)
+        s_targets.out.copy_(targets.out)
+        for h, t in zip(s_targets.hidden or [], targets.hidden or []):
+            h.copy_(t)
+        graph.replay()
+        return s_loss  # a static buffer: read it before the next replay
+
+    return step
+
+
+def _compile_now(fwd, opt, backend: Backend, loss_kind: str, batch) -> None:
+    """Forward + backward once, under the step's own autocast, so compilation happens here (timed as
+    compile_ms) and not in training step 1; the gradients are dropped, the weights are untouched."""
+    tokens, targets = batch
+    with backend.forward_context():
+        out = fwd(tokens, return_hidden=True) if distill.needs_hidden(loss_kind) else fwd(tokens)
+    distill.loss(loss_kind, out, targets).backward()
+    opt.zero_grad(set_to_none=True)
 
 
 def initial_loss(model: torch.nn.Module, cfg, batch: tuple[torch.Tensor, distill.Targets]) -> float:
@@ -87,12 +164,35 @@ def run_student(backend: Backend, cfg, init_state: dict, data: Data, device: tor
     """
     model = backend.build(cfg, init_state, device)
     model.train()
-    metrics: dict[str, Any] = {"initial_loss": initial_loss(model, cfg, data.train[0])}
-    fused = cfg.train.fused_optimizer and device.type == "cuda"
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay,
-                            **({"fused": True} if fused else {}))
+    metrics: dict[str, Any] = {"initial_loss": initial_loss(model, cfg, data.train[0]),
+                               "compiled": False, "graphed": False, "compile_ms": None, "capture_ms": None}
+    notes = []
+    graphs, why_not = backend.can_graph(cfg, device)
+    if cfg.bench.graphs and not graphs:
+        notes.append(f"graphs not applied: {why_not}")
+    graphs = cfg.bench.graphs and graphs
+    opt = make_optimizer(model, cfg, device, capturable=graphs and backend.graph_whole_step)
     scaler = torch.amp.GradScaler(device.type) if backend.uses_grad_scaler else None
-    step = make_step(model, opt, backend, cfg.distill.loss, scaler)
+
+    fwd = model
+    if backend.compile_required or (cfg.bench.compile and backend.compilable):
+        fwd = torch.compile(model)
+        metrics["compiled"] = True
+        _, metrics["compile_ms"] = _sync_time(lambda: _compile_now(fwd, opt, backend, cfg.distill.loss, data.train[0]))
+    elif cfg.bench.compile:
+        notes.append(f"compile not applied: {backend.name} modules are skipped by dynamo")
+    if graphs:
+        if backend.graph_whole_step:
+            step, metrics["capture_ms"] = _sync_time(
+                lambda: capture_step(model, fwd, opt, backend, cfg.distill.loss, data.train[0]))
+        else:  # TE: make_graphed_callables graphs forward+backward; the optimizer step stays eager
+            fwd, metrics["capture_ms"] = _sync_time(lambda: backend.make_graphed(fwd, data.train[0][0]))
+            opt.zero_grad(set_to_none=True)
+            step = make_step(fwd, opt, backend, cfg.distill.loss, scaler)
+        metrics["graphed"] = True
+    else:
+        step = make_step(fwd, opt, backend, cfg.distill.loss, scaler)
+    metrics["notes"] = "; ".join(notes)
 
     losses: list[float] = []
     for i, (tokens, targets) in enumerate(data.train):
@@ -129,5 +229,5 @@ def run_student(backend: Backend, cfg, init_state: dict, data: Data, device: tor
             "peak_mem_allocated_mb": alloc, "peak_mem_reserved_mb": reserved,
         }
     )
-    del model, opt, step
+    del model, fwd, opt, step
     return metrics, losses

@@ -42,6 +42,9 @@ class Backend:
     default_recipe: str | None = None
     mode: str = "PyTorch"  # the tutorial's mode name for rows that run this backend
     uses_grad_scaler = False  # fp16 needs loss scaling
+    compilable = True  # torch.compile applies (config bench.compile)
+    compile_required = False  # always compiled (torchao float8 is meant to run under torch.compile)
+    graph_whole_step = True  # CUDA graph: capture fwd+bwd+optimizer (False: backend.make_graphed)
 
     def __init__(self, recipe: str | None = None):
         self.recipe = recipe or self.default_recipe
@@ -55,10 +58,18 @@ class Backend:
 
     def build(self, cfg: Any, init_state: dict[str, torch.Tensor], device: torch.device) -> nn.Module:
         """The torch student with the shared initial weights, parameters in `model.param_dtype`."""
-        from workbench.models import Student
+        from workbench.models import LayerNormMLP, Student
 
         self.device = device
-        return to_param_dtype(load_matched(Student(cfg.model), init_state), cfg).to(device)
+        mlp = LayerNormMLP if cfg.model.layout == "fused" else None
+        return to_param_dtype(load_matched(Student(cfg.model, mlp=mlp), init_state), cfg).to(device)
+
+    def can_graph(self, cfg: Any, device: torch.device) -> tuple[bool, str]:
+        if device.type != "cuda":
+            return False, "CUDA graphs need a GPU"
+        if self.uses_grad_scaler:
+            return False, "the fp16 grad scaler's inf checks and skipped steps are not graph-safe"
+        return True, ""
 
     def forward_context(self) -> ContextManager:
         return contextlib.nullcontext()
@@ -71,6 +82,8 @@ class Backend:
 def load_matched(module: nn.Module, init_state: dict[str, torch.Tensor]) -> nn.Module:
     """Load the shared initial weights; every parameter must be covered (only TE's FP8 `_extra_state`
     may be missing), so students provably start identical."""
+    if hasattr(module, "from_reference_state"):  # fused layout: rename to the module's own keys
+        init_state = module.from_reference_state(init_state)
     missing, unexpected = module.load_state_dict(init_state, strict=False)
     missing = [k for k in missing if not k.endswith("_extra_state")]
     if missing or unexpected:
@@ -125,7 +138,8 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> ContextManager:
     """torch autocast for `device`, or a no-op for fp32."""
     if dtype is None:
         return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
+    # No weight-cast cache: it is not valid inside CUDA graph capture, and every weight is used once per forward.
+    return torch.autocast(device_type=device.type, dtype=dtype, cache_enabled=False)
 
 
 def amp_dtype(device: torch.device) -> torch.dtype:

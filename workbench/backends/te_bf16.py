@@ -20,6 +20,9 @@ def te_usable(ctx: Context) -> tuple[bool, str]:
 class TEBF16(Backend):
     name = "te_bf16"
     mode = "TE-BF16/FP16"
+    compilable = False  # dynamo skips TE modules (graph breaks); TE's speed-up route is CUDA graphs
+    graph_whole_step = False  # te.make_graphed_callables graphs fwd+bwd (FP8 scaling state included)
+    fp8_recipe = None
 
     def availability(self, ctx: Context) -> tuple[bool, str]:
         ok, why = te_usable(ctx)
@@ -37,6 +40,24 @@ class TEBF16(Backend):
     def forward_context(self):
         return autocast(self.device, self.dtype)
 
+    def can_graph(self, cfg, device):
+        if cfg.distill.loss == "hidden":
+            return False, "the hidden-state loss returns per-block tensors; TE graphs are captured for the output only"
+        return super().can_graph(cfg, device)
+
+    def make_graphed(self, model, sample_tokens):
+        """te.make_graphed_callables over the whole student, captured under this backend's autocast."""
+        import inspect
+
+        te, _, _ = _te.load()
+        params = inspect.signature(te.make_graphed_callables).parameters
+        kw = {"num_warmup_iters": 3}
+        if self.fp8_recipe is not None:  # TE >= 2.9 names them enabled/recipe, older fp8_enabled/fp8_recipe
+            kw.update({"enabled": True, "recipe": self.fp8_recipe} if "recipe" in params
+                      else {"fp8_enabled": True, "fp8_recipe": self.fp8_recipe})
+        with autocast(self.device, self.dtype):
+            return te.make_graphed_callables(model, (sample_tokens,), **kw)
+
     def fallback(self, ctx: Context, reason: str):
         if te_usable(ctx)[0]:
             return None  # TE works; whatever is missing (a recipe, a capability) is a skip, not a fallback
@@ -51,5 +72,8 @@ def build_te_student(cfg, init_state, device):
     from workbench.models import Student
 
     dtype = torch.bfloat16 if cfg.model.param_dtype == "bf16" else torch.float32
-    model = Student(cfg.model, linear=te.Linear, norm=te.LayerNorm, params_dtype=dtype)
+    if cfg.model.layout == "fused":  # one te.LayerNormMLP per block (its GELU is the tanh form, like ours)
+        model = Student(cfg.model, linear=te.Linear, mlp=te.LayerNormMLP, params_dtype=dtype)
+    else:
+        model = Student(cfg.model, linear=te.Linear, norm=te.LayerNorm, params_dtype=dtype)
     return load_matched(model.to(device), {k: v.to(device) for k, v in init_state.items()})

@@ -1,0 +1,127 @@
+"""The doctor on real error texts from Transformer Engine's issue tracker (and the few build errors it
+links to), the fix commands it fills in from the probe, installed-state checks, and unknown errors."""
+from __future__ import annotations
+
+import pytest
+
+from te_fixtures import machine
+from workbench import cli, doctor
+
+# (source, error text as reported there, the diagnosis that must come first)
+REAL_ERRORS = [
+    ("NVIDIA/TransformerEngine#1192",
+     "ImportError: /usr/local/lib/python3.10/dist-packages/transformer_engine/transformer_engine_torch.cpython-310-"
+     "x86_64-linux-gnu.so: undefined symbol: _ZN3c105ErrorC2ENS_14SourceLocationENSt7__cxx1112basic_stringIcSt11char_"
+     "traitsIcESaIcEEE", "extension_abi_mismatch"),
+    ("NVIDIA/TransformerEngine#1309",
+     "/envs/megatron/lib/python3.9/site-packages/torch/include/ATen/cudnn/cudnn-wrapper.h:3:10: fatal error: cudnn.h: "
+     "No such file or directory\n    3 | #include <cudnn.h>\n      |          ^~~~~~~~~\ncompilation terminated.\n"
+     "ninja: build stopped: subcommand failed.", "cudnn_headers_missing"),
+    ("NVIDIA/TransformerEngine#954",
+     "CMake Error at cmake/FindCUDNN.cmake:19 (find_library):\n  Could not find cudnn_LIBRARY using the following "
+     "names: cudnn, libcudnn.so.", "cudnn_headers_missing"),
+    ("NVIDIA/TransformerEngine#2040",
+     "OSError: libcublas.so.13: cannot open shared object file: No such file or directory", "core_cuda_major_mismatch"),
+    ("NVIDIA/Megatron-LM#1882 (TE fused attention)",
+     "fused_attn_f16_arbitrary_seqlen.cu:373 in function operator(): cuDNN Error: CUDNN_BACKEND_TENSOR_DESCRIPTOR "
+     "cudnnFinalize failedptrDesc->finalize() cudnn_status: CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED.",
+     "cudnn_sublibrary_loading"),
+    ("NVIDIA/TransformerEngine#1853",
+     "transformer_engine failed to import with exception libcudnn_adv.so.9: cannot open shared object file: No such "
+     "file or directory", "cudnn_sublibrary_loading"),
+    ("NVIDIA/TransformerEngine#2505",
+     "FileNotFoundError: Could not find shared object file for Transformer Engine torch lib.", "torch_extension_missing"),
+    ("NVIDIA/TransformerEngine#1981",
+     "INFO transformer_engine.common - INFO - Could not find package transformer_engine_torch. Install "
+     "transformer-engine using 'pip3 install transformer-engine[pytorch]==VERSION'", "torch_extension_missing"),
+    ("NVIDIA/TransformerEngine#2410",
+     "AssertionError: Could not find `transformer-engine` PyPI package.", "mixed_te_packages"),
+    ("transformer_engine/common/__init__.py (TE 2.20.2)",
+     "AssertionError: Transformer Engine package version mismatch. Found transformer_engine_torch v2.9.0, "
+     "transformer-engine v2.8.0, and transformer-engine-cu12 v2.8.0.", "mixed_te_packages"),
+    ("NVIDIA/TransformerEngine#553",
+     "RuntimeError:\n      The detected CUDA version (12.2) mismatches the version that was used to compile\n"
+     "      PyTorch (11.7). Please make sure to use the same CUDA versions.", "cuda_toolkit_mismatch"),
+    ("NVIDIA/TransformerEngine#1249 (advice: MAX_JOBS=1); text as in PennyLaneAI/catalyst#1000",
+     "FAILED: build/temp.linux-x86_64-cpython-311/csrc/extensions/attention.o\n"
+     "c++: fatal error: Killed signal terminated program cc1plus\ncompilation terminated.\n"
+     "ninja: build stopped: subcommand failed.", "build_out_of_memory"),
+    ("NVIDIA/TransformerEngine#2383",
+     "RuntimeError: Error compiling objects for extension\n      [end of output]\n  ERROR: Failed building wheel for "
+     "transformer_engine_torch\nFailed to build transformer_engine_torch", "extension_build_failed"),
+    ("pip, offline wheelhouse without the extension",
+     "ERROR: Could not find a version that satisfies the requirement transformer_engine_torch==2.20.2 (from versions: "
+     "none)\nERROR: No matching distribution found for transformer_engine_torch==2.20.2", "package_not_in_index"),
+]
+
+
+@pytest.mark.parametrize("source,text,expected", REAL_ERRORS, ids=[e[2] + ":" + e[0].split()[0] for e in REAL_ERRORS])
+def test_real_error_text_gets_the_right_diagnosis_first(source, text, expected):
+    found = doctor.diagnose(text, machine())
+    assert found, f"nothing matched the text from {source}"
+    assert found[0].id == expected, [d.id for d in found]
+    assert found[0].fix and found[0].evidence in text
+
+
+def test_fix_commands_are_filled_from_the_probe():
+    env = machine(torch_cuda="13.0", torch_cuda_major=13, te_version="2.20.2", compute_capability="9.0")
+    abi = doctor.diagnose("undefined symbol: _ZN3c104cuda9SetDeviceEi", env)[0]
+    assert any("NVTE_CUDA_ARCHS=90" in c and "transformer_engine_torch==2.20.2" in c for c in abi.fix)
+    cublas = doctor.diagnose("OSError: libcublas.so.12: cannot open shared object file", env)[0]
+    assert "CUDA 12" in cublas.cause and any("transformer_engine[pytorch,core_cu13]==2.20.2" in c for c in cublas.fix)
+    cudnn = doctor.diagnose("fatal error: cudnn.h: No such file or directory", env)[0]
+    assert any(c == f"export CUDNN_PATH={env['cudnn_pip_root']} CUDNN_HOME={env['cudnn_pip_root']}" for c in cudnn.fix)
+
+
+def test_unknown_values_stay_visible_placeholders():
+    fix = doctor.diagnose("undefined symbol: _ZN3c10", {})[0].fix
+    assert any("NVTE_CUDA_ARCHS=<ARCHS>" in c and "==<TE_VERSION>" in c for c in fix)
+
+
+def test_oom_is_preferred_over_the_generic_ninja_failure():
+    ids = [d.id for d in doctor.diagnose("Killed\nninja: build stopped: subcommand failed.")]
+    assert ids == ["build_out_of_memory", "extension_build_failed"]
+
+
+def test_unrelated_text_matches_nothing():
+    assert doctor.diagnose("Successfully installed transformer_engine-2.20.2\n") == []
+
+
+def test_installed_state_with_mixed_versions_and_wrong_core(tmp_path):
+    env = machine(torch_cuda="13.0", torch_cuda_major=13, te_packages={
+        "transformer-engine": "2.8.0", "transformer-engine-cu12": "2.8.0", "transformer-engine-torch": "2.9.0"})
+    from workbench import probe
+
+    env["te_consistency"] = probe.consistency(env)
+    ids = [d.id for d in doctor.check_installed(env)]
+    assert ids[:2] == ["mixed_te_packages", "core_cuda_major_mismatch"]
+
+
+def test_installed_state_healthy_has_no_findings():
+    env = machine(te_available=True, te_import_error=None, te_version="2.20.2",
+                  te_packages={"transformer-engine": "2.20.2", "transformer-engine-cu12": "2.20.2",
+                               "transformer-engine-torch": "2.20.2"})
+    from workbench import probe
+
+    env["te_consistency"] = probe.consistency(env)
+    assert doctor.check_installed(env) == []
+
+
+def test_no_te_installed_says_how_to_install():
+    assert [d.id for d in doctor.check_installed(machine())] == ["te_not_installed"]
+
+
+def test_cli_doctor_on_a_log_prints_cause_and_fix(tmp_path, capsys):
+    log = tmp_path / "install.log"
+    log.write_text(REAL_ERRORS[3][1])
+    assert cli.main(["doctor", "--log", str(log)]) == 1
+    out = capsys.readouterr().out
+    assert "[core_cuda_major_mismatch]" in out and "fix:" in out
+
+
+def test_cli_doctor_on_an_unknown_error_says_so_and_points_to_the_log(tmp_path, capsys):
+    log = tmp_path / "install.log"
+    log.write_text("something nobody has seen before\n")
+    assert cli.main(["doctor", "--log", str(log), "--json"]) == 1
+    out = capsys.readouterr().out
+    assert '"id": "unknown"' in out and str(log) in out

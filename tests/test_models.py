@@ -1,0 +1,60 @@
+"""Layouts, the compile/graph switches on the CPU-safe parts, and matched init across all of them."""
+import functools
+
+import pytest
+import torch
+
+from workbench import config, results, runner
+from workbench.backends import load_matched, reference_state
+from workbench.models import LayerNormMLP, Student
+
+
+def test_fused_layout_is_the_same_function_from_the_same_weights():
+    m = config.from_preset("cpu-smoke").model
+    torch.manual_seed(0)
+    separate = Student(m)
+    fused = load_matched(Student(m, mlp=LayerNormMLP), separate.state_dict())
+    tokens = torch.randint(0, m.vocab, (2, 16))
+    torch.testing.assert_close(fused(tokens), separate(tokens))
+    back = reference_state(fused)
+    assert set(back) == set(separate.state_dict())
+    assert all(torch.equal(back[k], v) for k, v in separate.state_dict().items())
+
+
+def test_load_matched_refuses_a_partial_state():
+    m = config.from_preset("cpu-smoke").model
+    state = Student(m).state_dict()
+    state.pop("head.weight")
+    with pytest.raises(RuntimeError, match="head.weight"):
+        load_matched(Student(m), state)
+
+
+def test_switches_on_cpu_compile_applies_graphs_say_why_not(tmp_path, monkeypatch):
+    # dynamo with the eager backend: exercises the compile path without minutes of C++ codegen on CI
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    cfg = config.from_preset("cpu-smoke", steps=3, iters=2, warmup=1, compile=True, graphs=True, layout="fused",
+                             backends="torch_fp32,torch_bf16", baseline="torch_bf16")
+    df = results.load(runner.run(cfg, out=tmp_path, run_id="r", progress=False)).set_index("student")
+    assert (df["status"] == "ok").all()
+    assert df["compiled"].all() and (df["compile_ms"] > 0).all()
+    assert (~df["graphed"]).all() and df["notes"].str.contains("CUDA graphs need a GPU").all()
+    init = df["initial_loss"]
+    assert (init.max() - init.min()) / init.mean() <= 1e-5
+
+
+def test_bf16_params_and_layout_keep_students_matched(tmp_path):
+    rows = []
+    for layout in ("separate", "fused"):
+        cfg = config.from_preset("cpu-smoke", steps=2, iters=1, warmup=0, layout=layout, backends="torch_bf16")
+        rows.append(results.load(runner.run(cfg, out=tmp_path, run_id=layout, progress=False)).iloc[0])
+    assert rows[0]["initial_loss"] == pytest.approx(rows[1]["initial_loss"], rel=1e-5)
+    cfg = config.from_preset("cpu-smoke", steps=2, iters=1, warmup=0, param_dtype="bf16", backends="torch_bf16")
+    row = results.load(runner.run(cfg, out=tmp_path, run_id="bf16", progress=False)).iloc[0]
+    assert row["status"] == "ok"
+    assert row["initial_loss"] == pytest.approx(rows[0]["initial_loss"], rel=1e-2)  # bf16-rounded weights
+
+
+def test_torchao_and_te_rows_on_cpu_say_why(tmp_path):
+    cfg = config.from_preset("cpu-smoke", steps=2, iters=1, warmup=0, backends="torch_bf16,torchao_float8:rowwise")
+    row = results.load(runner.run(cfg, out=tmp_path, run_id="r", progress=False)).set_index("student").loc["torchao_float8:rowwise"]
+    assert row["status"] == "skipped" and ("torchao" in row["reason"])

@@ -1,0 +1,117 @@
+"""workbench.sweep: grid parsing, point ids, and a real 4-point cpu-smoke sweep with a failing point,
+a simulated kill, and a resume that runs only what is missing (then the report notebook)."""
+import json
+import os
+
+import pandas as pd
+import pytest
+import yaml
+
+from workbench import cli, report, sweep
+from workbench.config import ConfigError
+
+# Tiny points: a sweep point is a papermill kernel start plus a few milliseconds of training.
+TINY = {"steps": 2, "iters": 2, "warmup": 0, "eval_batches": 1}
+OOM_VOCAB = 2**50  # a 2**50 x hidden embedding cannot be allocated anywhere: fails inside the notebook
+
+
+def test_grid_args_multiply_and_link():
+    grid = sweep.parse_grid_args(["hidden=512,1024", "intermediate=2048,4096", "seq_len=128,1024"],
+                                 ["hidden,intermediate"])
+    assert grid == {"seq_len": ["128", "1024"],
+                    "hidden+intermediate": [{"hidden": "512", "intermediate": "2048"},
+                                            {"hidden": "1024", "intermediate": "4096"}]}
+    points = sweep.plan(sweep.Spec("t", "cpu-smoke", {}, grid))
+    assert len(points) == 4  # 2 linked sizes x 2 sequence lengths, not 2 x 2 x 2
+    assert {(p.grid["hidden"], p.grid["intermediate"], p.grid["seq_len"]) for p in points} == {
+        (512, 2048, 128), (512, 2048, 1024), (1024, 4096, 128), (1024, 4096, 1024)}
+    list_axis = sweep.parse_grid_args(['backends=[[torch_fp32, torch_bf16], [torch_fp32]]'], [])
+    assert list_axis == {"backends": [["torch_fp32", "torch_bf16"], ["torch_fp32"]]}
+
+
+def test_bad_grids_fail_before_anything_runs(tmp_path):
+    with pytest.raises(ConfigError, match="same number of values"):
+        sweep.parse_grid_args(["hidden=512,1024", "intermediate=2048"], ["hidden,intermediate"])
+    with pytest.raises(ConfigError, match="unknown config field"):
+        sweep.parse_grid_args(["hiddn=512"], [])
+    with pytest.raises(ConfigError, match="model.hidden"):  # config validation, per point, up front
+        sweep.run_sweep(sweep.Spec("bad", "cpu-smoke", {}, {"hidden": [64, 0]}), root=tmp_path)
+    assert not (tmp_path / "bad").exists()
+
+
+def test_point_id_is_a_hash_of_the_resolved_config():
+    a = sweep.plan(sweep.Spec("t", "cpu-smoke", {"steps": "3"}, {"hidden": ["64"]}))[0]
+    b = sweep.plan(sweep.Spec("u", "cpu-smoke", {"steps": 3}, {"hidden": [64]}))[0]
+    c = sweep.plan(sweep.Spec("t", "cpu-smoke", {"steps": 4}, {"hidden": [64]}))[0]
+    assert a.id == b.id != c.id and len(a.id) == 10
+    # two grid entries that resolve to one config are one point
+    assert len(sweep.plan(sweep.Spec("t", "cpu-smoke", {}, {"hidden": [64, "64"]}))) == 1
+
+
+def test_a_second_driver_of_the_same_sweep_is_refused(tmp_path):
+    (tmp_path / sweep.LOCK_FILE).write_text(str(os.getpid()))  # a live process holds it
+    with pytest.raises(ConfigError, match="being run by process"):
+        with sweep.SweepLock(tmp_path):
+            pass
+    (tmp_path / sweep.LOCK_FILE).write_text("999999999")  # a dead one: stale, taken over
+    with sweep.SweepLock(tmp_path):
+        assert (tmp_path / sweep.LOCK_FILE).read_text() == str(os.getpid())
+    assert not (tmp_path / sweep.LOCK_FILE).exists()
+
+
+def test_one_worker_on_cpu():
+    import torch
+
+    if not torch.cuda.is_available():
+        assert sweep.worker_slots("auto") == [None] and sweep.worker_slots(4) == [None]
+
+
+@pytest.mark.slow
+def test_sweep_with_a_failing_point_then_resume_runs_only_what_is_missing(tmp_path, capsys):
+    spec_file = tmp_path / "tiny.yaml"
+    spec_file.write_text(yaml.safe_dump({
+        "name": "tiny", "preset": "cpu-smoke", "set": TINY,
+        "grid": {"case": [{"hidden": 32}, {"hidden": 48}, {"hidden": 64}, {"hidden": 32, "vocab": OOM_VOCAB}]},
+    }))
+    root = tmp_path / "sweeps"
+    first = sweep.run_sweep(sweep.Spec.from_dict(yaml.safe_load(spec_file.read_text())), root=root, progress=False)
+    assert (first["points"], first["done"], first["failed"], first["skipped"]) == (4, 3, 1, 0)
+    sweep_dir = root / "tiny"
+    idx = sweep.read_index(sweep_dir).set_index("point")
+    assert sorted(idx["status"]) == ["done", "done", "done", "failed"]
+    failed = idx[idx["status"] == "failed"].iloc[0]
+    assert failed["error_kind"] == "oom" and "allocate" in failed["error"] and failed["grid_vocab"] == OOM_VOCAB
+    assert (sweep_dir / failed.name / "distill_benchmark.ipynb").exists()  # how far it got
+    assert not (sweep_dir / failed.name / sweep.DONE_FILE).exists()
+
+    # Simulate a kill in the middle of one point: its done marker never got written, partial files remain.
+    done = sorted(idx[idx["status"] == "done"].index)
+    killed, kept = done[0], done[1:]
+    (sweep_dir / killed / sweep.DONE_FILE).unlink()
+    (sweep_dir / killed / "partial.tmp").write_text("half a file")
+    kept_marks = {p: (sweep_dir / p / sweep.DONE_FILE).stat().st_mtime_ns for p in kept}
+
+    # A bare restart by name resumes the stored spec; it reruns the failed and the killed point only.
+    rc = cli.main(["sweep", "--name", "tiny", "--out", str(root)])
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 1  # the OOM point fails again, and says so
+    assert (summary["skipped"], summary["done"], summary["failed"], summary["complete"]) == (2, 1, 1, 3)
+    assert {p: (sweep_dir / p / sweep.DONE_FILE).stat().st_mtime_ns for p in kept} == kept_marks
+    assert not (sweep_dir / killed / "partial.tmp").exists()  # rerun from an empty folder
+    assert len(sweep.read_index(sweep_dir)) == 4
+
+    # Nothing duplicated: one row per student per complete point.
+    df = report.load_sweep(sweep_dir)
+    assert len(df) == 3 * 3 and not df.duplicated(["point", "student"]).any()
+    assert sorted(df["cfg_hidden"].unique()) == [32, 48, 64] and (df["cfg_steps"] == 2).all()
+
+    # The report ran at the end: executed notebook, HTML, CSVs and plots next to the sweep.
+    out = sweep_dir / "report"
+    for name in ("sweep_report.ipynb", "report.html", "sweep.csv", "crossover.csv", "failed_points.csv",
+                 "speedup_vs_size.png", "step_time_vs_size.png", "peak_memory_vs_size.png", "loss_band_vs_size.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert len(pd.read_csv(out / "sweep.csv")) == 9
+    failed_csv = (out / "failed_points.csv").read_text()
+    assert failed.name in failed_csv and "oom" in failed_csv
+    html = (out / "report.html").read_text()
+    assert "Crossover" in html and "<img" in html

@@ -1,0 +1,47 @@
+"""torchao float8 training (a peer of TE FP8): nn.Linear layers swapped for Float8Linear, run under
+torch.compile (torchao's float8 is designed to be compiled: eager it is much slower) and bf16 autocast.
+
+Recipes: 'tensorwise' (one scale per tensor, CC >= 8.9) and 'rowwise' (per-row scales, CC >= 9.0).
+"""
+from __future__ import annotations
+
+import torch
+
+from workbench.backends import Context, register
+from workbench.backends.te_fp8 import misaligned
+from workbench.backends.torch_autocast import TorchBF16
+
+MIN_CC = {"tensorwise": (8, 9), "rowwise": (9, 0)}
+
+
+@register
+class TorchaoFloat8(TorchBF16):
+    name = "torchao_float8"
+    recipes = tuple(MIN_CC)
+    default_recipe = "tensorwise"
+    mode = "torchao-Float8"
+    compile_required = True
+
+    def availability(self, ctx: Context) -> tuple[bool, str]:
+        try:
+            import torchao.float8  # noqa: F401
+        except Exception as e:
+            return False, f"torchao.float8 does not import: {type(e).__name__}: {e} (pip install torchao)"
+        if ctx.device.type != "cuda":
+            return False, "torchao float8 needs a CUDA GPU with FP8 tensor cores"
+        cc = torch.cuda.get_device_capability(ctx.device)
+        if cc < MIN_CC[self.recipe]:
+            need = ".".join(map(str, MIN_CC[self.recipe]))
+            return False, f"torchao float8 {self.recipe} needs compute capability >= {need}; this GPU is {cc[0]}.{cc[1]}"
+        if ctx.cfg.model.layout == "fused":
+            return False, "torchao converts nn.Linear modules; the fused torch layout has none"
+        bad = misaligned(ctx.cfg, 16)
+        if bad:
+            return False, f"float8 GEMMs need dims that are multiples of 16; not: {', '.join(bad)}"
+        return True, ""
+
+    def build(self, cfg, init_state, device):
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        model = super().build(cfg, init_state, device)
+        return convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(self.recipe))

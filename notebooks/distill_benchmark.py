@@ -14,6 +14,8 @@
 # ---
 
 # %% [markdown]
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/<org>/te-workbench/blob/main/notebooks/distill_benchmark.ipynb)
+#
 # # Distillation benchmark: teacher, baseline student, Transformer Engine students
 #
 # One run of the workbench: a frozen teacher, a plain PyTorch student and TE students (bf16 / FP8
@@ -24,6 +26,28 @@
 #     papermill notebooks/distill_benchmark.ipynb out.ipynb -p preset large -p backends "torch_bf16,te_fp8:current"
 #
 # `papermill --help-notebook notebooks/distill_benchmark.ipynb` lists every parameter.
+
+# %%
+# Colab only (elsewhere this cell does nothing): install the workbench from its repository and, on a
+# GPU, Transformer Engine. A T4 (compute capability 7.5) has neither bf16 nor FP8: the bf16 students
+# run fp16 autocast with a GradScaler and the FP8 rows say why they cannot run. The repository
+# address is a placeholder until the project is published.
+import os, subprocess, sys  # noqa: E401
+
+if "google.colab" in sys.modules:
+    REPO = "<org>/te-workbench"
+    if not os.path.isdir("/content/te-workbench"):
+        subprocess.run(["git", "clone", "-q", f"https://github.com/{REPO}", "/content/te-workbench"], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "/content/te-workbench"], check=True)
+    sys.path.insert(0, "/content/te-workbench")  # this kernel started before the editable install
+    os.chdir("/content/te-workbench")
+    import torch
+
+    if torch.cuda.is_available():
+        subprocess.run([sys.executable, "-m", "workbench", "install-te"], check=False)  # prints its own outcome
+        if not torch.cuda.is_bf16_supported():
+            print(f"{torch.cuda.get_device_name()} (CC {'.'.join(map(str, torch.cuda.get_device_capability()))}): "
+                  "no bf16 and no FP8 here, so bf16 students fall back to fp16 autocast + GradScaler.")
 
 # %% tags=["parameters"]
 # Which preset to start from: seed | cpu-smoke | large | auto (seed on a GPU, else cpu-smoke)
@@ -55,6 +79,7 @@ teacher_precision = None  # Teacher forward precision: 'auto' (bf16 autocast on 
 backends = None  # Students to compare, as 'backend' or 'backend:recipe' (see `workbench.backends.BACKENDS`).
 baseline = None  # Which student is the tutorial's 'baseline' in summary.json (must be in `backends`).
 device = None  # 'auto' (CUDA when available, else CPU), 'cuda' or 'cpu'.
+show_panel = None  # The widget panel at the end: True shows it, False hides it, None shows it unless papermill runs the notebook.
 
 # %%
 from workbench import notebook, plots, results
@@ -83,3 +108,12 @@ plots.step_time(run_dir);
 
 # %%
 plots.peak_memory(run_dir);
+
+# %% [markdown]
+# ## Interactive panel: pick preset, hidden sizes and backends, then Run
+# Each size is the same `notebook.run_cell` call as above; headless (papermill) runs skip the panel.
+
+# %%
+from workbench import panel
+
+panel.maybe_show(globals());

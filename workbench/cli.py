@@ -23,6 +23,7 @@ COMMANDS = {
     "install-te": ("workbench.install", "plan and run the Transformer Engine install"),
     "doctor": ("workbench.doctor", "diagnose the TE install or an install/import log"),
     "sweep": ("workbench.sweep", "papermill sweep over a config grid into results/sweeps/<name>/, resumable, + report"),
+    "bench": ("workbench.bench", "benchmark variants (eager/compile/graphs, layouts) vs measured + datasheet peaks, + profiler cross-check"),
 }
 
 

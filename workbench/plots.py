@@ -91,3 +91,86 @@ def plot_run(run_dir: str | Path, close: bool = True) -> dict[str, plt.Figure]:
         if close:
             plt.close(fig)
     return figs
+
+
+# ---- bench (workbench.bench): read only bench.csv --------------------------------------------------
+def _bench_frame(bench_dir: str | Path) -> pd.DataFrame:
+    df = pd.read_csv(Path(bench_dir) / "bench.csv")
+    d = df[df["status"].isin(RAN)].dropna(subset=["step_ms_median"]).sort_values("step_ms_median", ascending=False)
+    return d.assign(label=d["variant"] + " / " + d["student"])
+
+
+def _bench_title(df: pd.DataFrame, what: str) -> str:
+    if df.empty:
+        return what
+    r = df.iloc[0]
+    gpu = r.get("gpu_name") if isinstance(r.get("gpu_name"), str) else "CPU"
+    return f"{what} — {gpu}, preset {r.get('preset')}"
+
+
+def bench_step_time(bench_dir: str | Path) -> plt.Figure:
+    """Median student step per (variant, student), log scale, whiskers p20–p80."""
+    d = _bench_frame(bench_dir)
+    fig, ax = plt.subplots(figsize=(10, 0.32 * max(len(d), 4) + 1.5))
+    if d.empty:
+        ax.text(0.5, 0.5, "no student ran", ha="center", transform=ax.transAxes)
+    else:
+        lo = (d["step_ms_median"] - d["step_ms_p20"]).clip(lower=0)
+        hi = (d["step_ms_p80"] - d["step_ms_median"]).clip(lower=0)
+        bars = ax.barh(d["label"], d["step_ms_median"], xerr=[lo.values, hi.values], capsize=3,
+                       color=[_PRECISION_COLORS.get(p, "grey") for p in d["precision"]])
+        ax.bar_label(bars, fmt="%.3g", fontsize=7, padding=3)
+        ax.set_xscale("log")
+    ax.set(xlabel="student train step, ms (median; whiskers p20–p80; log scale)",
+           title=_bench_title(d, "Step time per backend"))
+    ax.tick_params(axis="y", labelsize=7)
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+_PRECISION_COLORS = {"fp32": "tab:gray", "bf16": "tab:blue", "fp16": "tab:cyan", "fp8": "tab:orange"}
+
+
+def bench_pct_of_peak(bench_dir: str | Path) -> plt.Figure:
+    """Achieved TFLOP/s as % of the matmul peak measured in the same run and of the datasheet peak."""
+    d = _bench_frame(bench_dir)
+    fig, ax = plt.subplots(figsize=(10, 0.32 * max(len(d), 4) + 1.5))
+    y = range(len(d))
+    h = 0.4
+    for off, col, name in ((-h / 2, "pct_of_measured_peak", "% of matmul peak measured in this run"),
+                           (h / 2, "pct_of_datasheet_peak", "% of datasheet peak")):
+        vals = d[col].astype(float) if col in d else pd.Series(dtype=float)
+        bars = ax.barh([i + off for i in y], vals.fillna(0).values, height=h, label=name)
+        ax.bar_label(bars, labels=["unknown" if pd.isna(v) else f"{v:.0f}" for v in vals], fontsize=7, padding=3)
+    ax.set_yticks(list(y), d["label"].tolist() if len(d) else [])
+    ax.tick_params(axis="y", labelsize=7)
+    ax.set(xlabel="% of peak of the student's GEMM precision (fp32 / bf16 / fp8)",
+           title=_bench_title(d, "Achieved TFLOP/s vs the ceiling"))
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+BENCH_PLOTS = {"step_time_by_backend": bench_step_time, "pct_of_peak": bench_pct_of_peak}
+
+
+def save(fig: plt.Figure, folder: str | Path, name: str) -> None:
+    """PNG and SVG, each written to a temporary name first, then renamed (atomic for readers)."""
+    folder = Path(folder)
+    for ext in ("png", "svg"):
+        tmp = folder / f".{name}.tmp.{ext}"
+        fig.savefig(tmp, dpi=110)
+        tmp.replace(folder / f"{name}.{ext}")
+
+
+def plot_bench(bench_dir: str | Path, close: bool = True) -> dict[str, plt.Figure]:
+    figs = {}
+    for name, fn in BENCH_PLOTS.items():
+        fig = fn(bench_dir)
+        save(fig, bench_dir, name)
+        figs[name] = fig
+        if close:
+            plt.close(fig)
+    return figs

@@ -1,0 +1,621 @@
+"""`workbench bench`: every backend's best path, side by side, against the hardware's ceiling (issue 4).
+
+    python -m workbench bench --preset large --out results/bench --run-id large
+    python -m workbench bench --preset seed --variants eager,graphs-fused-bf16 --out results/bench
+    python -m workbench bench --list                                  # the variant catalogue
+    python -m workbench bench --markdown results/bench [--readme README.md]   # tables from the files
+
+A *variant* is a set of config overrides (eager / compile / graphs, layout, parameter dtype, fused
+optimizer) and the students worth running under it; the catalogue is data (VARIANTS). Each variant is
+one `runner.run` into OUT/<run_id>/runs/<variant>/, observed by `timing.observe` for the noise repeats
+(P4) and one profiled block (cross-check). A student the config rejects (e.g. a backend file not in this
+checkout) or a variant whose run fails becomes an 'error' row with the reason; the bench goes on.
+
+OUT/<run_id>/ holds
+  peak.json        matmul peaks measured in this run (bf16/fp16/fp32/FP8) + datasheet entry with sources
+  runs/<variant>/  what `run` writes, plus observations.json (repeat medians, profiler sums per timed region)
+  bench.csv        one row per (variant, student), units in the column names (see COLUMNS)
+  crosscheck.json  event-timed median vs torch.profiler kernel-time sum per row; headline at `large`
+  targets.json     P1-P4 of issue 4: target, best achieved, by which row, pass (null = not evaluated here)
+  bench.json       what was asked, variant status and wall time, environment
+  bench.md         the Markdown tables (`--markdown` renders the same from any folder of benches)
+  step_time_by_backend.png/.svg, pct_of_peak.png/.svg
+bench.csv, crosscheck.json, targets.json and the tables are rebuilt from the other files by `aggregate()`.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import gc
+import json
+import math
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from workbench import config as config_mod
+from workbench import crosscheck, flops, hardware, results
+from workbench.config import ConfigError
+
+# ---- variants (data) -----------------------------------------------------------------------------
+TE = ("te_bf16", "te_fp8:delayed", "te_fp8:current", "te_fp8:block")
+TORCHAO = ("torchao_float8:tensorwise", "torchao_float8:rowwise")
+FUSED_BF16 = {"layout": "fused", "param_dtype": "bf16", "fused_optimizer": True}
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    overrides: dict[str, Any]
+    """Config overrides (flat field names) on top of the preset and the user's --set."""
+    backends: tuple[str, ...]
+    """Students run under this variant (the first is the run's baseline)."""
+    doc: str = ""
+
+
+VARIANTS: dict[str, Variant] = {v.name: v for v in (
+    Variant("eager", {}, ("torch_fp32", "torch_bf16") + TE,
+            "the tutorial's layout and fp32 master weights, no compile, no graphs"),
+    Variant("eager-fused-bf16", FUSED_BF16, ("torch_bf16",) + TE,
+            "fused block (te.LayerNormMLP / torch equivalent), bf16 parameters, fused AdamW"),
+    Variant("smoke", {}, ("torch_fp32", "torch_bf16", "te_fp8:delayed"),
+            "the cpu-smoke preset's students: seconds on a CPU (tests, `make bench` without a GPU)"),
+    Variant("compile", {"compile": True}, ("torch_bf16",) + TORCHAO,
+            "torch.compile of the torch students (torchao float8 always runs compiled)"),
+    Variant("compile-fused-bf16", {"compile": True, **FUSED_BF16}, ("torch_bf16",) + TORCHAO,
+            "compiled, fused layout, bf16 parameters, fused AdamW"),
+    Variant("graphs", {"graphs": True}, ("torch_bf16",) + TE,
+            "CUDA graphs (whole torch step; TE via make_graphed_callables), tutorial layout, fp32 masters"),
+    Variant("graphs-fused-bf16", {"graphs": True, **FUSED_BF16}, ("torch_bf16",) + TE,
+            "CUDA graphs, fused layout, bf16 parameters, fused AdamW"),
+    Variant("compile-graphs-fused-bf16", {"compile": True, "graphs": True, **FUSED_BF16}, ("torch_bf16",) + TORCHAO,
+            "compiled and graphed, fused layout, bf16 parameters, fused AdamW (P1's fastest path)"),
+)}
+
+# Default variant list per preset. `large` skips compile-heavy repeats (each torch.compile costs 30-60 s)
+# and runs fp32 eager only (~416 ms/step on the H200).
+DEFAULT_VARIANTS: dict[str, tuple[str, ...]] = {
+    "seed": tuple(VARIANTS),
+    "large": ("eager", "eager-fused-bf16", "graphs-fused-bf16", "compile-fused-bf16"),
+    "cpu-smoke": ("smoke",),
+}
+
+# ---- the tutorial's own figures (REFERENCE.md §1, measured on the H200) --------------------------
+TUTORIAL_MS = {  # preset -> (tutorial bf16 student step, tutorial TE FP8 student step), ms
+    "seed": (3.86, 9.24),
+    "large": (43.2, 31.6),
+}
+TUTORIAL_SOURCE = "../shared/REFERENCE.md §1 (seed tutorial on the H200, TE 2.20.2, torch 2.11)"
+
+PRECISION = {"torch_fp32": "fp32", "torch_bf16": "bf16", "torch_fp16": "fp16", "te_bf16": "bf16",
+             "te_fp8": "fp8", "torchao_float8": "fp8"}
+"""Backend -> the GEMM precision whose peak it is measured against."""
+
+COLUMNS = [  # bench.csv, in order (env stamp and cfg_* columns follow)
+    "schema_version", "bench_id", "preset", "variant", "student", "backend", "recipe", "precision",
+    "status", "reason", "notes", "compiled", "graphed", "layout", "param_dtype", "fused_optimizer",
+    "step_ms_median", "step_ms_p20", "step_ms_p80", "tokens_per_s", "train_gflop_per_step", "tflops",
+    "measured_peak_tflops", "pct_of_measured_peak", "datasheet_peak_tflops", "pct_of_datasheet_peak",
+    "tutorial_bf16_ms", "speedup_vs_tutorial", "tutorial_same_path_ms", "speedup_vs_tutorial_same_path",
+    "teacher_ms_median", "teacher_pct_of_student_step", "repeats", "median_spread_pct",
+    "profiled_step_ms_median", "kernel_ms_per_step", "gpu_busy_ms_per_step", "kernels_per_step",
+    "kernel_to_event_ratio", "capture_ms", "compile_ms", "peak_mem_allocated_mb", "peak_mem_reserved_mb",
+    "final_train_loss", "eval_mse", "run_dir",
+]
+
+
+# ---- running -------------------------------------------------------------------------------------
+@dataclass
+class BenchOptions:
+    preset: str = "auto"
+    overrides: dict[str, Any] = field(default_factory=dict)
+    variants: list[str] | None = None
+    repeats: int = 3
+    """Timed blocks per region for the noise figure (P4); the first is the run's own measurement."""
+    crosscheck: bool = True
+    budget_s: float | None = None
+    """Skip the variants not yet started once this many seconds have passed (rows say so)."""
+
+
+def resolve_variants(preset: str, names: list[str] | None) -> list[Variant]:
+    names = list(names) if names else list(DEFAULT_VARIANTS.get(preset, ("eager",)))
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise ConfigError(f"unknown bench variants {unknown}; allowed: {sorted(VARIANTS)}")
+    return [VARIANTS[n] for n in names]
+
+
+def variant_config(preset: str, overrides: dict[str, Any], v: Variant) -> tuple[Any, list[dict]]:
+    """The variant's validated Config over the students the config accepts, and a row per rejected one."""
+    base = {**overrides, **v.overrides}
+    ok, rejected = [], []
+    for spec in v.backends:
+        try:
+            config_mod.from_preset(preset, **base, backends=[spec], baseline=spec)
+            ok.append(spec)
+        except ConfigError as e:
+            rejected.append({"student": spec, "status": "error", "reason": f"config rejected: {e}"})
+    if not ok:
+        return None, rejected
+    return config_mod.from_preset(preset, **base, backends=ok, baseline=ok[0]), rejected
+
+
+def run_bench(opts: BenchOptions, out: str | Path = "results/bench", run_id: str | None = None,
+              progress: bool = True) -> Path:
+    """Peak probe, every variant, then aggregate(); returns OUT/<run_id>."""
+    import torch
+
+    from workbench import runner, timing
+
+    for key in opts.overrides:
+        if config_mod.locate(key)[1] in ("backends", "baseline"):
+            raise ConfigError("bench takes its students from the variants (--variants); drop --set backends/baseline")
+    preset = config_mod.default_preset_name() if opts.preset == "auto" else opts.preset
+    base_cfg = config_mod.from_preset(preset, **opts.overrides)
+    variants = resolve_variants(preset, opts.variants)
+    device = runner.resolve_device(base_cfg)
+    run_id = run_id or f"{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-bench-{preset}"
+    bench_dir = Path(out) / run_id
+    bench_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+
+    _say(progress, f"[bench] peak probe on {device}")
+    results.write_json(bench_dir / "peak.json", hardware.probe_matmul(device))
+
+    status: dict[str, Any] = {}
+    for v in variants:
+        elapsed = time.perf_counter() - t0
+        if opts.budget_s is not None and elapsed > opts.budget_s:
+            status[v.name] = {"status": "skipped", "reason": f"time budget {opts.budget_s:.0f} s spent ({elapsed:.0f} s)"}
+            _write_rejected(bench_dir, v, [{"student": s, "status": "skipped", "reason": status[v.name]["reason"]}
+                                           for s in v.backends])
+            continue
+        _say(progress, f"[bench] variant {v.name} ({elapsed:.0f} s so far): {v.doc}")
+        status[v.name] = _run_variant(v, preset, opts, bench_dir, device, progress, timing, runner)
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        if hasattr(torch, "_dynamo"):
+            torch._dynamo.reset()  # compiled students of earlier variants must not eat the recompile limit
+
+    results.write_json(bench_dir / "bench.json", {
+        "schema_version": results.SCHEMA_VERSION, "bench_id": run_id, "preset": preset,
+        "requested": {"preset": opts.preset, "overrides": opts.overrides, "variants": opts.variants,
+                      "repeats": opts.repeats, "crosscheck": opts.crosscheck, "budget_s": opts.budget_s},
+        "variants": {v.name: {"overrides": v.overrides, "backends": list(v.backends), "doc": v.doc,
+                              **status.get(v.name, {})} for v in variants},
+        "wall_s": time.perf_counter() - t0, "torchao_version": _version("torchao"),
+    })
+    aggregate(bench_dir)
+    _say(progress, f"[bench] wrote {bench_dir} in {time.perf_counter() - t0:.0f} s")
+    return bench_dir
+
+
+def _run_variant(v: Variant, preset: str, opts: BenchOptions, bench_dir: Path, device, progress, timing, runner):
+    t = time.perf_counter()
+    try:
+        cfg, rejected = variant_config(preset, opts.overrides, v)
+    except ConfigError as e:  # the variant's own overrides are not allowed here
+        rejected, cfg = [{"student": s, "status": "error", "reason": f"config rejected: {e}"} for s in v.backends], None
+    _write_rejected(bench_dir, v, rejected)
+    if cfg is None:
+        return {"status": "error", "reason": "no student of this variant passed config validation", "wall_s": 0.0}
+    extra = crosscheck.profiled_block if opts.crosscheck else None
+    try:
+        with timing.observe(repeats=opts.repeats, extra_block=extra) as seen:
+            run_dir = runner.run(cfg, out=bench_dir / "runs", run_id=v.name, progress=progress,
+                                 requested={"bench_variant": v.name, "preset": preset, **opts.overrides, **v.overrides})
+        results.write_json(run_dir / "observations.json", _match_observations(run_dir, seen.observations))
+        return {"status": "ok", "reason": "", "wall_s": time.perf_counter() - t}
+    except Exception as e:  # a failing variant is rows that say why, never the end of the bench
+        reason = f"{type(e).__name__}: {e}".strip()[:2000]
+        _say(progress, traceback.format_exc())
+        _write_rejected(bench_dir, v, rejected + [{"student": s, "status": "error", "reason": f"run failed: {reason}"}
+                                                  for s in cfg.backends])
+        return {"status": "error", "reason": reason, "wall_s": time.perf_counter() - t}
+
+
+def _write_rejected(bench_dir: Path, v: Variant, rows: list[dict]) -> None:
+    """Students that never ran (rejected, skipped, failed run) as rows of runs/<variant>/not_run.csv."""
+    path = bench_dir / "runs" / v.name / "not_run.csv"
+    if rows:
+        results.write_csv(path, pd.DataFrame(rows, columns=["student", "status", "reason"]))
+
+
+def _match_observations(run_dir: Path, observations) -> dict[str, Any]:
+    """Tie each observed timed region to the row that reports its median (teacher or a student).
+
+    runner.run times the teacher first, then each student in order; matching on the reported median
+    (not on position) keeps this right when a student is skipped or fails before its timed region.
+    """
+    df = results.load(run_dir)
+    unused = list(range(len(observations)))
+    out: dict[str, Any] = {"teacher": None, "students": {}}
+
+    def take(ms) -> dict | None:
+        if ms is None or (isinstance(ms, float) and math.isnan(ms)):
+            return None
+        for i in unused:
+            m = observations[i].median_ms
+            if m is not None and math.isclose(m, float(ms), rel_tol=1e-9, abs_tol=1e-12):
+                unused.remove(i)
+                return observations[i].to_dict()
+        return None
+
+    if len(df):
+        out["teacher"] = take(df["teacher_ms_median"].iloc[0])
+    for _, r in df.iterrows():
+        out["students"][r["student"]] = take(r.get("step_ms_median"))
+    out["unmatched"] = [observations[i].to_dict() for i in unused]
+    return out
+
+
+# ---- aggregation (files in, files out) -----------------------------------------------------------
+def _num(x) -> float | None:
+    try:
+        f = float(x)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+def _pct(a, b) -> float | None:
+    a, b = _num(a), _num(b)
+    return a / b * 100.0 if a is not None and b else None
+
+
+def _div(a, b) -> float | None:
+    a, b = _num(a), _num(b)
+    return a / b if a is not None and b else None
+
+
+def shape_is_preset(preset: str, row: dict[str, Any]) -> bool:
+    """True when the row's model dims are the preset's own (tutorial figures and targets apply)."""
+    if preset not in config_mod.PRESETS:
+        return False
+    m = config_mod.PRESETS[preset]().model
+    return all(_num(row.get(f"cfg_{k}")) == getattr(m, k)
+               for k in ("vocab", "hidden", "intermediate", "layers", "seq_len", "batch"))
+
+
+def bench_rows(bench_dir: Path) -> pd.DataFrame:
+    """bench.csv's rows, from peak.json and runs/<variant>/{students.csv, observations.json, not_run.csv}."""
+    bench_dir = Path(bench_dir)
+    meta = _read(bench_dir / "bench.json") or {}
+    peak = _read(bench_dir / "peak.json") or {}
+    order = list((meta.get("variants") or {}).keys())
+    runs = sorted((p for p in (bench_dir / "runs").glob("*") if p.is_dir()),
+                  key=lambda p: order.index(p.name) if p.name in order else len(order))
+    rows = []
+    for run_dir in runs:
+        variant = run_dir.name
+        if (run_dir / "students.csv").exists():
+            obs = _read(run_dir / "observations.json") or {}
+            for r in results.load(run_dir).to_dict("records"):
+                rows.append(_bench_row(meta, peak, variant, r, (obs.get("students") or {}).get(r["student"]),
+                                       obs.get("teacher"), run_dir.relative_to(bench_dir)))
+        if (run_dir / "not_run.csv").exists():
+            for r in pd.read_csv(run_dir / "not_run.csv").to_dict("records"):
+                name, _, recipe = str(r["student"]).partition(":")
+                rows.append({"variant": variant, "student": r["student"], "backend": name, "recipe": recipe or None,
+                             "precision": PRECISION.get(name), "status": r["status"], "reason": r["reason"]})
+    df = pd.DataFrame(rows)
+    for c in COLUMNS:
+        if c not in df.columns:
+            df[c] = None
+    df["schema_version"] = results.SCHEMA_VERSION
+    df["bench_id"] = meta.get("bench_id", bench_dir.name)
+    df["preset"] = meta.get("preset")
+    return df[COLUMNS + [c for c in df.columns if c not in COLUMNS]]
+
+
+def _bench_row(meta, peak, variant, r, obs, teacher_obs, run_dir) -> dict[str, Any]:
+    preset = meta.get("preset") or r.get("cfg_preset")
+    precision = PRECISION.get(r["backend"])
+    step = _num(r.get("step_ms_median"))
+    tut = TUTORIAL_MS.get(preset) if shape_is_preset(preset, r) else None
+    tut_same = (tut[1] if precision == "fp8" else tut[0]) if tut else None
+    measured, sheet = hardware.measured_tflops(peak, precision), hardware.datasheet_tflops(peak, precision)
+    obs = obs or {}
+    m = config_mod.ModelConfig(**{k: int(r[f"cfg_{k}"]) for k in ("vocab", "hidden", "intermediate", "layers",
+                                                                  "seq_len", "batch")})
+    row = {
+        "variant": variant, "student": r["student"], "backend": r["backend"], "recipe": r.get("recipe"),
+        "precision": precision, "status": r["status"], "reason": r.get("reason"), "notes": r.get("notes"),
+        "compiled": r.get("compiled", r.get("cfg_compile")), "graphed": r.get("graphed", r.get("cfg_graphs")),
+        "layout": r.get("cfg_layout"), "param_dtype": r.get("cfg_param_dtype"),
+        "fused_optimizer": r.get("cfg_fused_optimizer"),
+        "step_ms_median": step, "step_ms_p20": r.get("step_ms_p20"), "step_ms_p80": r.get("step_ms_p80"),
+        "tokens_per_s": r.get("tokens_per_s"), "train_gflop_per_step": flops.train_flops(m) / 1e9,
+        "tflops": r.get("tflops"),
+        "measured_peak_tflops": measured, "pct_of_measured_peak": _pct(r.get("tflops"), measured),
+        "datasheet_peak_tflops": sheet, "pct_of_datasheet_peak": _pct(r.get("tflops"), sheet),
+        "tutorial_bf16_ms": tut[0] if tut else None, "speedup_vs_tutorial": _div(tut[0] if tut else None, step),
+        "tutorial_same_path_ms": tut_same, "speedup_vs_tutorial_same_path": _div(tut_same, step),
+        "teacher_ms_median": r.get("teacher_ms_median"),
+        "teacher_pct_of_student_step": _pct(r.get("teacher_ms_median"), step),
+        "repeats": obs.get("repeats"), "median_spread_pct": obs.get("median_spread_pct"),
+        "teacher_median_spread_pct": (teacher_obs or {}).get("median_spread_pct"),
+        "profiled_step_ms_median": obs.get("profiled_step_ms_median"),
+        "kernel_ms_per_step": obs.get("kernel_ms_per_step"), "gpu_busy_ms_per_step": obs.get("gpu_busy_ms_per_step"),
+        "kernels_per_step": obs.get("kernels_per_step"),
+        "kernel_to_event_ratio": crosscheck.ratio(obs.get("kernel_ms_per_step"), step),
+        "profiler_reason": obs.get("profiler_reason"),
+        "capture_ms": r.get("capture_ms"), "compile_ms": r.get("compile_ms"),
+        "peak_mem_allocated_mb": r.get("peak_mem_allocated_mb"), "peak_mem_reserved_mb": r.get("peak_mem_reserved_mb"),
+        "final_train_loss": r.get("final_train_loss"), "eval_mse": r.get("eval_mse"), "run_dir": str(run_dir),
+        "torchao_version": meta.get("torchao_version"),
+    }
+    row.update({k: r.get(k) for k in results.ENV_STAMP})
+    row.update({k: v for k, v in r.items() if k.startswith("cfg_")})
+    return row
+
+
+def crosscheck_report(df: pd.DataFrame, preset: str | None) -> dict[str, Any]:
+    """crosscheck.json: per row, the event-timed median vs the kernel-time sum; headline = the P2 row."""
+    ran = df[df["status"].isin(["ok", "fallback"])]
+    rows = []
+    for r in ran.to_dict("records"):
+        rat = _num(r.get("kernel_to_event_ratio"))
+        rows.append({k: r.get(k) for k in ("variant", "student", "step_ms_median", "profiled_step_ms_median",
+                                            "kernel_ms_per_step", "gpu_busy_ms_per_step", "kernels_per_step",
+                                            "profiler_reason")}
+                    | {"kernel_to_event_ratio": rat, "within_tolerance": crosscheck.agrees(rat)})
+    head = _best(ran[ran["precision"] == "fp8"]) or _best(ran)
+    return {
+        "schema_version": results.SCHEMA_VERSION, "preset": preset, "tolerance": crosscheck.TOLERANCE,
+        "what": "kernel_ms_per_step = sum of GPU activity (kernels, memcpy, memset) seen by torch.profiler in "
+                "one extra timed block, per step; step_ms_median = the run's own CUDA-event median",
+        "headline": None if head is None else {
+            "variant": head["variant"], "student": head["student"], "step_ms_median": head["step_ms_median"],
+            "kernel_ms_per_step": head.get("kernel_ms_per_step"),
+            "kernel_to_event_ratio": _num(head.get("kernel_to_event_ratio")),
+            "within_tolerance": crosscheck.agrees(_num(head.get("kernel_to_event_ratio")))},
+        "rows": rows,
+    }
+
+
+def _best(df: pd.DataFrame, col: str = "step_ms_median", largest: bool = False) -> dict | None:
+    d = df.dropna(subset=[col])
+    if d.empty:
+        return None
+    return (d.nlargest(1, col) if largest else d.nsmallest(1, col)).iloc[0].to_dict()
+
+
+@dataclass(frozen=True)
+class Target:
+    id: str
+    preset: str | None  # None: evaluated at every preset
+    what: str
+    comparison: str  # "<=" or ">="
+    value: float
+    unit: str
+
+
+TARGETS = (
+    Target("P1", "seed", "fastest student train step", "<=", 0.30, "ms"),
+    Target("P1-te-fp8-graphed", "seed", "TE FP8 student step, CUDA-graphed", "<=", 1.0, "ms"),
+    Target("P2", "large", "TE FP8 student step", "<=", 18.0, "ms"),
+    Target("P2-bf16-mfu", "large", "our bf16 path, % of the bf16 matmul peak measured in the same run", ">=", 80.0, "%"),
+    Target("P2-crosscheck", "large", "|kernel-time sum / event-timed median - 1| for the fastest TE FP8 row",
+           "<=", crosscheck.TOLERANCE * 100, "%"),
+    Target("P3", None, "teacher forward per batch, % of the fastest student step", "<=", 10.0, "%"),
+    Target("P4", None, "spread of the median across repeated measurements, worst row", "<=", 2.0, "%"),
+)
+
+
+def evaluate_targets(df: pd.DataFrame, preset: str | None) -> list[dict[str, Any]]:
+    """targets.json: every target with its best achieved figure here, who achieved it, and pass/fail.
+
+    pass is None where the target does not apply to this preset/shape or nothing ran to measure it."""
+    ran = df[df["status"].isin(["ok", "fallback"])].copy()
+    same_shape = bool(len(ran)) and shape_is_preset(preset, ran.iloc[0].to_dict())
+    out = []
+    for t in TARGETS:
+        rec = {"id": t.id, "preset": t.preset or preset, "what": t.what, "target": f"{t.comparison} {t.value:g} {t.unit}",
+               "target_value": t.value, "unit": t.unit, "achieved": None, "by": None, "pass": None, "note": ""}
+        if t.preset is not None and (t.preset != preset or not same_shape):
+            rec["note"] = f"evaluated on the {t.preset} preset's shape; this bench is {preset!r}" + (
+                "" if same_shape else " with overridden dims")
+            out.append(rec)
+            continue
+        best, achieved = _target_figure(t, ran)
+        if achieved is not None:
+            rec.update(achieved=achieved, by=None if best is None else f"{best['variant']} / {best['student']}",
+                       **{"pass": achieved <= t.value if t.comparison == "<=" else achieved >= t.value})
+        else:
+            rec["note"] = "no row measured it here"
+        out.append(rec)
+    return out
+
+
+def _target_figure(t: Target, ran: pd.DataFrame) -> tuple[dict | None, float | None]:
+    graphed = ran["graphed"].astype(str).str.lower().isin(["true", "1"])
+    fp8 = ran[ran["precision"] == "fp8"]
+    te_fp8 = ran[ran["backend"] == "te_fp8"]
+    if t.id == "P1":
+        best = _best(ran)
+    elif t.id == "P1-te-fp8-graphed":
+        best = _best(ran[graphed & (ran["backend"] == "te_fp8")])
+    elif t.id == "P2":
+        best = _best(te_fp8)
+    elif t.id == "P2-bf16-mfu":
+        best = _best(ran[ran["precision"] == "bf16"], "pct_of_measured_peak", largest=True)
+        return best, _num(best["pct_of_measured_peak"]) if best else None
+    elif t.id == "P2-crosscheck":
+        best = _best(te_fp8) or _best(fp8)
+        r = _num(best.get("kernel_to_event_ratio")) if best else None
+        return best, None if r is None else abs(r - 1.0) * 100
+    elif t.id == "P3":
+        best = _best(ran)
+        return best, _num(best.get("teacher_pct_of_student_step")) if best else None
+    elif t.id == "P4":
+        best = _best(ran, "median_spread_pct", largest=True)
+        return best, _num(best["median_spread_pct"]) if best else None
+    else:
+        return None, None
+    return best, _num(best["step_ms_median"]) if best else None
+
+
+def aggregate(bench_dir: str | Path) -> pd.DataFrame:
+    """(Re)build bench.csv, crosscheck.json, targets.json, bench.md and the plots from the files."""
+    from workbench import plots
+
+    bench_dir = Path(bench_dir)
+    df = bench_rows(bench_dir)
+    preset = (_read(bench_dir / "bench.json") or {}).get("preset")
+    results.write_csv(bench_dir / "bench.csv", df)
+    results.write_json(bench_dir / "crosscheck.json", crosscheck_report(df, preset))
+    results.write_json(bench_dir / "targets.json", {"schema_version": results.SCHEMA_VERSION, "preset": preset,
+                                                     "source": "issue 4", "targets": evaluate_targets(df, preset)})
+    results.write_bytes(bench_dir / "bench.md", markdown(bench_dir).encode())
+    plots.plot_bench(bench_dir)
+    return df
+
+
+# ---- Markdown (the README table is generated from the files) -------------------------------------
+def _fmt(x, spec: str = ".3g", suffix: str = "") -> str:
+    v = _num(x)
+    return "–" if v is None else f"{v:{spec}}{suffix}"
+
+
+def bench_dirs(path: str | Path) -> list[Path]:
+    path = Path(path)
+    if (path / "bench.csv").exists():
+        return [path]
+    return sorted(p.parent for p in path.rglob("bench.csv"))
+
+
+def markdown(path: str | Path) -> str:
+    """Markdown tables of every bench.csv in or below `path`: one per preset, then the targets."""
+    parts = []
+    for d in bench_dirs(path):
+        df = pd.read_csv(d / "bench.csv")
+        parts.append(_markdown_one(d, df))
+    return "\n\n".join(parts) + "\n" if parts else f"_no bench.csv in or below {path}_\n"
+
+
+def _markdown_one(d: Path, df: pd.DataFrame) -> str:
+    first = df.iloc[0].to_dict() if len(df) else {}
+    ran = df[df["status"].isin(["ok", "fallback"])].sort_values("step_ms_median")
+    peak = _read(d / "peak.json") or {}
+    meas = {p: hardware.measured_tflops(peak, p) for p in hardware.PRECISIONS}
+    gpu = first.get("gpu_name") if isinstance(first.get("gpu_name"), str) else "CPU"
+    te = first.get("te_version") if isinstance(first.get("te_version"), str) else "not installed"
+    head = (f"### `{first.get('preset')}` preset — {gpu}, torch {first.get('torch')}, TE {te}"
+            f" ({d.name})\n\nMeasured matmul peak in this run (TFLOP/s): "
+            + ", ".join(f"{p} {_fmt(v, '.4g')}" for p, v in meas.items()) + "; datasheet"
+            + (f" ({peak['datasheet']['gpu']})" if peak.get("datasheet") else "") + ": "
+            + (", ".join(f"{p} {_fmt(v, 'g')}" for p, v in ((peak.get('datasheet') or {}).get('tflops') or {}).items())
+               if peak.get("datasheet") else "unknown for this GPU") + ".\n")
+    lines = ["| variant | student | step ms (median) | TFLOP/s | % measured peak | % datasheet peak "
+             "| × tutorial bf16 | spread % | kernel/event | capture ms | compile ms |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in ran.to_dict("records"):
+        lines.append(f"| {r['variant']} | `{r['student']}` | {_fmt(r['step_ms_median'])} | {_fmt(r['tflops'], '.3g')} "
+                     f"| {_fmt(r['pct_of_measured_peak'], '.0f')} | {_fmt(r['pct_of_datasheet_peak'], '.0f')} "
+                     f"| {_fmt(r['speedup_vs_tutorial'], '.2f')} | {_fmt(r['median_spread_pct'], '.1f')} "
+                     f"| {_fmt(r['kernel_to_event_ratio'], '.2f')} | {_fmt(r['capture_ms'], '.0f')} "
+                     f"| {_fmt(r['compile_ms'], '.0f')} |")
+    not_ran = df[~df["status"].isin(["ok", "fallback"])]
+    if len(not_ran):
+        lines.append("\nNot run here: " + "; ".join(
+            f"{r['variant']} / `{r['student']}` ({r['status']}: {str(r['reason'])[:120]})" for r in not_ran.to_dict("records")))
+    tgt = (_read(d / "targets.json") or {}).get("targets") or []
+    tlines = ["| target | what | goal | achieved | by | pass |", "|---|---|---|---:|---|---|"]
+    for t in tgt:
+        if t["pass"] is None and t["achieved"] is None and t["note"].startswith("evaluated on"):
+            continue  # a target of the other preset
+        p = {True: "yes", False: "**no**", None: "–"}[t["pass"]]
+        tlines.append(f"| {t['id']} | {t['what']} | {t['target']} | {_fmt(t['achieved'], '.3g')} | {t['by'] or '–'} | {p} |")
+    return head + "\n" + "\n".join(lines) + ("\n\n" + "\n".join(tlines) if len(tlines) > 2 else "")
+
+
+README_BEGIN, README_END = "<!-- bench:begin -->", "<!-- bench:end -->"
+
+
+def update_readme(readme: str | Path, table: str) -> bool:
+    """Replace the text between the bench markers in `readme`; False when the markers are missing."""
+    readme = Path(readme)
+    text = readme.read_text()
+    a, b = text.find(README_BEGIN), text.find(README_END)
+    if a < 0 or b < a:
+        return False
+    new = text[: a + len(README_BEGIN)] + "\n" + table.strip() + "\n" + text[b:]
+    results.write_bytes(readme, new.encode())
+    return True
+
+
+# ---- CLI -----------------------------------------------------------------------------------------
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="auto", help="seed | large | cpu-smoke | auto (seed on GPU, else cpu-smoke)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                   help="config override applied to every variant, e.g. --set iters=50")
+    p.add_argument("--variants", default=None,
+                   help="comma-separated variant names (default: the preset's list; see --list)")
+    p.add_argument("--repeats", type=int, default=3, help="timed blocks per region for the noise figure (P4)")
+    p.add_argument("--no-crosscheck", action="store_true", help="skip the profiled block per timed region")
+    p.add_argument("--budget-s", type=float, default=None, help="skip variants not started after this many seconds")
+    p.add_argument("--out", default="results/bench", help="parent folder of the bench folder")
+    p.add_argument("--run-id", default=None, help="bench folder name (default: <timestamp>-bench-<preset>)")
+    p.add_argument("--list", action="store_true", help="print the variant catalogue and exit")
+    p.add_argument("--markdown", metavar="DIR", default=None,
+                   help="print the Markdown tables of every bench.csv in or below DIR and exit")
+    p.add_argument("--readme", metavar="PATH", default=None,
+                   help="with --markdown: write the tables between the bench markers of PATH (README.md)")
+    p.add_argument("--aggregate", metavar="DIR", default=None,
+                   help="rebuild bench.csv, targets.json, crosscheck.json, bench.md and plots of DIR from its files")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.list:
+        for v in VARIANTS.values():
+            print(f"{v.name:28s} {json.dumps(v.overrides):70s} {','.join(v.backends)}\n{'':28s} {v.doc}")
+        for preset, names in DEFAULT_VARIANTS.items():
+            print(f"default for {preset}: {','.join(names)}")
+        return 0
+    if args.aggregate:
+        for d in bench_dirs(args.aggregate):
+            aggregate(d)
+            print(f"aggregated {d}")
+        return 0
+    if args.markdown:
+        table = markdown(args.markdown)
+        if args.readme:
+            if not update_readme(args.readme, table):
+                print(f"{args.readme}: no '{README_BEGIN}' ... '{README_END}' markers", file=sys.stderr)
+                return 1
+            print(f"updated {args.readme}")
+        else:
+            print(table)
+        return 0
+    opts = BenchOptions(preset=args.preset, overrides=config_mod.parse_set(args.overrides),
+                        variants=[s.strip() for s in args.variants.split(",") if s.strip()] if args.variants else None,
+                        repeats=args.repeats, crosscheck=not args.no_crosscheck, budget_s=args.budget_s)
+    bench_dir = run_bench(opts, out=args.out, run_id=args.run_id)
+    print(json.dumps({"bench_dir": str(bench_dir),
+                      "targets": (_read(bench_dir / "targets.json") or {}).get("targets")}, default=str))
+    return 0
+
+
+def _read(path: Path) -> Any:
+    return results.read_json(path) if Path(path).exists() else None
+
+
+def _version(dist: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _say(progress: bool, msg: str) -> None:
+    if progress:
+        print(msg, flush=True)

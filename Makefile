@@ -27,5 +27,12 @@ run: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
+# A papermill sweep over config fields into $(OUT)/sweeps/<NAME>/, resumable (rerun = resume), then
+# the crossover report. Example: make sweep NAME=sizes GRID="hidden=512,1024 seq_len=128,1024" SET="--set steps=10"
+.PHONY: sweep
+sweep: setup
+	$(BIN)/python -m workbench sweep --name $(or $(NAME),sweep) --preset $(PRESET) --out $(OUT)/sweeps \
+		$(foreach g,$(GRID),--grid $(g)) $(foreach l,$(LINK),--link $(l)) $(SET)
+
 clean-venv:
 	rm -rf $(VENV)

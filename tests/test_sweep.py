@@ -18,13 +18,14 @@ OOM_VOCAB = 2**50  # a 2**50 x hidden embedding cannot be allocated anywhere: fa
 def test_grid_args_multiply_and_link():
     grid = sweep.parse_grid_args(["hidden=512,1024", "intermediate=2048,4096", "seq_len=128,1024"],
                                  ["hidden,intermediate"])
-    assert grid == {"seq_len": ["128", "1024"],
-                    "hidden+intermediate": [{"hidden": "512", "intermediate": "2048"},
-                                            {"hidden": "1024", "intermediate": "4096"}]}
+    assert grid == {"hidden+intermediate": [{"hidden": "512", "intermediate": "2048"},
+                                            {"hidden": "1024", "intermediate": "4096"}],
+                    "seq_len": ["128", "1024"]}
+    assert list(grid) == ["hidden+intermediate", "seq_len"]  # axis order = loop order, sizes outermost
     points = sweep.plan(sweep.Spec("t", "cpu-smoke", {}, grid))
     assert len(points) == 4  # 2 linked sizes x 2 sequence lengths, not 2 x 2 x 2
-    assert {(p.grid["hidden"], p.grid["intermediate"], p.grid["seq_len"]) for p in points} == {
-        (512, 2048, 128), (512, 2048, 1024), (1024, 4096, 128), (1024, 4096, 1024)}
+    assert [(p.grid["hidden"], p.grid["intermediate"], p.grid["seq_len"]) for p in points] == [
+        (512, 2048, 128), (512, 2048, 1024), (1024, 4096, 128), (1024, 4096, 1024)]
     list_axis = sweep.parse_grid_args(['backends=[[torch_fp32, torch_bf16], [torch_fp32]]'], [])
     assert list_axis == {"backends": [["torch_fp32", "torch_bf16"], ["torch_fp32"]]}
 

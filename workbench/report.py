@@ -286,6 +286,8 @@ def run(sweep_dir: str | Path, reference: str = REFERENCE, out_dir: str | Path |
     import papermill as pm
 
     sweep_dir = Path(sweep_dir).resolve()
+    if not point_dirs(sweep_dir):  # say so here rather than as a traceback from inside the kernel
+        raise FileNotFoundError(f"no complete sweep point (students.csv + done.json) in {sweep_dir}")
     out_dir = Path(out_dir).resolve() if out_dir else default_out(sweep_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     executed = out_dir / REPORT_NOTEBOOK.name

@@ -41,6 +41,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -161,8 +162,10 @@ def parse_grid_args(items: list[str], links: list[str]) -> dict[str, list]:
         lengths = {n: len(grid[n]) for n in names}
         if len(set(lengths.values())) != 1:
             raise ConfigError(f"--link {link!r}: linked axes need the same number of values, got {lengths}")
-        zipped = [dict(zip(names, vals)) for vals in zip(*(grid.pop(n) for n in names))]
-        grid["+".join(names)] = zipped
+        zipped = [dict(zip(names, vals)) for vals in zip(*(grid[n] for n in names))]
+        # the linked axis takes the place of its first field: axis order is loop order (first = outermost)
+        grid = {("+".join(names) if k == names[0] else k): (zipped if k == names[0] else v)
+                for k, v in grid.items() if k == names[0] or k not in names}
     return grid
 
 
@@ -454,16 +457,33 @@ def spec_from_args(args) -> Spec:
     return Spec.from_dict(d, name=name)
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(args) -> int:
     from workbench import report
 
     if args.report_only:
         if not args.name:
             raise ConfigError("--report-only needs --name (the sweep folder <out>/<name>)")
-        out = report.run(Path(args.out) / args.name, reference=args.reference)
+        try:
+            out = report.run(Path(args.out) / args.name, reference=args.reference)
+        except FileNotFoundError as e:
+            print(f"workbench sweep: no report: {e}", file=sys.stderr)
+            return 1
         print(json.dumps({"report_dir": str(out)}))
         return 0
-    summary = run_sweep(spec_from_args(args), root=args.out, workers=args.workers)
+    spec = spec_from_args(args)
+    # `timeout`, a scheduler or `kill` stop the sweep like Ctrl-C does: the running kernel is shut down,
+    # the lock released, and the interrupted point (no done.json) reruns on the next start.
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        summary = run_sweep(spec, root=args.out, workers=args.workers)
+    except KeyboardInterrupt:
+        print(f"workbench sweep: interrupted; run the same command (or --name {spec.name}) to resume",
+              file=sys.stderr)
+        return 130
     rc = 1 if summary["failed"] else 0
     if not args.no_report and summary["complete"]:
         try:

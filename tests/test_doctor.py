@@ -49,6 +49,9 @@ REAL_ERRORS = [
     ("NVIDIA/TransformerEngine#2383",
      "RuntimeError: Error compiling objects for extension\n      [end of output]\n  ERROR: Failed building wheel for "
      "transformer_engine_torch\nFailed to build transformer_engine_torch", "extension_build_failed"),
+    ("transformer_engine_torch 2.20.2 sdist, build_tools/utils.py",
+     "RuntimeError: nvidia-cudnn-frontend is required to build Transformer Engine. Install it with `pip install "
+     "nvidia-cudnn-frontend`.", "cudnn_frontend_missing"),
     ("pip, offline wheelhouse without the extension",
      "ERROR: Could not find a version that satisfies the requirement transformer_engine_torch==2.20.2 (from versions: "
      "none)\nERROR: No matching distribution found for transformer_engine_torch==2.20.2", "package_not_in_index"),

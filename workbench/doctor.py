@@ -104,6 +104,13 @@ KNOWN_FAILURES: tuple[Failure, ...] = (
             (r"Transformer Engine requires cuDNN ([\d.]+) or later",),
             "the cuDNN runtime is older than this TE needs",
             ("{python} -m pip install -U nvidia-cudnn-cu{cuda_major}", "export CUDNN_PATH={cudnn_root}"), (), 10),
+    Failure("cudnn_frontend_missing",
+            (r"nvidia-cudnn-frontend is required to build Transformer Engine",
+             r"does not contain the expected header \S*(cudnn_frontend\.h)"),
+            "TE's build (2.x) takes the cuDNN frontend headers from the pip package nvidia-cudnn-frontend, which is "
+            "missing (offline installs use --no-deps)",
+            ("{python} -m pip install nvidia-cudnn-frontend", "{python} -m workbench install-te --build-from-source"),
+            ("transformer_engine_torch build_tools/utils.py",), 10),
     Failure("torch_missing_at_build",
             (r"This package needs Torch to build", r"ModuleNotFoundError: No module named 'torch'"),
             "torch was not importable by the build: pip built the extension in an isolated environment, or torch "

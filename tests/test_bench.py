@@ -1,0 +1,204 @@
+"""workbench bench on a CPU: FLOP counter, datasheet table, noise/observe hooks, targets, Markdown,
+and a real `workbench bench --preset cpu-smoke` writing its files. No timing assertions: only that
+numbers exist where they can and are null, with a reason, where they cannot."""
+import json
+
+import pandas as pd
+import pytest
+
+from workbench import bench, config, crosscheck, flops, hardware, timing
+from workbench.cli import main as cli_main
+
+
+# ---- FLOP counter ---------------------------------------------------------------------------------
+def test_flop_counter_matches_hand_count():
+    m = config.from_preset("large").model
+    tokens = 16 * 512
+    per_token_fwd = 3 * (2 * 4096 * 16384 * 2) + 2 * 4096 * 4096  # 3 blocks of two GEMMs + the head
+    assert flops.tokens_per_step(m) == tokens
+    assert flops.forward_flops(m) == tokens * per_token_fwd
+    assert flops.train_flops(m) == 3 * tokens * per_token_fwd
+    assert flops.tflops(10 ** 12, 1000.0) == pytest.approx(1.0)
+    assert flops.tflops(10 ** 12, None) is None
+
+
+# ---- datasheet table ------------------------------------------------------------------------------
+@pytest.mark.parametrize("name, gpu, bf16, fp8", [
+    ("NVIDIA H200", "H200 SXM", 989.5, 1979.0),
+    ("NVIDIA H200 NVL", "H200 NVL", 835.5, 1670.5),
+    ("NVIDIA H100 80GB HBM3", "H100 SXM", 989.5, 1979.0),
+    ("NVIDIA H100 PCIe", "H100 PCIe", 756.5, 1513.0),
+    ("NVIDIA H100 NVL", "H100 NVL", 835.5, 1670.5),
+    ("NVIDIA A100-SXM4-80GB", "A100 (SXM4 / PCIe)", 312.0, None),
+    ("NVIDIA L4", "L4", 121.0, 242.5),
+    ("NVIDIA L40S", "L40S", 362.05, 733.0),
+    ("NVIDIA B200", "B200 (HGX)", 2250.0, 4500.0),
+    ("Tesla T4", "T4", None, None),
+])
+def test_known_gpus_have_numbers_with_sources(name, gpu, bf16, fp8):
+    e = hardware.datasheet_peak(name)
+    assert e is not None and e.gpu == gpu
+    assert e.tflops["bf16"] == bf16 and e.tflops["fp8"] == fp8
+    for precision, value in e.tflops.items():  # every number has a source; no source for a missing number
+        assert (precision in e.sources) == (value is not None)
+        if value is not None:
+            assert e.sources[precision].startswith("https://")
+
+
+@pytest.mark.parametrize("name", [None, "", "NVIDIA H100", "NVIDIA GH200 480GB", "NVIDIA A10G",
+                                  "NVIDIA L40", "NVIDIA GeForce RTX 4090", "Some Future GPU"])
+def test_unknown_or_ambiguous_gpus_are_unknown(name):
+    assert hardware.datasheet_peak(name) is None  # never a guessed neighbour
+
+
+def test_peak_lookups_read_peak_json_shape():
+    peak = {"measured": {"bf16": {"status": "ok", "tflops": 700.0}, "fp8": {"status": "unavailable", "tflops": None}},
+            "datasheet": hardware.datasheet_peak("NVIDIA H200").to_dict()}
+    assert hardware.measured_tflops(peak, "bf16") == 700.0
+    assert hardware.measured_tflops(peak, "fp8") is None
+    assert hardware.datasheet_tflops(peak, "fp8") == 1979.0
+    assert hardware.datasheet_tflops({"datasheet": None}, "bf16") is None
+
+
+# ---- noise and observation hooks ------------------------------------------------------------------
+def test_repeat_medians_spread():
+    medians = iter([10.0, 10.1, 9.9])
+    stats = timing.repeat_medians(lambda: timing.Timing([next(medians)]), 3)
+    assert stats.medians_ms == [10.0, 10.1, 9.9]
+    assert stats.median_ms == 10.0
+    assert stats.spread_pct == pytest.approx(2.0)
+    assert timing.RepeatStats([5.0]).spread_pct is None
+
+
+def test_observe_repeats_without_changing_the_returned_timing():
+    calls = []
+    t_plain = timing.measure(lambda: calls.append(1), 1, 4, timing.CpuClock())
+    n_plain = len(calls)
+    calls.clear()
+    extra_seen = []
+    with timing.observe(repeats=3, extra_block=lambda block: extra_seen.append(len(block().times_ms)) or {"x": 1}) as seen:
+        t = timing.measure(lambda: calls.append(1), 1, 4, timing.CpuClock())
+    assert len(t.times_ms) == len(t_plain.times_ms) == 4 and n_plain == 5
+    assert len(calls) == 5 + 2 * 4 + 4  # the run's own block, 2 repeats, 1 extra block
+    (obs,) = seen.observations
+    assert obs.median_ms == t.median and obs.noise.medians_ms[0] == t.median and len(obs.noise.medians_ms) == 3
+    assert obs.to_dict()["x"] == 1 and extra_seen == [4]
+    timing.measure(lambda: None, 0, 1, timing.CpuClock())  # outside observe(): nothing recorded
+    assert len(seen.observations) == 1
+
+
+def test_profiled_block_degrades_on_cpu():
+    out = crosscheck.profiled_block(lambda: timing.measure(lambda: sum(range(1000)), 0, 3, timing.CpuClock()))
+    assert out["profiled_step_ms_median"] is not None
+    assert out["kernel_ms_per_step"] is None and out["profiler_reason"]
+    assert crosscheck.ratio(9.5, 10.0) == pytest.approx(0.95) and crosscheck.agrees(0.95)
+    assert crosscheck.agrees(0.8) is False and crosscheck.agrees(None) is None
+    assert crosscheck._union_us([("a", 0, 10), ("b", 5, 15), ("c", 20, 30)]) == 25
+
+
+# ---- variants, targets, Markdown ------------------------------------------------------------------
+def test_variant_config_rejects_unknown_students_as_rows():
+    v = bench.Variant("t", {"layout": "fused"}, ("torch_bf16", "no_such_backend:x"))
+    cfg, rejected = bench.variant_config("cpu-smoke", {}, v)
+    assert cfg.backends == ["torch_bf16"] and cfg.baseline == "torch_bf16" and cfg.model.layout == "fused"
+    assert [r["student"] for r in rejected] == ["no_such_backend:x"]
+    assert rejected[0]["status"] == "error" and "config rejected" in rejected[0]["reason"]
+    with pytest.raises(config.ConfigError):
+        bench.resolve_variants("seed", ["nope"])
+    for preset, names in bench.DEFAULT_VARIANTS.items():
+        assert all(n in bench.VARIANTS for n in names), preset
+
+
+def _rows(preset: str) -> pd.DataFrame:
+    m = config.from_preset(preset).model
+    dims = {f"cfg_{k}": getattr(m, k) for k in ("vocab", "hidden", "intermediate", "layers", "seq_len", "batch")}
+    base = {"status": "ok", "graphed": False, "teacher_pct_of_student_step": 5.0, "median_spread_pct": 1.0,
+            "kernel_to_event_ratio": 0.97, "pct_of_measured_peak": None, **dims}
+    rows = [
+        {**base, "variant": "eager", "student": "torch_bf16", "backend": "torch_bf16", "precision": "bf16",
+         "step_ms_median": 30.0, "pct_of_measured_peak": 82.0},
+        {**base, "variant": "graphs", "student": "te_fp8:delayed", "backend": "te_fp8", "precision": "fp8",
+         "step_ms_median": 17.0, "graphed": True, "median_spread_pct": 2.5},
+        {**base, "variant": "eager", "student": "torchao_float8:rowwise", "status": "error", "backend": "torchao_float8",
+         "precision": "fp8", "step_ms_median": None, "reason": "config rejected"},
+    ]
+    return pd.DataFrame(rows)
+
+
+def test_targets_at_large_and_not_evaluated_elsewhere():
+    t = {r["id"]: r for r in bench.evaluate_targets(_rows("large"), "large")}
+    assert t["P2"]["achieved"] == 17.0 and t["P2"]["pass"] is True and t["P2"]["by"] == "graphs / te_fp8:delayed"
+    assert t["P2-bf16-mfu"]["achieved"] == 82.0 and t["P2-bf16-mfu"]["pass"] is True
+    assert t["P2-crosscheck"]["achieved"] == pytest.approx(3.0) and t["P2-crosscheck"]["pass"] is True
+    assert t["P4"]["achieved"] == 2.5 and t["P4"]["pass"] is False  # the worst row decides
+    assert t["P3"]["pass"] is True
+    assert t["P1"]["pass"] is None and "seed" in t["P1"]["note"]  # the seed target is not judged at large
+    s = {r["id"]: r for r in bench.evaluate_targets(_rows("seed"), "seed")}
+    assert s["P1"]["achieved"] == 17.0 and s["P1"]["pass"] is False
+    assert s["P1-te-fp8-graphed"]["achieved"] == 17.0 and s["P2"]["pass"] is None
+
+
+def test_markdown_and_readme_from_files(tmp_path):
+    d = tmp_path / "b"
+    d.mkdir()
+    df = _rows("large").assign(preset="large", tflops=500.0, pct_of_datasheet_peak=50.0, speedup_vs_tutorial=1.4,
+                               capture_ms=None, compile_ms=None, gpu_name="NVIDIA H200", torch="2.11", te_version="2.20.2")
+    df.to_csv(d / "bench.csv", index=False)
+    (d / "targets.json").write_text(json.dumps({"targets": bench.evaluate_targets(df, "large")}))
+    md = bench.markdown(tmp_path)
+    assert "### `large` preset — NVIDIA H200" in md
+    assert "| graphs | `te_fp8:delayed` | 17 |" in md
+    assert md.index("te_fp8:delayed") < md.index("| eager | `torch_bf16`")  # fastest first
+    assert "Not run here: eager / `torchao_float8:rowwise`" in md
+    assert "| P2 | TE FP8 student step | <= 18 ms | 17 |" in md
+    assert "| P1 |" not in md  # another preset's target is left out
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n## Benchmarks\n{bench.README_BEGIN}\nold\n{bench.README_END}\nafter\n")
+    assert bench.update_readme(readme, md)
+    text = readme.read_text()
+    assert "old" not in text and "| graphs | `te_fp8:delayed`" in text and text.endswith("after\n")
+    (tmp_path / "plain.md").write_text("no markers")
+    assert not bench.update_readme(tmp_path / "plain.md", md)
+
+
+# ---- the real thing on a CPU ----------------------------------------------------------------------
+FILES = ["peak.json", "bench.json", "bench.csv", "crosscheck.json", "targets.json", "bench.md"] + [
+    f"{p}.{e}" for p in ("step_time_by_backend", "pct_of_peak") for e in ("png", "svg")]
+
+
+def test_bench_cpu_smoke_writes_its_files(tmp_path, capsys):
+    rc = cli_main(["bench", "--preset", "cpu-smoke", "--set", "steps=2", "--set", "warmup=1", "--set", "iters=2",
+                   "--set", "eval_batches=1", "--repeats", "2", "--out", str(tmp_path), "--run-id", "b"])
+    assert rc == 0
+    d = tmp_path / "b"
+    for name in FILES:
+        assert (d / name).stat().st_size > 0, name
+    assert not list(d.rglob(".*tmp*")), "atomic writes leave no temporary files behind"
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["bench_dir"] == str(d)
+
+    peak = json.loads((d / "peak.json").read_text())
+    assert peak["measured"]["fp32"]["status"] == "ok" and peak["measured"]["fp32"]["tflops"] > 0
+    assert peak["measured"]["fp8"]["status"] == "unavailable" and peak["measured"]["fp8"]["reason"]
+    assert peak["datasheet"] is None and peak["datasheet_reason"]
+
+    df = pd.read_csv(d / "bench.csv")
+    assert list(df.columns[: len(bench.COLUMNS)]) == bench.COLUMNS
+    assert set(df["student"]) == set(bench.VARIANTS["smoke"].backends) and set(df["variant"]) == {"smoke"}
+    ran = df[df["status"].isin(["ok", "fallback"])]
+    assert len(ran) and ran["step_ms_median"].notna().all() and ran["median_spread_pct"].notna().all()
+    assert (ran["repeats"] == 2).all() and ran["profiled_step_ms_median"].notna().all()
+    assert ran["kernel_ms_per_step"].isna().all()  # no GPU: no kernel time, never a made-up one
+    assert ran["pct_of_datasheet_peak"].isna().all() and ran["speedup_vs_tutorial"].isna().all()
+    assert df["gpu_name"].isna().all() or "gpu_name" in df.columns
+
+    cc = json.loads((d / "crosscheck.json").read_text())
+    assert cc["tolerance"] == 0.1 and len(cc["rows"]) == len(ran)
+    assert all(r["kernel_to_event_ratio"] is None and r["profiler_reason"] for r in cc["rows"])
+    tg = {t["id"]: t for t in json.loads((d / "targets.json").read_text())["targets"]}
+    assert set(tg) == {t.id for t in bench.TARGETS}
+    assert tg["P2"]["pass"] is None and tg["P4"]["achieved"] is not None
+    assert (d / "runs" / "smoke" / "observations.json").exists()
+
+    # the Markdown is rebuilt from the files alone
+    assert cli_main(["bench", "--markdown", str(tmp_path)]) == 0
+    assert "### `cpu-smoke` preset" in capsys.readouterr().out

@@ -27,6 +27,12 @@ run: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
+# Every variant (eager / compile / graphs x layout x param dtype) of a preset, the matmul peak probe, the
+# profiler cross-check and the noise repeats: $(OUT)/bench/<timestamp>-bench-<preset>/ (workbench/bench.py).
+# Example: make bench PRESET=large SET="--variants eager,graphs-fused-bf16"
+bench: setup
+	$(BIN)/python -m workbench bench --preset $(PRESET) --out $(OUT)/bench $(SET)
+
 # A papermill sweep over config fields into $(OUT)/sweeps/<NAME>/, resumable (rerun = resume), then
 # the crossover report. Example: make sweep NAME=sizes GRID="hidden=512,1024 seq_len=128,1024" SET="--set steps=10"
 .PHONY: sweep

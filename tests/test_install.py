@@ -243,3 +243,8 @@ def test_cli_dry_run_prints_the_plan_and_exits_2_when_refused(capsys):
     rc = cli.main(["install-te", "--dry-run"])  # this CPU machine
     out = capsys.readouterr().out
     assert rc == 2 and "preflight: REFUSED" in out
+
+
+def test_build_env_points_cuda_home_at_a_pip_nvcc_when_the_system_has_none():
+    env = install.build_env(machine(cuda_home=None, nvcc_path="/venv/site-packages/nvidia/cu13/bin/nvcc"))
+    assert env["CUDA_HOME"] == env["CUDA_PATH"] == "/venv/site-packages/nvidia/cu13"

@@ -205,8 +205,11 @@ def build_env(env: dict[str, Any], max_jobs: int | None = None, force_build: boo
            "NVTE_BUILD_THREADS_PER_JOB": str(max(1, min(len(archs) or 1, cores // jobs)))}
     if archs:
         out["NVTE_CUDA_ARCHS"] = ";".join(archs)
-    if env.get("cuda_home"):
-        out["CUDA_HOME"] = out["CUDA_PATH"] = env["cuda_home"]
+    nvcc, home = env.get("nvcc_path"), env.get("cuda_home")
+    if nvcc and not (home and nvcc.startswith(home.rstrip("/") + "/")):
+        home = os.path.dirname(os.path.dirname(nvcc))  # e.g. a pip nvidia-cuda-nvcc: site-packages/nvidia/cu13
+    if home:
+        out["CUDA_HOME"] = out["CUDA_PATH"] = home
     cudnn = env.get("cudnn_pip_root") or (os.path.dirname(os.path.dirname(env["cudnn_system_header"]))
                                           if env.get("cudnn_system_header") else None)
     if cudnn:

@@ -73,9 +73,11 @@ def _cuda_home() -> str | None:
 
 
 def _nvcc(cuda_home: str | None) -> tuple[str | None, str | None]:
-    """(path, 'MAJOR.MINOR') of the nvcc a build would run."""
+    """(path, 'MAJOR.MINOR') of the nvcc a build would run: CUDA_HOME's, the PATH's, or the pip
+    `nvidia-cuda-nvcc` one (site-packages/nvidia/{cu13,cuda_nvcc}/bin), which TE's build also finds."""
     candidates = [os.path.join(cuda_home, "bin", "nvcc")] if cuda_home else []
     candidates.append(shutil.which("nvcc") or "")
+    candidates += sorted(p for entry in sys.path for p in glob.glob(os.path.join(entry, "nvidia", "*", "bin", "nvcc")))
     path = next((c for c in candidates if c and os.path.exists(c)), None)
     if path is None:
         return None, None

@@ -2,12 +2,41 @@
 from __future__ import annotations
 
 import functools
+import glob
+import os
+import sys
 from typing import Any, Callable
+
+
+def torch_cudnn_dir() -> str | None:
+    """The folder of the cuDNN this process uses (already mapped by torch), else a pip nvidia-cudnn one."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.split()[-1] if "/libcudnn" in line else ""
+                if os.path.basename(path).startswith("libcudnn.so") or os.path.basename(path).startswith("libcudnn_graph.so"):
+                    return os.path.dirname(path)
+    except OSError:
+        pass
+    for entry in sys.path:
+        hits = sorted(glob.glob(os.path.join(entry, "nvidia", "*", "lib", "libcudnn.so*")))
+        if hits:
+            return os.path.dirname(hits[0])
+    return None
 
 
 @functools.lru_cache(maxsize=1)
 def load() -> tuple[Any, Any, str]:
-    """(transformer_engine.pytorch, transformer_engine.common.recipe, '') or (None, None, reason)."""
+    """(transformer_engine.pytorch, transformer_engine.common.recipe, '') or (None, None, reason).
+
+    TE dlopens cuDNN itself; if it finds the system's while torch has the venv's, cuDNN's sub-libraries
+    mix versions ("undefined symbol ... libcudnn_graph.so.9", TE issue #1853, seen on the H200 once
+    torch had initialised cuDNN). Pointing CUDNN_PATH at torch's cuDNN first makes both use one copy.
+    """
+    if not (os.environ.get("CUDNN_PATH") or os.environ.get("CUDNN_HOME")):
+        found = torch_cudnn_dir()
+        if found:
+            os.environ["CUDNN_PATH"] = os.path.dirname(found)
     try:
         import transformer_engine.pytorch as te
         from transformer_engine.common import recipe

@@ -452,7 +452,7 @@ def fp8_smoke(python: str, target: str | None = None, log=None) -> dict[str, Any
     lines = out.stdout.strip().splitlines()
     if out.returncode == 0 and lines:
         return json.loads(lines[-1])
-    return {"ok": False, "error": " | ".join((out.stderr or out.stdout).strip().splitlines()[-5:])}
+    return {"ok": False, "error": " | ".join((out.stderr or out.stdout).strip().splitlines()[-15:])}
 
 
 def _new_run_dir(out: str | Path) -> Path:
@@ -546,11 +546,15 @@ def install_te(env: dict[str, Any] | None = None, *, out: str | Path = "results/
     ok = smoke_result is None or bool(smoke_result.get("ok"))
     reason = f"Transformer Engine {version} installed ({'compiled here' if p.build == 'yes' else p.build_reason}) " \
              "and transformer_engine.pytorch imports"
+    found = []
     if smoke_result is not None:
         reason += "; FP8 forward/backward " + ("works" if ok else f"FAILED: {smoke_result.get('error')}")
+        if not ok:  # runtime failures (e.g. cuDNN sub-libraries) only show when kernels run
+            found = doctor.diagnose(str(smoke_result.get("error")), after) or [doctor.unknown(log_path, str(smoke_result))]
     elif not after.get("fp8_available"):
         reason += f"; FP8 not available here: {after.get('fp8_reason')}"
-    return finish(Outcome(te_mode, ok, reason, [], version, False, results, fp8_smoke=smoke_result))
+    return finish(Outcome(te_mode, ok, reason, [d.to_dict() for d in found], version, False, results,
+                          fp8_smoke=smoke_result))
 
 
 def last_outcome(root: str | Path = "results/install") -> dict[str, Any] | None:
@@ -587,7 +591,7 @@ def main(args) -> int:
         p = plan(env, **kwargs)
         print(json.dumps(p.to_dict(), indent=2) if args.json else p.render())
         return 0 if p.ok else 2
-    o = install_te(env, out=args.out, progress=not args.quiet, **kwargs)
+    o = install_te(env, out=args.out, progress=not (args.quiet or args.json), **kwargs)
     if args.json:
         print(json.dumps(o.to_dict(), indent=2))
     elif o.diagnosis:

@@ -109,7 +109,7 @@ def _cudnn_headers(cuda_home: str | None) -> dict[str, Any]:
         if hits:
             pip_header = hits[0]
             break
-    pip_pkg = {d: v for d, v in _installed(lambda n: n.startswith("nvidia-cudnn-cu")).items()}
+    pip_pkg = _installed(lambda n: n.startswith("nvidia-cudnn-cu"))
     return {
         "cudnn_system_header": system_header,
         "cudnn_pip_header": pip_header,

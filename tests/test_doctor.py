@@ -128,3 +128,9 @@ def test_cli_doctor_on_an_unknown_error_says_so_and_points_to_the_log(tmp_path, 
     assert cli.main(["doctor", "--log", str(log), "--json"]) == 1
     out = capsys.readouterr().out
     assert '"id": "unknown"' in out and str(log) in out
+
+
+def test_cudnn_undefined_symbol_is_a_cudnn_mix_not_a_torch_abi_mismatch():
+    # the form seen on the H200 when TE dlopened the system cuDNN next to torch's (commit cfd337e)
+    text = "OSError: /usr/lib/x86_64-linux-gnu/libcudnn_graph.so.9: undefined symbol: cudnnGetLastErrorString, version libcudnn.so.9"
+    assert [d.id for d in doctor.diagnose(text)] == ["cudnn_sublibrary_loading"]

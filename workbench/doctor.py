@@ -94,6 +94,7 @@ KNOWN_FAILURES: tuple[Failure, ...] = (
             ("NVIDIA/TransformerEngine#2040",), 10),
     Failure("cudnn_sublibrary_loading",
             (r"CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED", r"(libcudnn_\w+\.so\.\d+): cannot open shared object file",
+             r"(libcudnn\w*\.so\.\d+): undefined symbol", r"undefined symbol: \w+, version (libcudnn\w*)",
              r"Unable to load any of \{(libcudnn\w*)"),
             "TE loads a different cuDNN (e.g. the system's) than torch (the venv's pip cuDNN), and its sub-libraries "
             "do not load",

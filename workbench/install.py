@@ -427,9 +427,12 @@ def _probe_fresh(python: str, target: str | None) -> dict[str, Any]:
 
 
 FP8_SMOKE = """
-import json, torch, transformer_engine.pytorch as te
-from transformer_engine.common import recipe
-from workbench.backends._te import autocast
+import json, torch
+from workbench.backends import _te
+te, recipe, why = _te.load()  # the workbench's own import path (it aligns TE's cuDNN with torch's)
+if te is None:
+    raise SystemExit(why)
+autocast = _te.autocast
 torch.manual_seed(0)
 layer = te.Linear(256, 256, bias=True).cuda()
 x = torch.randn(64, 256, device="cuda", requires_grad=True)

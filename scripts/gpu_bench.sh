@@ -8,6 +8,12 @@
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore::UserWarning,ignore::FutureWarning,ignore::DeprecationWarning}"
+# TE must load the cuDNN torch loads (pip nvidia-cudnn), not an older system one: seen on the lent H200 as
+# "libcudnn_heuristic.so.9: undefined symbol ... libcudnn_graph.so.9" (REFERENCE §3, TE #1853).
+CUDNN_LIB=$(python3 -c "import nvidia.cudnn as m, os; print(os.path.join(list(m.__path__)[0], 'lib'))" 2>/dev/null)
+[ -d "$CUDNN_LIB" ] && export LD_LIBRARY_PATH="$CUDNN_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+python3 -c "import torch, transformer_engine.pytorch as te; print('TE', te.__version__ if hasattr(te, '__version__') else '', te.is_fp8_available(return_reason=True))" \
+  || echo "gpu_bench.sh: TE does not import; TE students will be fallback rows (see python3 -m workbench doctor)"
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 R=$(mktemp -d)
@@ -23,7 +29,7 @@ echo "== seed done at $((SECONDS - T0)) s"
 
 # large: GEMM-bound; fp32 (~416 ms/step) runs in the eager variant only.
 python3 -m workbench bench --preset large --out "$B" --run-id large \
-  --set steps=10 --set warmup=5 --set iters=20 --repeats 3 --budget-s "${LARGE_BUDGET_S:-200}" \
+  --set steps=10 --set warmup=5 --set iters=20 --repeats 3 --budget-s "${LARGE_BUDGET_S:-150}" \
   ${LARGE_VARIANTS:+--variants "$LARGE_VARIANTS"} 2>&1 | tee "$R/large.log" | show 80
 echo "== large done at $((SECONDS - T0)) s"
 

@@ -98,8 +98,11 @@ class ProbeSettings:
     """Square GEMM size (n x n @ n x n): 8192 is large enough to saturate an H100/H200's tensor cores."""
     warmup: int = 10
     iters: int = 30
-    repeats: int = 3
+    repeats: int = 5
     """Timed blocks; the reported figure is the median of their medians, with the spread (P4)."""
+    warmup_s: float = 1.5
+    """Untimed GEMMs for at least this long before the first precision: an idle H200 sits at ~345 MHz
+    and ramps its clocks up under load; without this the first blocks read 10-15% low."""
     slow_iters: int = 5
     """Iterations per block for fp32 (CUDA cores, ~15x slower than bf16 on Hopper)."""
 
@@ -107,7 +110,7 @@ class ProbeSettings:
     def for_device(device: torch.device) -> "ProbeSettings":
         if device.type == "cuda":
             return ProbeSettings()
-        return ProbeSettings(n=512, warmup=1, iters=3, repeats=2, slow_iters=3)  # a CPU: seconds, not minutes
+        return ProbeSettings(n=512, warmup=1, iters=3, repeats=2, slow_iters=3, warmup_s=0.0)  # a CPU: seconds
 
 
 def _mm_fn(precision: str, n: int, device: torch.device) -> tuple[Callable[[], Any] | None, str, str]:
@@ -167,11 +170,27 @@ def probe_one(precision: str, device: torch.device, s: ProbeSettings) -> dict[st
     return row
 
 
+def _spin(device: torch.device, s: ProbeSettings) -> None:
+    """Keep the GPU busy with bf16 GEMMs for `warmup_s` seconds (clock ramp-up), untimed."""
+    import time
+
+    fn, _, why = _mm_fn("bf16", s.n, device)
+    if fn is None:
+        return
+    end = time.perf_counter() + s.warmup_s
+    while time.perf_counter() < end:
+        for _ in range(10):
+            fn()
+        torch.cuda.synchronize(device)
+
+
 def probe_matmul(device: torch.device, settings: ProbeSettings | None = None) -> dict[str, Any]:
     """peak.json: measured GEMM peaks per precision and the datasheet entry for this device."""
     s = settings or ProbeSettings.for_device(device)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     sheet = datasheet_peak(gpu)
+    if s.warmup_s > 0:
+        _spin(device, s)
     measured = {p: probe_one(p, device, s) for p in PRECISIONS}
     return {
         "device": str(device), "gpu_name": gpu, "torch": torch.__version__,

@@ -91,6 +91,10 @@ def test_sweep_with_a_failing_point_then_resume_runs_only_what_is_missing(tmp_pa
     (sweep_dir / killed / sweep.DONE_FILE).unlink()
     (sweep_dir / killed / "partial.tmp").write_text("half a file")
     kept_marks = {p: (sweep_dir / p / sweep.DONE_FILE).stat().st_mtime_ns for p in kept}
+    # ... and one killed after its done.json but before the index said so: complete, not rerun.
+    index = sweep.read_index(sweep_dir)
+    index.loc[index["point"] == kept[0], "status"] = "running"
+    index.to_csv(sweep_dir / sweep.INDEX_FILE, index=False)
 
     # A bare restart by name resumes the stored spec; it reruns the failed and the killed point only.
     rc = cli.main(["sweep", "--name", "tiny", "--out", str(root)])
@@ -99,7 +103,8 @@ def test_sweep_with_a_failing_point_then_resume_runs_only_what_is_missing(tmp_pa
     assert (summary["skipped"], summary["done"], summary["failed"], summary["complete"]) == (2, 1, 1, 3)
     assert {p: (sweep_dir / p / sweep.DONE_FILE).stat().st_mtime_ns for p in kept} == kept_marks
     assert not (sweep_dir / killed / "partial.tmp").exists()  # rerun from an empty folder
-    assert len(sweep.read_index(sweep_dir)) == 4
+    after = sweep.read_index(sweep_dir).set_index("point")
+    assert len(after) == 4 and after.loc[kept[0], "status"] == "done"
 
     # Nothing duplicated: one row per student per complete point.
     df = report.load_sweep(sweep_dir)
@@ -116,3 +121,32 @@ def test_sweep_with_a_failing_point_then_resume_runs_only_what_is_missing(tmp_pa
     assert failed.name in failed_csv and "oom" in failed_csv
     html = (out / "report.html").read_text()
     assert "Crossover" in html and "<img" in html
+
+
+def test_problems_of_a_finished_point_are_summarised(tmp_path):
+    import pandas as pd
+
+    from workbench import results
+
+    rows = [{"student": "torch_bf16", "status": "ok", "reason": ""},
+            {"student": "te_fp8:mxfp8", "status": "skipped", "reason": "needs CC 10.0"},
+            {"student": "te_fp8:current", "status": "diverged", "reason": "loss nan at step 3"}]
+    results.write_csv(tmp_path / "students.csv", pd.DataFrame(rows))
+    text, kind = sweep.student_problems(tmp_path)
+    assert kind == "diverged" and "te_fp8:current diverged: loss nan" in text and "mxfp8 skipped" in text
+    rows[2] = {"student": "te_fp8:current", "status": "error", "reason": "OutOfMemoryError: CUDA out of memory."}
+    results.write_csv(tmp_path / "students.csv", pd.DataFrame(rows))
+    assert sweep.student_problems(tmp_path)[1] == "oom"
+    results.write_csv(tmp_path / "students.csv", pd.DataFrame(rows[:2]))
+    assert sweep.student_problems(tmp_path)[1] is None  # a skipped student is not an error
+
+
+@pytest.mark.slow
+def test_one_worker_process_per_gpu_slot(tmp_path, monkeypatch):
+    """The multi-GPU path (spawned workers, each with its CUDA_VISIBLE_DEVICES), exercised on a CPU."""
+    monkeypatch.setattr(sweep, "worker_slots", lambda workers: ["0", "1"])
+    spec = sweep.Spec("mp", "cpu-smoke", {**TINY, "backends": "torch_fp32", "baseline": "torch_fp32"}, {"hidden": [32, 48]})
+    summary = sweep.run_sweep(spec, root=tmp_path, progress=False)
+    assert (summary["done"], summary["failed"]) == (2, 0)
+    idx = sweep.read_index(tmp_path / "mp")
+    assert set(idx["worker"].astype(str)) <= {"0", "1"} and (idx["status"] == "done").all()

@@ -249,11 +249,12 @@ def run_point(sweep_dir: Path, preset: str, point_id: str, overrides: dict[str, 
     if error:
         return {"status": "failed", "error_kind": error[0], "error": error[1], "wall_s": wall_s,
                 "finished_at": _now()}
-    problems = student_problems(point_dir)
+    problems, kind = student_problems(point_dir)
     # Last: done.json is what makes the point complete, so it must only exist after everything else.
     results.write_json(point_dir / DONE_FILE, {"point": point_id, "finished_at": _now(), "wall_s": wall_s,
-                                              "overrides": overrides, "problems": problems})
-    return {"status": "done", "error_kind": None, "error": None, "problems": problems, "wall_s": wall_s,
+                                              "overrides": overrides, "problems": problems,
+                                              "problem_kind": kind})
+    return {"status": "done", "error_kind": kind, "error": None, "problems": problems, "wall_s": wall_s,
             "finished_at": _now()}
 
 
@@ -277,11 +278,21 @@ def describe_failure(e: BaseException) -> tuple[str, str]:
     return kind, " ".join(msg.split())[:2000]
 
 
-def student_problems(point_dir: Path) -> str:
-    """'te_fp8:current diverged: ...; torchao_float8 error: ...' for students that did not run cleanly."""
+def student_problems(point_dir: Path) -> tuple[str, str | None]:
+    """('te_fp8:current diverged: …; torchao_float8 skipped: …', kind) for the students of a finished
+    point that did not run cleanly. kind ('oom', 'diverged', 'student_error' or None; skipped students
+    are not errors) makes such points filterable in the index although the point itself is complete."""
     df = results.load(point_dir)
     bad = df[~df["status"].isin(["ok", "fallback"])]
-    return "; ".join(f"{r.student} {r.status}: {r.reason}" for r in bad.itertuples())[:2000]
+    text = "; ".join(f"{r.student} {r.status}: {r.reason}" for r in bad.itertuples())[:2000]
+    errors = bad[bad["status"].isin(["error", "diverged"])]
+    if errors.empty:
+        kind = None
+    elif errors["reason"].fillna("").str.contains(_OOM).any():
+        kind = "oom"
+    else:
+        kind = "diverged" if (errors["status"] == "diverged").any() else "student_error"
+    return text, kind
 
 
 # ---- workers -------------------------------------------------------------------------------------
@@ -396,7 +407,7 @@ def run_sweep(spec: Spec, root: str | Path = DEFAULT_ROOT, workers: str | int = 
             if is_complete(sweep_dir / p.id):
                 if index.rows.get(p.id, {}).get("status") != "done":  # killed between done.json and the index
                     done = results.read_json(sweep_dir / p.id / DONE_FILE)
-                    index.update(p, status="done", error_kind=None, error=None,
+                    index.update(p, status="done", error_kind=done.get("problem_kind"), error=None,
                                  problems=done.get("problems"), wall_s=done.get("wall_s"),
                                  finished_at=done.get("finished_at"))
             else:

@@ -270,13 +270,19 @@ def write_files(df: pd.DataFrame, out_dir: str | Path, sweep_dir: str | Path | N
     return written
 
 
-def to_html(executed: str | Path, html_path: str | Path) -> Path:
+def to_html(executed: str | Path, html_path: str | Path, title: str | None = None) -> Path:
     """The executed report notebook as a standalone HTML page, code hidden (a report, not a program)."""
     import nbformat
-    from nbconvert import HTMLExporter
 
+    try:
+        from nbconvert import HTMLExporter
+    except ModuleNotFoundError as e:
+        raise ModuleNotFoundError(f"{e}; the HTML report needs nbconvert: pip install -e '.[report]'") from None
+
+    nb = nbformat.read(str(executed), as_version=4)
+    nb.metadata["title"] = title or "Sweep report"  # the page's <title>; nbconvert's default is "Notebook"
     body, _ = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True) \
-        .from_notebook_node(nbformat.read(str(executed), as_version=4))
+        .from_notebook_node(nb)
     return results.write_bytes(Path(html_path), body.encode())
 
 
@@ -297,7 +303,7 @@ def run(sweep_dir: str | Path, reference: str = REFERENCE, out_dir: str | Path |
                         parameters={"sweep_dir": str(sweep_dir), "reference": reference, "out_dir": str(out_dir)},
                         kernel_name="python3", language="python", progress_bar=progress,
                         cwd=str(REPORT_NOTEBOOK.parent.parent))
-    to_html(executed, out_dir / "report.html")
+    to_html(executed, out_dir / "report.html", title=f"Sweep report: {sweep_dir.name}")
     return out_dir
 
 

@@ -51,22 +51,20 @@ def main_run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(prog="workbench", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    handlers = {}
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    handler = None
     for name, (module, help_) in COMMANDS.items():
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
-            continue  # a command whose module is not in this checkout
         p = sub.add_parser(name, help=help_, description=help_)
-        mod.add_arguments(p) if name != "run" else add_run_arguments(p)
-        handlers[name] = main_run if name == "run" else mod.main
+        if name == chosen:  # import only the chosen command: an optional module's deps can't break the others
+            mod = importlib.import_module(module)
+            (add_run_arguments if name == "run" else mod.add_arguments)(p)
+            handler = main_run if name == "run" else mod.main
     args = parser.parse_args(argv)
     try:
-        return handlers[args.command](args)
+        return handler(args)
     except ConfigError as e:
         print(f"workbench {args.command}: invalid configuration: {e}", file=sys.stderr)
         return 2

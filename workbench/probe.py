@@ -179,6 +179,9 @@ def _memory_gb() -> tuple[float | None, float | None]:
 def probe() -> dict[str, Any]:
     from workbench.backends import _te
 
+    # TE first: asking torch for its cuDNN version loads cuDNN's sub-libraries, after which a TE that
+    # picks another cuDNN copy fails to import (seen on the H200; _te.load also pins CUDNN_PATH).
+    te, _, why = _te.load()
     cuda = torch.cuda.is_available()
     cc = torch.cuda.get_device_capability(0) if cuda else None
     cuda_home = _cuda_home()
@@ -210,8 +213,8 @@ def probe() -> dict[str, Any]:
         "ngc_pytorch_container": os.environ.get("NVIDIA_PYTORCH_VERSION"),
         "colab": "google.colab" in sys.modules,
         "git_sha": _git_sha(),
+        "cudnn_path_for_te": os.environ.get("CUDNN_PATH"),
     }
-    te, _, why = _te.load()
     env["te_available"] = te is not None
     env["te_import_error"] = why or None
     env["te_version"] = getattr(sys.modules.get("transformer_engine"), "__version__", None) if te is not None else None

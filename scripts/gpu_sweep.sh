@@ -22,7 +22,7 @@ LOG="$OUT/sweep.log"
 # Linked axis: intermediate moves with hidden (4x); the sizes are the outer loop, so an early stop loses
 # the largest token count of the largest size last.
 timeout -s TERM -k 30 "$SWEEP_BUDGET_S" python3 -m workbench sweep --name "$NAME" --out "$ROOT" --preset large \
-  --set steps=10 --set warmup=5 --set iters=20 --set eval_batches=2 --set layers=2 --set batch=8 \
+  --set steps=${STEPS:-10} --set warmup=${WARMUP:-5} --set iters=${ITERS:-20} --set eval_batches=2 --set layers=2 --set batch=8 \
   --set backends=torch_bf16,te_fp8:delayed,te_fp8:current,torchao_float8:tensorwise --set baseline=torch_bf16 \
   --grid hidden=512,1024,2048,4096,8192 --grid intermediate=2048,4096,8192,16384,32768 --link hidden,intermediate \
   --grid seq_len=128,1024 --no-report 2>&1 | tee -a "$LOG" | grep -v -e IPKernelApp -e '^\s*$'

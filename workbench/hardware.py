@@ -100,9 +100,8 @@ class ProbeSettings:
     iters: int = 30
     repeats: int = 5
     """Timed blocks; the reported figure is the median of their medians, with the spread (P4)."""
-    warmup_s: float = 1.5
-    """Untimed GEMMs for at least this long before the first precision: an idle H200 sits at ~345 MHz
-    and ramps its clocks up under load; without this the first blocks read 10-15% low."""
+    warmup_s: float = 0.5
+    """Untimed GEMMs for this long before the first precision: an idle H200 sits at ~345 MHz."""
     slow_iters: int = 5
     """Iterations per block for fp32 (CUDA cores, ~15x slower than bf16 on Hopper)."""
 
@@ -149,7 +148,8 @@ def _mm_fn(precision: str, n: int, device: torch.device) -> tuple[Callable[[], A
 def probe_one(precision: str, device: torch.device, s: ProbeSettings) -> dict[str, Any]:
     """One row of peak.json: measured TFLOP/s of an n^3 GEMM, or status 'unavailable'/'error' and why."""
     row: dict[str, Any] = {"precision": precision, "n": s.n, "status": "ok", "reason": "", "op": None,
-                           "ms_median": None, "tflops": None, "median_spread_pct": None, "repeat_medians_ms": None}
+                           "ms_median": None, "ms_best": None, "tflops": None, "tflops_sustained": None,
+                           "median_spread_pct": None, "repeat_medians_ms": None}
     try:
         fn, row["op"], why = _mm_fn(precision, s.n, device)
         if fn is None:
@@ -159,8 +159,14 @@ def probe_one(precision: str, device: torch.device, s: ProbeSettings) -> dict[st
         iters = s.slow_iters if precision == "fp32" else s.iters
         fn()  # first call: cuBLAS heuristics / handle creation, outside any timing
         stats = timing.repeat_medians(lambda: timing.measure(fn, s.warmup, iters, clock), s.repeats)
-        ms = stats.median_ms
-        row.update(ms_median=ms, tflops=2 * s.n ** 3 / (ms * 1e-3) / 1e12 if ms else None,
+        # Under sustained GEMMs the H200 boosts, then settles ~10% lower (power/thermal): block medians
+        # 1.43 -> 1.60 ms at bf16 8192^3. The ceiling is the best block (a higher ceiling never flatters a
+        # student); the median of the blocks is kept as the sustained figure, and the spread.
+        flop = 2 * s.n ** 3
+        best = min(stats.medians_ms) if stats.medians_ms else None
+        row.update(ms_median=stats.median_ms, ms_best=best,
+                   tflops=flop / (best * 1e-3) / 1e12 if best else None,
+                   tflops_sustained=flop / (stats.median_ms * 1e-3) / 1e12 if stats.median_ms else None,
                    median_spread_pct=stats.spread_pct, repeat_medians_ms=stats.medians_ms)
     except Exception as e:  # a probe that fails is a row that says why, never a crash of the bench
         row.update(status="error", reason=f"{type(e).__name__}: {e}"[:500])

@@ -4,7 +4,8 @@
 # with the matmul peak probe, the profiler cross-check and noise repeats. Budgeted to finish in < 8 min:
 # a variant not started once its preset's budget is spent becomes 'skipped' rows (the files say so).
 # Run from the repo root after `bash .gpu/install.sh`; writes $OUT/bench.tar.gz (unpack into
-# results/reference/h200/bench/). Override the lists with SEED_VARIANTS=a,b LARGE_VARIANTS=c,d.
+# results/reference/h200/bench/: seed/, large/, probe.json, tables.md). Knobs: PRESETS="seed large",
+# SEED_VARIANTS=a,b LARGE_VARIANTS=c,d, SEED_BUDGET_S / LARGE_BUDGET_S (default 150 s each).
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore::UserWarning,ignore::FutureWarning,ignore::DeprecationWarning}"
@@ -21,22 +22,26 @@ B=$R/bench
 T0=$SECONDS
 show() { grep -v -e '^{' -e 'USDT:' | tail -"${1:-60}"; }
 
-# seed: launch-bound, so many timed steps are cheap; 5 repeats for the noise figure (P4).
-python3 -m workbench bench --preset seed --out "$B" --run-id seed \
-  --set steps=10 --set warmup=10 --set iters=50 --repeats 5 --budget-s "${SEED_BUDGET_S:-170}" \
-  ${SEED_VARIANTS:+--variants "$SEED_VARIANTS"} 2>&1 | tee "$R/seed.log" | show 80
-echo "== seed done at $((SECONDS - T0)) s"
-tar -C "$B" -czf "$OUT/bench_seed.tar.gz" seed  # kept even if the large part is cut short
-
-# large: GEMM-bound; fp32 (~416 ms/step) runs in the eager variant only.
-python3 -m workbench bench --preset large --out "$B" --run-id large \
-  --set steps=10 --set warmup=5 --set iters=20 --repeats 3 --budget-s "${LARGE_BUDGET_S:-170}" \
-  ${LARGE_VARIANTS:+--variants "$LARGE_VARIANTS"} 2>&1 | tee "$R/large.log" | show 80
-echo "== large done at $((SECONDS - T0)) s"
+PRESETS=${PRESETS:-seed large}  # one preset per call (PRESETS=seed, then PRESETS=large) if 10 min is tight
+for preset in $PRESETS; do
+  case $preset in
+    # seed: launch-bound, so many timed steps are cheap; 5 repeats for the noise figure (P4).
+    seed) args=(--set steps=10 --set warmup=10 --set iters=50 --repeats 5 --budget-s "${SEED_BUDGET_S:-150}")
+          variants=${SEED_VARIANTS:-} ;;
+    # large: GEMM-bound; fp32 (~416 ms/step) runs in the eager variant only.
+    large) args=(--set steps=5 --set warmup=5 --set iters=20 --repeats 3 --budget-s "${LARGE_BUDGET_S:-150}")
+           variants=${LARGE_VARIANTS:-} ;;
+    *) echo "gpu_bench.sh: unknown preset $preset"; continue ;;
+  esac
+  python3 -m workbench bench --preset "$preset" --out "$B" --run-id "$preset" "${args[@]}" \
+    ${variants:+--variants "$variants"} 2>&1 | tee "$R/$preset.log" | show 80
+  mv "$R/$preset.log" "$B/$preset/bench.log" 2>/dev/null
+  echo "== $preset done at $((SECONDS - T0)) s"
+  tar -C "$B" -czf "$OUT/bench_$preset.tar.gz" "$preset"  # kept even if a later preset is cut short
+done
 
 python3 -m workbench probe --json > "$B/probe.json" 2>/dev/null
 python3 -m workbench bench --markdown "$B" | tee "$B/tables.md"
-for p in seed large; do mv "$R/$p.log" "$B/$p/bench.log" 2>/dev/null; done
-tar -C "$B" -czf "$OUT/bench.tar.gz" . && rm -f "$OUT/bench_seed.tar.gz"
+tar -C "$B" -czf "$OUT/bench.tar.gz" . && rm -f "$OUT"/bench_*.tar.gz
 ls -la "$OUT"
 echo "== total $((SECONDS - T0)) s"

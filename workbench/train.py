@@ -135,10 +135,11 @@ def initial_loss(model: torch.nn.Module, cfg, batch: tuple[torch.Tensor, distill
     Backend arithmetic (bf16, FP8) differs by design; this isolates whether the weights are the same,
     which is what "matched students" promises.
     """
-    ref = Student(cfg.model)
-    ref.load_state_dict({k: v.float().cpu() for k, v in reference_state(model).items()})
     tokens, targets = batch
-    ref = ref.to(tokens.device)
+    with torch.device("meta"):  # no CPU init of a second full-size model (seconds at hidden 4096+)
+        ref = Student(cfg.model)
+    ref = ref.to_empty(device=tokens.device)
+    ref.load_state_dict({k: v.float() for k, v in reference_state(model).items()})
     with torch.no_grad():
         return float(distill.mse(ref(tokens), targets.out))
 

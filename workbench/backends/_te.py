@@ -4,25 +4,28 @@ from __future__ import annotations
 import functools
 import glob
 import os
-import sys
 from typing import Any, Callable
 
 
 def torch_cudnn_dir() -> str | None:
-    """The folder of the cuDNN this process uses (already mapped by torch), else a pip nvidia-cudnn one."""
+    """The folder of torch's cuDNN: the copy already mapped into this process, else the pip
+    `nvidia-cudnn-*` package torch depends on (`nvidia.cudnn`). Never a guess from other folders:
+    a CUDA 13 `nvidia/cu13` tree or the system may hold an older cuDNN (9.14 next to torch's 9.19
+    on the H200), and loading that one breaks torch's own cuDNN version check."""
     try:
         with open("/proc/self/maps") as f:
             for line in f:
-                path = line.split()[-1] if "/libcudnn" in line else ""
-                if os.path.basename(path).startswith("libcudnn.so") or os.path.basename(path).startswith("libcudnn_graph.so"):
+                path = line.split()[-1]
+                if os.path.basename(path).startswith(("libcudnn.so", "libcudnn_graph.so")):
                     return os.path.dirname(path)
     except OSError:
         pass
-    for entry in sys.path:
-        hits = sorted(glob.glob(os.path.join(entry, "nvidia", "*", "lib", "libcudnn.so*")))
-        if hits:
-            return os.path.dirname(hits[0])
-    return None
+    try:
+        import nvidia.cudnn as pkg  # the pip wheel torch's CUDA builds depend on
+    except ImportError:
+        return None
+    lib = os.path.join(list(pkg.__path__)[0], "lib")
+    return lib if glob.glob(os.path.join(lib, "libcudnn.so*")) else None
 
 
 @functools.lru_cache(maxsize=1)
@@ -35,8 +38,8 @@ def load() -> tuple[Any, Any, str]:
     """
     if not (os.environ.get("CUDNN_PATH") or os.environ.get("CUDNN_HOME")):
         found = torch_cudnn_dir()
-        if found:
-            os.environ["CUDNN_PATH"] = os.path.dirname(found)
+        if found:  # TE globs CUDNN_PATH recursively for libcudnn.so*: this folder holds exactly one
+            os.environ["CUDNN_PATH"] = found
     try:
         import transformer_engine.pytorch as te
         from transformer_engine.common import recipe

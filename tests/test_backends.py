@@ -1,0 +1,82 @@
+"""Backend gating with a *fake* Transformer Engine (the real one cannot exist on a CPU machine; the
+real path runs on the H200 via scripts/gpu_core.sh). Only availability logic is exercised here."""
+import pytest
+import torch
+
+from workbench import backends, config
+from workbench.backends import _te
+
+
+class FakeTE:
+    """Stands in for transformer_engine.pytorch: capability checks answer like TE's, with reasons."""
+
+    def __init__(self, fp8=(True, ""), block=(True, ""), mxfp8=(False, "Device compute capability 10.0 or higher required for MXFP8 execution.")):
+        self._fp8, self._block, self._mx = fp8, block, mxfp8
+
+    def is_fp8_available(self, return_reason=False):
+        return self._fp8
+
+    def is_fp8_block_scaling_available(self, return_reason=False):
+        return self._block
+
+    def is_mxfp8_available(self, return_reason=False):
+        return self._mx
+
+    def is_nvfp4_available(self, return_reason=False):
+        return False, "Device compute capability 10.0 or higher required for NVFP4 execution."
+
+    def is_bf16_available(self, return_reason=False):
+        return True, ""
+
+
+def ctx(device="cuda", **overrides):
+    return backends.Context(device=torch.device(device), cfg=config.from_preset("seed", **overrides))
+
+
+@pytest.fixture
+def fake_te(monkeypatch):
+    def install(te):
+        monkeypatch.setattr(_te, "load", lambda: (te, object(), ""))
+    return install
+
+
+def test_fp8_dims_not_multiple_of_16_are_skipped_with_that_reason(fake_te):
+    fake_te(FakeTE())
+    b = backends.make("te_fp8:current")
+    ok, why = b.availability(ctx(hidden=520))
+    assert not ok and "multiples of 16" in why and "model.hidden=520" in why
+    assert b.fallback(ctx(hidden=520), why) is None  # TE works: a skip, not a fallback
+    assert b.availability(ctx())[0]
+
+
+def test_each_recipe_is_gated_by_tes_own_check(fake_te):
+    fake_te(FakeTE(fp8=(False, "Device compute capability 8.9 or higher required for FP8 execution.")))
+    ok, why = backends.make("te_fp8:delayed").availability(ctx())
+    assert not ok and "8.9 or higher" in why
+    ok, why = backends.make("te_fp8:mxfp8").availability(ctx())
+    assert not ok and "10.0 or higher" in why
+    assert backends.make("te_fp8:block").availability(ctx())[0]
+    ok, why = backends.make("te_fp8:nvfp4").availability(ctx())
+    assert not ok and "NVFP4" in why
+
+
+def test_mxfp8_needs_multiples_of_32(fake_te):
+    fake_te(FakeTE(mxfp8=(True, "")))
+    ok, why = backends.make("te_fp8:mxfp8").availability(ctx(hidden=528, intermediate=2112))
+    assert not ok and "multiples of 32" in why
+
+
+def test_te_on_a_cpu_device_falls_back(fake_te):
+    fake_te(FakeTE())
+    b = backends.make("te_bf16")
+    ok, why = b.availability(ctx("cpu"))
+    assert not ok and "CUDA" in why
+    fb = b.fallback(ctx("cpu"), why)
+    assert fb is not None and fb.mode == "Fallback-PyTorch"
+
+
+def test_cpu_graphs_and_fp16_reasons():
+    b = backends.make("torch_fp16")
+    assert b.can_graph(config.from_preset("seed"), torch.device("cuda")) == (
+        False, "the fp16 grad scaler's inf checks and skipped steps are not graph-safe")
+    assert backends.make("torch_bf16").can_graph(config.from_preset("seed"), torch.device("cpu"))[0] is False

@@ -27,11 +27,14 @@ def _label(r) -> str:
 def loss_curves(run_dir: str | Path) -> plt.Figure:
     df, losses = results.load(run_dir), results.load_losses(run_dir)
     fig, ax = plt.subplots(figsize=(9, 4.8))
-    for _, r in df[df["status"].isin(RAN)].iterrows():
+    styles = ["-", "--", ":", "-."]  # matched students often overlap exactly: keep every line visible
+    for i, (_, r) in enumerate(df[df["status"].isin(RAN)].iterrows()):
         s = losses[losses["student"] == r["student"]]
-        ax.plot(s["step"], s["loss"], marker=".", label=_label(r))
+        ax.plot(s["step"], s["loss"], marker=".", ls=styles[i % len(styles)], label=_label(r))
     ax.set(xlabel="training step", ylabel=f"train loss ({df['cfg_loss'].iloc[0]}, fp32)", title=_title(df, "Distillation loss"))
-    ax.set_yscale("log")
+    finite = losses["loss"][losses["loss"] > 0]
+    if len(finite) and finite.max() / finite.min() > 20:  # a diverging student: log scale keeps the rest readable
+        ax.set_yscale("log")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -49,8 +52,11 @@ def _bars(ax, df: pd.DataFrame, col: str, err: tuple[str, str] | None = None) ->
     ax.bar_label(bars, fmt=lambda v: f"{v:,.0f}" if v >= 100 else f"{v:.3g}", fontsize=8)
     ax.tick_params(axis="x", rotation=25, labelsize=8)
     ax.grid(True, axis="y", alpha=0.3)
-    if d.empty:
-        ax.text(0.5, 0.5, f"{col}: unknown here", ha="center", transform=ax.transAxes)
+    if d.empty:  # e.g. memory on a CPU run: unknown is shown as unknown, not as a zero bar
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.text(0.5, 0.5, f"{col}: unknown here\n(torch tracks peak memory on CUDA devices only)",
+                ha="center", va="center", transform=ax.transAxes)
 
 
 def step_time(run_dir: str | Path) -> plt.Figure:

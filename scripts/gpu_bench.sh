@@ -7,16 +7,9 @@
 # results/reference/h200/bench/: seed/, large/, probe.json, tables.md). Knobs: PRESETS="seed large",
 # SEED_VARIANTS=a,b LARGE_VARIANTS=c,d, SEED_BUDGET_S / LARGE_BUDGET_S (default 150 s each).
 set -uo pipefail
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore::UserWarning,ignore::FutureWarning,ignore::DeprecationWarning}"
-# TE must load the cuDNN torch loads (pip nvidia-cudnn), not an older system one: seen on the lent H200 as
-# "libcudnn_heuristic.so.9: undefined symbol ... libcudnn_graph.so.9" (REFERENCE §3, TE #1853).
-CUDNN_LIB=$(python3 -c "import nvidia.cudnn as m, os; print(os.path.join(list(m.__path__)[0], 'lib'))" 2>/dev/null)
-[ -d "$CUDNN_LIB" ] && export LD_LIBRARY_PATH="$CUDNN_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+source "$(dirname "$0")/gpu_env.sh"
 python3 -c "import torch, transformer_engine.pytorch as te; print('TE', te.__version__ if hasattr(te, '__version__') else '', te.is_fp8_available(return_reason=True))" \
   || echo "gpu_bench.sh: TE does not import; TE students will be fallback rows (see python3 -m workbench doctor)"
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
 R=$(mktemp -d)
 B=$R/bench
 T0=$SECONDS

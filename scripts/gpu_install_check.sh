@@ -16,10 +16,8 @@
 # Writes $OUT/install_summary.json (one line per run) and $OUT/install.tar.gz (per-run plan, outcome,
 # diagnosis, duration and log tail; both probes). Full logs stay on the machine (they can be MBs).
 set -uo pipefail
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 source "$(dirname "$0")/gpu_env.sh"
 export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore::UserWarning,ignore::DeprecationWarning}"
-OUT=${OUT:-/tmp/out}
 WH=$PWD/.gpu/wheelhouse/te
 R=$(mktemp -d)
 S=$R/install            # what comes back (tarred)

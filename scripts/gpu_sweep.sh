@@ -10,9 +10,7 @@
 # made from the complete points, and running this script again with results/sweeps/size_crossover
 # present (carry it) resumes the sweep where it stopped.
 set -uo pipefail
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
 source "$(dirname "$0")/gpu_env.sh"
-OUT=${OUT:-/tmp/out}
 SWEEP_BUDGET_S=${SWEEP_BUDGET_S:-380}   # leaves ~40 s for the report and the tarball
 NAME=size_crossover
 ROOT=results/sweeps

@@ -2,8 +2,8 @@
 # Quick look at the step-time variants on the GPU (graphs / compile / layout / param dtype) for the
 # seed and large presets; writes $OUT/variants.tar.gz with one run folder per variant and a table.
 set -uo pipefail
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
-OUT=${OUT:-/tmp/out}; R=$(mktemp -d)
+source "$(dirname "$0")/gpu_env.sh"
+R=$(mktemp -d)
 run() { # name preset backends overrides...
   local name=$1 preset=$2 backends=$3; shift 3
   local sets=(); for s in "$@"; do sets+=(--set "$s"); done

@@ -46,6 +46,8 @@ def test_round_trip_through_dict():
         ({"steps": 0}, "train.steps"),
         ({"iters": 0}, "bench.iters"),
         ({"lr": -1.0}, "train.lr"),
+        ({"lr": "inf"}, "train.lr must be a finite number"),
+        ({"weight_decay": "nan"}, "train.weight_decay must be a finite number"),
         ({"loss": "kl"}, "distill.loss must be one of ['mse', 'cosine', 'hidden']"),
         ({"backends": "torch_bf16,tensorrt"}, "unknown backend 'tensorrt'"),
         ({"backends": "torch_bf16,te_fp8:fancy"}, "unknown recipe 'fancy' for backend 'te_fp8'"),

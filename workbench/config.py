@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field, fields, asdict
 from typing import Any
 
@@ -152,10 +153,10 @@ class Config:
         _choice("model.param_dtype", m.param_dtype, PARAM_DTYPES)
         _positive("train.steps", t.steps)
         _positive("train.eval_batches", t.eval_batches)
-        if not t.lr > 0:
-            raise ConfigError(f"train.lr must be > 0, got {t.lr!r}")
-        if t.weight_decay < 0:
-            raise ConfigError(f"train.weight_decay must be >= 0, got {t.weight_decay!r}")
+        if not (isinstance(t.lr, (int, float)) and math.isfinite(t.lr) and t.lr > 0):
+            raise ConfigError(f"train.lr must be a finite number > 0, got {t.lr!r}")
+        if not (isinstance(t.weight_decay, (int, float)) and math.isfinite(t.weight_decay) and t.weight_decay >= 0):
+            raise ConfigError(f"train.weight_decay must be a finite number >= 0, got {t.weight_decay!r}")
         if b.warmup < 0:
             raise ConfigError(f"bench.warmup must be >= 0, got {b.warmup!r}")
         _positive("bench.iters", b.iters)

@@ -18,6 +18,14 @@ MAIN_NOTEBOOK = ROOT / "notebooks" / "distill_benchmark.ipynb"
 RUN_PARAMETERS = ("preset", "out", "run_id", "show_panel")  # the notebook's parameters besides the config fields
 
 
+def kernel_uses_this_python() -> None:
+    """Put this interpreter's folder first on PATH (once): the `python3` kernel papermill starts must be
+    the one with workbench installed, whatever `python3` is otherwise on PATH."""
+    here = os.path.dirname(sys.executable)
+    if os.environ.get("PATH", "").split(os.pathsep)[0] != here:
+        os.environ["PATH"] = here + os.pathsep + os.environ.get("PATH", "")
+
+
 def overrides_from(namespace: dict[str, Any]) -> dict[str, Any]:
     """Config overrides from the notebook's parameter variables (None = keep the preset's value)."""
     return {k: namespace[k] for k in config.flat_field_names() if k != "preset" and namespace.get(k) is not None}
@@ -50,8 +58,7 @@ def execute(preset: str = "auto", overrides: dict[str, Any] | None = None, out: 
     run_id = run_id or runner.new_run_id(cfg)
     run_dir = Path(out).resolve() / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
-    # The kernel must be this interpreter (the one with workbench installed), whatever `python3` is on PATH.
-    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+    kernel_uses_this_python()
     pm.execute_notebook(
         str(notebook), str(run_dir / notebook.name),
         parameters={"preset": cfg.preset, "out": str(run_dir.parent), "run_id": run_id, **typed},

@@ -89,10 +89,7 @@ def plot_run(run_dir: str | Path, close: bool = True) -> dict[str, plt.Figure]:
     figs = {}
     for name, fn in PLOTS.items():
         fig = fn(run_dir)
-        for ext in ("png", "svg"):
-            tmp = run_dir / f".{name}.tmp.{ext}"
-            fig.savefig(tmp, dpi=110)
-            tmp.replace(run_dir / f"{name}.{ext}")
+        results.write_figure(fig, run_dir, name)
         figs[name] = fig
         if close:
             plt.close(fig)
@@ -162,20 +159,11 @@ def bench_pct_of_peak(bench_dir: str | Path) -> plt.Figure:
 BENCH_PLOTS = {"step_time_by_backend": bench_step_time, "pct_of_peak": bench_pct_of_peak}
 
 
-def save(fig: plt.Figure, folder: str | Path, name: str) -> None:
-    """PNG and SVG, each written to a temporary name first, then renamed (atomic for readers)."""
-    folder = Path(folder)
-    for ext in ("png", "svg"):
-        tmp = folder / f".{name}.tmp.{ext}"
-        fig.savefig(tmp, dpi=110)
-        tmp.replace(folder / f"{name}.{ext}")
-
-
 def plot_bench(bench_dir: str | Path, close: bool = True) -> dict[str, plt.Figure]:
     figs = {}
     for name, fn in BENCH_PLOTS.items():
         fig = fn(bench_dir)
-        save(fig, bench_dir, name)
+        results.write_figure(fig, bench_dir, name)
         figs[name] = fig
         if close:
             plt.close(fig)

@@ -17,7 +17,6 @@ converts it to report.html with nbconvert; the notebook calls `write_files` (CSV
 """
 from __future__ import annotations
 
-import os
 import re
 import sys
 from pathlib import Path
@@ -262,10 +261,8 @@ def write_files(df: pd.DataFrame, out_dir: str | Path, sweep_dir: str | Path | N
         written["failed_points.csv"] = results.write_csv(out_dir / "failed_points.csv", failed_points(sweep_dir))
     for name, fn in FIGURES.items():
         fig = fn(df)
-        for ext in ("png", "svg"):
-            tmp = out_dir / f".{name}.tmp.{ext}"
-            fig.savefig(tmp, dpi=110)
-            written[f"{name}.{ext}"] = tmp.replace(out_dir / f"{name}.{ext}")
+        for path in results.write_figure(fig, out_dir, name):
+            written[path.name] = path
         plt.close(fig)
     return written
 
@@ -297,8 +294,9 @@ def run(sweep_dir: str | Path, reference: str = REFERENCE, out_dir: str | Path |
     out_dir = Path(out_dir).resolve() if out_dir else default_out(sweep_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     executed = out_dir / REPORT_NOTEBOOK.name
-    # The kernel must be this interpreter (the one with workbench installed), as in workbench.notebook.
-    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+    from workbench.notebook import kernel_uses_this_python
+
+    kernel_uses_this_python()
     pm.execute_notebook(str(REPORT_NOTEBOOK), str(executed),
                         parameters={"sweep_dir": str(sweep_dir), "reference": reference, "out_dir": str(out_dir)},
                         kernel_name="python3", language="python", progress_bar=progress,

@@ -65,6 +65,16 @@ def write_bytes(path: Path, data: bytes) -> Path:
     return _atomic_write(path, lambda f: f.write(data), mode="wb")
 
 
+def write_figure(fig, folder: Path, name: str) -> list[Path]:
+    """A matplotlib figure as <name>.png and <name>.svg, each written atomically."""
+    paths = []
+    for ext in ("png", "svg"):
+        def save(f, ext=ext):
+            fig.savefig(f, format=ext, dpi=110)
+        paths.append(_atomic_write(Path(folder) / f"{name}.{ext}", save, mode="wb"))
+    return paths
+
+
 def read_json(path: Path) -> Any:
     with open(path) as f:
         return json.load(f)

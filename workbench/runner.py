@@ -127,9 +127,19 @@ def run(cfg: Config, out: str | Path = "results", run_id: str | None = None, req
 
 
 def _one_student(spec: str, cfg: Config, ctx, init_state, data: Data, device, progress: bool):
+    row: dict[str, Any] = {"student": spec, "backend": spec.partition(":")[0], "recipe": spec.partition(":")[2] or None,
+                           "mode": None, "status": "ok", "reason": ""}
+    try:
+        return _try_student(row, spec, cfg, ctx, init_state, data, device, progress)
+    except Exception as e:  # one failing student must not take down the others; the row says why
+        row.update(status="error", reason=f"{type(e).__name__}: {e}".strip()[:2000])
+        _say(progress, traceback.format_exc())
+        return row, []
+
+
+def _try_student(row: dict, spec: str, cfg: Config, ctx, init_state, data: Data, device, progress: bool):
     backend = backends.make(spec)
-    row: dict[str, Any] = {"student": spec, "backend": backend.name, "recipe": backend.recipe,
-                           "mode": backend.mode, "status": "ok", "reason": ""}
+    row.update(backend=backend.name, recipe=backend.recipe, mode=backend.mode)
     ok, reason = backend.availability(ctx)
     row["reason"] = reason  # an available backend may still carry a note (e.g. fp16 instead of bf16)
     if not ok:
@@ -147,10 +157,6 @@ def _one_student(spec: str, cfg: Config, ctx, init_state, data: Data, device, pr
     except Diverged as e:
         row.update(e.metrics, status="diverged", reason=str(e), steps_run=len(e.losses))
         losses = e.losses
-    except Exception as e:  # one failing student must not take down the others; the row says why
-        row.update(status="error", reason=f"{type(e).__name__}: {e}".strip()[:2000])
-        _say(progress, traceback.format_exc())
-        losses = []
     _say(progress, f"[{spec}] {row['status']}: final loss {row.get('final_train_loss')}, "
                    f"step {row.get('step_ms_median')} ms, eval mse {row.get('eval_mse')}")
     return row, losses

@@ -74,14 +74,20 @@ class Timing:
                 f"{prefix}_p80": self.p80, f"{prefix}_mean": self.mean}
 
 
-def measure(step: Callable[[], Any], warmup: int, iters: int, clock, before_timed: Callable[[], None] | None = None) -> Timing:
-    """Run `step` warmup + iters times; time only the last `iters`, each on its own."""
+def measure(step: Callable[[], Any], warmup: int, iters: int, clock, before_timed: Callable[[], None] | None = None,
+            after_timed: Callable[[], None] | None = None) -> Timing:
+    """Run `step` warmup + iters times; time only the last `iters`, each on its own.
+
+    `before_timed` runs after the warm-up sync (reset peak-memory stats there); `after_timed` right after
+    the timed block's final sync and before anything else touches the device (read the peaks there)."""
     for _ in range(warmup):
         step()
     clock.sync()  # drain warm-up and anything queued before: it must not land in the first timed step
     if before_timed is not None:
         before_timed()
     t = _timed_block(step, iters, clock)
+    if after_timed is not None:
+        after_timed()
     if _OBSERVER is not None:  # only inside `observe()` (workbench bench); never changes `t`
         _OBSERVER.after_measure(step, iters, clock, t)
     return t

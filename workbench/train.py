@@ -53,10 +53,13 @@ def make_step(model: torch.nn.Module, opt: torch.optim.Optimizer, backend: Backe
     return step
 
 
-def make_optimizer(model: torch.nn.Module, cfg, device: torch.device, capturable: bool) -> torch.optim.Optimizer:
-    """AdamW as in the tutorial; fused (one kernel) on request, capturable when the step is graphed."""
+def make_optimizer(model: torch.nn.Module, cfg, device: torch.device, capturable: bool,
+                   scaled: bool = False) -> torch.optim.Optimizer:
+    """AdamW as in the tutorial; fused (one kernel) on request, capturable when the step is graphed.
+    With a grad scaler on CUDA it is always fused: GradScaler.step then hands found_inf to the kernel
+    instead of reading it on the host, which would put a sync into every timed step."""
     kw: dict[str, Any] = {}
-    if device.type == "cuda" and cfg.train.fused_optimizer:
+    if device.type == "cuda" and (cfg.train.fused_optimizer or scaled):
         kw["fused"] = True
     if capturable:
         kw["capturable"] = True  # optimizer state and step count live on the GPU, so replays update them
@@ -84,7 +87,7 @@ def capture_step(model: torch.nn.Module, fwd: torch.nn.Module, opt: torch.optim.
     tokens, targets = batch
     s_tokens = tokens.clone()
     s_targets = distill.Targets(targets.out.clone(), [h.clone() for h in targets.hidden] if targets.hidden else None)
-    snapshot = [p.detach().clone() for p in model.parameters()]
+    snapshot = {k: v.detach().clone() for k, v in model.state_dict().items() if torch.is_tensor(v)}
     eager = make_step(fwd, opt, backend, loss_kind)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -101,8 +104,7 @@ def capture_step(model: torch.nn.Module, fwd: torch.nn.Module, opt: torch.optim.
         s_loss.backward()
         opt.step()
     with torch.no_grad():
-        for p, v in zip(model.parameters(), snapshot):
-            p.copy_(v)
+        model.load_state_dict(snapshot, strict=False)  # copy_ into the same tensors: the graph's addresses hold
         for state in opt.state.values():  # fresh AdamW: zero moments and step count
             for v in state.values():
                 if torch.is_tensor(v):
@@ -165,14 +167,14 @@ def run_student(backend: Backend, cfg, init_state: dict, data: Data, device: tor
     """
     model = backend.build(cfg, init_state, device)
     model.train()
-    metrics: dict[str, Any] = {"initial_loss": initial_loss(model, cfg, data.train[0]),
-                               "compiled": False, "graphed": False, "compile_ms": None, "capture_ms": None}
+    metrics: dict[str, Any] = {"compiled": False, "graphed": False, "compile_ms": None, "capture_ms": None}
     notes = []
     graphs, why_not = backend.can_graph(cfg, device)
     if cfg.bench.graphs and not graphs:
         notes.append(f"graphs not applied: {why_not}")
     graphs = cfg.bench.graphs and graphs
-    opt = make_optimizer(model, cfg, device, capturable=graphs and backend.graph_whole_step)
+    opt = make_optimizer(model, cfg, device, capturable=graphs and backend.graph_whole_step,
+                         scaled=backend.uses_grad_scaler)
     scaler = torch.amp.GradScaler(device.type) if backend.uses_grad_scaler else None
 
     fwd = model
@@ -193,7 +195,12 @@ def run_student(backend: Backend, cfg, init_state: dict, data: Data, device: tor
         metrics["graphed"] = True
     else:
         step = make_step(fwd, opt, backend, cfg.distill.loss, scaler)
+    if graphs and backend.graph_whole_step:
+        notes.append("graphed step includes copying each batch into the graph's static input buffers")
     metrics["notes"] = "; ".join(notes)
+    # Measured after compilation and graph capture (which ran real warm-up updates and restored them),
+    # so a bad restore shows up here as a mismatch with the other students.
+    metrics["initial_loss"] = initial_loss(model, cfg, data.train[0])
 
     losses: list[float] = []
     for i, (tokens, targets) in enumerate(data.train):
@@ -218,9 +225,11 @@ def run_student(backend: Backend, cfg, init_state: dict, data: Data, device: tor
         step(tokens, targets)
 
     clock = timing.clock_for(device)
+    peaks: list = []
     t = timing.measure(timed_step, cfg.bench.warmup, cfg.bench.iters, clock,
-                       before_timed=lambda: timing.reset_peak_memory(device))
-    alloc, reserved = timing.peak_memory_mb(device)
+                       before_timed=lambda: timing.reset_peak_memory(device),
+                       after_timed=lambda: peaks.extend(timing.peak_memory_mb(device)))
+    alloc, reserved = peaks
     train_flops = flops.train_flops(cfg.model)
     metrics.update(
         {

@@ -77,4 +77,5 @@ def build_te_student(cfg, init_state, device):
         model = Student(cfg.model, linear=te.Linear, mlp=te.LayerNormMLP, params_dtype=dtype)
     else:
         model = Student(cfg.model, linear=te.Linear, norm=te.LayerNorm, params_dtype=dtype)
+    model.embed.to(dtype)  # nn.Embedding ignores params_dtype: keep it in the same dtype as the torch student's
     return load_matched(model.to(device), {k: v.to(device) for k, v in init_state.items()})

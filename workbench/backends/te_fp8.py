@@ -10,7 +10,7 @@ import contextlib
 
 import torch
 
-from workbench.backends import Context, _te, register
+from workbench.backends import Context, _te, autocast, register
 from workbench.backends.te_bf16 import TEBF16, te_usable
 
 # recipe name -> (TE capability check, required dim multiple)
@@ -76,6 +76,6 @@ class TEFP8(TEBF16):
     def forward_context(self):
         te, _, _ = _te.load()
         stack = contextlib.ExitStack()
-        stack.enter_context(torch.autocast(device_type="cuda", dtype=torch.bfloat16))
+        stack.enter_context(autocast(self.device, torch.bfloat16))  # exactly the bf16 students' autocast
         stack.enter_context(_te.autocast(te, self.fp8_recipe))
         return stack

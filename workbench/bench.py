@@ -100,9 +100,6 @@ TUTORIAL_MS = {  # preset -> (tutorial bf16 student step, tutorial TE FP8 studen
 }
 TUTORIAL_SOURCE = "../shared/REFERENCE.md §1 (seed tutorial on the H200, TE 2.20.2, torch 2.11)"
 
-PRECISION = {"torch_fp32": "fp32", "torch_bf16": "bf16", "torch_fp16": "fp16", "te_bf16": "bf16",
-             "te_fp8": "fp8", "torchao_float8": "fp8"}
-"""Backend -> the GEMM precision whose peak it is measured against."""
 
 COLUMNS = [  # bench.csv, in order (env stamp and cfg_* columns follow)
     "schema_version", "bench_id", "preset", "variant", "student", "backend", "recipe", "precision",
@@ -272,6 +269,16 @@ def _num(x) -> float | None:
     return None if math.isnan(f) else f
 
 
+def _precision_of(spec: str) -> str | None:
+    """GEMM precision of a student that has no row of its own (not run, or files from before the column)."""
+    from workbench import backends
+
+    try:
+        return backends.make(spec).gemm_precision
+    except Exception:  # a spec this version no longer knows
+        return None
+
+
 def _pct(a, b) -> float | None:
     a, b = _num(a), _num(b)
     return a / b * 100.0 if a is not None and b else None
@@ -311,7 +318,7 @@ def bench_rows(bench_dir: Path) -> pd.DataFrame:
             for r in pd.read_csv(run_dir / "not_run.csv").to_dict("records"):
                 name, _, recipe = str(r["student"]).partition(":")
                 rows.append({"variant": variant, "student": r["student"], "backend": name, "recipe": recipe or None,
-                             "precision": PRECISION.get(name), "status": r["status"], "reason": r["reason"]})
+                             "precision": _precision_of(r["student"]), "status": r["status"], "reason": r["reason"]})
     df = pd.DataFrame(rows)
     for c in COLUMNS:
         if c not in df.columns:
@@ -324,8 +331,8 @@ def bench_rows(bench_dir: Path) -> pd.DataFrame:
 
 def _bench_row(meta, peak, variant, r, obs, teacher_obs, run_dir) -> dict[str, Any]:
     preset = meta.get("preset") or r.get("cfg_preset")
-    # a fallback row ran torch autocast (bf16/fp16), whatever backend it stands for
-    precision = "bf16" if r["status"] == "fallback" else PRECISION.get(r["backend"])
+    # the row's own GEMM precision (a fallback row ran torch autocast, whatever backend it stands for)
+    precision = r.get("gemm_precision") if isinstance(r.get("gemm_precision"), str) else _precision_of(r["student"])
     step = _num(r.get("step_ms_median"))
     tut = TUTORIAL_MS.get(preset) if shape_is_preset(preset, r) else None
     tut_same = (tut[1] if precision == "fp8" else tut[0]) if tut else None

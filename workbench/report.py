@@ -36,9 +36,12 @@ _NOT_KEY = {"cfg_backends", "cfg_baseline"}
 REF_COLUMNS = ("step_ms_median", "final_train_loss", "eval_mse", "peak_mem_allocated_mb")
 
 
-def is_low_precision(student: str) -> bool:
-    """FP8 / FP4 students (TE recipes, torchao float8): the ones a crossover is computed for."""
-    return bool(_LOW_PRECISION.search(str(student)))
+def low_precision(df: pd.DataFrame) -> pd.Series:
+    """FP8 / FP4 rows (TE recipes, torchao float8): the ones a crossover is computed for. Read from the
+    rows' `gemm_precision`; sweeps written before that column existed fall back to the student name."""
+    if "gemm_precision" in df.columns:
+        return df["gemm_precision"].isin(["fp8", "fp4"])
+    return df["student"].map(lambda s: bool(_LOW_PRECISION.search(str(s))))
 
 
 # ---- loading -----------------------------------------------------------------------------------
@@ -101,7 +104,7 @@ def crossover(df: pd.DataFrame) -> pd.DataFrame:
     than the reference's (`crossover_hidden`; empty where it never is), whether it stays faster at
     every larger size measured, and its speedups. Reads the derived columns of `load_sweep`."""
     rows: list[dict[str, Any]] = []
-    for (tokens, student), g in df[df["student"].map(is_low_precision)].groupby(["tokens", "student"]):
+    for (tokens, student), g in df[low_precision(df)].groupby(["tokens", "student"]):
         g = g.sort_values("cfg_hidden")
         ran = g[g["status"].isin(RAN_OK) & g["speedup_vs_ref"].notna()]
         row: dict[str, Any] = {"tokens": tokens, "student": student, "reference": g["reference"].iloc[0],
@@ -136,7 +139,7 @@ def crossover(df: pd.DataFrame) -> pd.DataFrame:
 
 def loss_band(df: pd.DataFrame) -> pd.DataFrame:
     """Per token count and size: min / max over the low-precision students of final loss / reference loss."""
-    d = df[df["student"].map(is_low_precision) & df["status"].isin(RAN_OK)].dropna(subset=["final_loss_ratio_vs_ref"])
+    d = df[low_precision(df) & df["status"].isin(RAN_OK)].dropna(subset=["final_loss_ratio_vs_ref"])
     g = d.groupby(["tokens", "cfg_hidden"])["final_loss_ratio_vs_ref"]
     return g.agg(loss_ratio_min="min", loss_ratio_max="max", students="count").reset_index()
 
@@ -227,7 +230,7 @@ def loss_band_vs_size(df: pd.DataFrame) -> plt.Figure:
         if len(b):
             ax.fill_between(b["cfg_hidden"], b["loss_ratio_min"], b["loss_ratio_max"], alpha=0.2, color="grey",
                             label="FP8 min–max")
-        d = df[(df["tokens"] == tokens) & df["student"].map(is_low_precision) & df["status"].isin(RAN_OK)]
+        d = df[(df["tokens"] == tokens) & low_precision(df) & df["status"].isin(RAN_OK)]
         for student, g in d.dropna(subset=["final_loss_ratio_vs_ref"]).groupby("student"):
             ax.plot(g["cfg_hidden"], g["final_loss_ratio_vs_ref"], marker="o", label=student)
         ax.axhline(1.0, color="black", lw=1, ls="--")

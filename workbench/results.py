@@ -22,7 +22,7 @@ import pandas as pd
 SCHEMA_VERSION = 1
 
 STUDENT_COLUMNS = [  # the first columns of students.csv, in order; config and env stamp follow
-    "schema_version", "run_id", "student", "backend", "recipe", "mode", "status", "reason",
+    "schema_version", "run_id", "student", "backend", "recipe", "mode", "gemm_precision", "status", "reason",
     "initial_loss", "first_step_loss", "final_train_loss", "eval_mse",
     "step_ms_median", "step_ms_p20", "step_ms_p80", "step_ms_mean", "tokens_per_s", "tflops",
     "peak_mem_allocated_mb", "peak_mem_reserved_mb", "teacher_ms_median", "steps_run",

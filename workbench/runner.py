@@ -139,7 +139,7 @@ def _one_student(spec: str, cfg: Config, ctx, init_state, data: Data, device, pr
 
 def _try_student(row: dict, spec: str, cfg: Config, ctx, init_state, data: Data, device, progress: bool):
     backend = backends.make(spec)
-    row.update(backend=backend.name, recipe=backend.recipe, mode=backend.mode)
+    row.update(backend=backend.name, recipe=backend.recipe, mode=backend.mode, gemm_precision=backend.gemm_precision)
     ok, reason = backend.availability(ctx)
     row["reason"] = reason  # an available backend may still carry a note (e.g. fp16 instead of bf16)
     if not ok:
@@ -153,7 +153,7 @@ def _try_student(row: dict, spec: str, cfg: Config, ctx, init_state, data: Data,
     _say(progress, f"[{spec}] training {cfg.train.steps} steps ({row['mode']})")
     try:
         metrics, losses = run_student(backend, cfg, init_state, data, device)
-        row.update(metrics)
+        row.update(metrics, gemm_precision=backend.gemm_precision)  # a fallback's (built) dtype
     except Diverged as e:
         row.update(e.metrics, status="diverged", reason=str(e), steps_run=len(e.losses))
         losses = e.losses

@@ -50,6 +50,13 @@ class Backend:
         self.recipe = recipe or self.default_recipe
 
     @property
+    def gemm_precision(self) -> str:
+        """The precision its GEMMs run in ('fp32', 'bf16', 'fp16', 'fp8', 'fp4'): which peak a row is
+        measured against, and which students a crossover is computed for."""
+        dtype = getattr(self, "dtype", None)
+        return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
+
+    @property
     def spec(self) -> str:
         return f"{self.name}:{self.recipe}" if self.recipe else self.name
 

@@ -23,6 +23,7 @@ class TEBF16(Backend):
     compilable = False  # dynamo skips TE modules (graph breaks); TE's speed-up route is CUDA graphs
     graph_whole_step = False  # te.make_graphed_callables graphs fwd+bwd (FP8 scaling state included)
     fp8_recipe = None
+    dtype = torch.bfloat16  # until build() picks fp16 on GPUs without bf16
 
     def availability(self, ctx: Context) -> tuple[bool, str]:
         ok, why = te_usable(ctx)

@@ -52,6 +52,10 @@ class TEFP8(TEBF16):
     default_recipe = "delayed"
     mode = "TE-FP8"
 
+    @property
+    def gemm_precision(self) -> str:
+        return "fp4" if self.recipe == "nvfp4" else "fp8"
+
     def availability(self, ctx: Context) -> tuple[bool, str]:
         ok, why = te_usable(ctx)
         if not ok:

@@ -22,6 +22,8 @@ class TorchaoFloat8(TorchBF16):
     mode = "torchao-Float8"
     compile_required = True
 
+    gemm_precision = "fp8"
+
     def availability(self, ctx: Context) -> tuple[bool, str]:
         try:
             import torchao.float8  # noqa: F401

@@ -65,7 +65,8 @@ def test_write_files_and_load_sweep_reads_only_complete_points(tmp_path):
         results.write_csv(sweep_dir / point / "students.csv", g.drop(columns="point"))
         results.write_json(sweep_dir / point / sweep.DONE_FILE, {"point": point})
     (sweep_dir / "p4096-128" / sweep.DONE_FILE).unlink()  # a point killed before it finished
-    results.write_json(sweep_dir / sweep.SPEC_FILE, {"name": "s"})
+    points = sorted(rows["point"].unique())
+    results.write_csv(sweep_dir / sweep.INDEX_FILE, pd.DataFrame({"point": points, "status": "done", "error_kind": None, "error": None}))
     df = report.load_sweep(sweep_dir)
     assert "p4096-128" not in set(df["point"]) and df["point"].nunique() == 7
     written = report.write_files(df, tmp_path / "out", sweep_dir=sweep_dir)
@@ -75,6 +76,17 @@ def test_write_files_and_load_sweep_reads_only_complete_points(tmp_path):
     cross = pd.read_csv(written["crossover.csv"]).set_index(["tokens", "student"])
     assert pd.isna(cross.loc[(1024, "te_fp8:delayed"), "crossover_hidden"])  # its winning size was not complete
     assert cross.loc[(8192, "te_fp8:delayed"), "crossover_hidden"] == 2048
+
+
+def test_points_of_an_earlier_spec_are_not_mixed_into_the_report(tmp_path):
+    spec = sweep.Spec(name="s", preset="cpu-smoke", grid={"hidden": [64, 128]})
+    planned = [p.id for p in sweep.plan(spec)]
+    sweep_dir = tmp_path / "s"
+    for pid in planned[:1] + ["stale00000"]:  # one current point, one left by a changed spec
+        results.write_csv(sweep_dir / pid / "students.csv", pd.DataFrame({"student": ["torch_bf16"]}))
+        results.write_json(sweep_dir / pid / sweep.DONE_FILE, {"point": pid})
+    results.write_json(sweep_dir / sweep.SPEC_FILE, spec.to_dict())
+    assert [d.name for d in sweep.complete_points(sweep_dir)] == planned[:1]
 
 
 # ---- the widget panel (its several-size view is the report's plots) ------------------------------

@@ -224,8 +224,14 @@ def is_complete(point_dir: Path) -> bool:
 
 
 def complete_points(sweep_dir: str | Path) -> list[Path]:
-    """Every complete point folder of a sweep (what the report reads)."""
-    return sorted(d for d in Path(sweep_dir).iterdir() if d.is_dir() and is_complete(d))
+    """The complete point folders of the sweep's current spec (what the report reads). Folders of
+    points a changed spec no longer plans stay on disk but are not mixed into the report."""
+    sweep_dir = Path(sweep_dir)
+    wanted = None
+    if (sweep_dir / SPEC_FILE).exists():
+        wanted = {p.id for p in plan(Spec.from_dict(results.read_json(sweep_dir / SPEC_FILE)))}
+    return sorted(d for d in sweep_dir.iterdir()
+                  if d.is_dir() and is_complete(d) and (wanted is None or d.name in wanted))
 
 
 # ---- one point -----------------------------------------------------------------------------------
@@ -371,8 +377,12 @@ class SweepLock:
                 os.close(fd)
                 return self
             except FileExistsError:
-                pid = int(self.path.read_text().strip() or 0)
-                if pid and _alive(pid):
+                text = self.path.read_text().strip()
+                if not text:  # created, pid not yet written: another driver is starting right now
+                    raise ConfigError(f"sweep folder {self.path.parent} is being locked by another process "
+                                      f"(if none runs, delete {self.path})") from None
+                pid = int(text)
+                if _alive(pid):
                     raise ConfigError(f"sweep folder {self.path.parent} is being run by process {pid}") from None
                 self.path.unlink(missing_ok=True)  # a killed sweep's stale lock
         raise ConfigError(f"cannot lock {self.path}")

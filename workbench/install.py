@@ -28,6 +28,7 @@ import shlex
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 import zipfile
 from dataclasses import asdict, dataclass, field
@@ -417,11 +418,13 @@ def _stream(argv: list[str], env: dict[str, str], log, echo: Callable[[str], Non
 
 def _probe_fresh(python: str, target: str | None) -> dict[str, Any]:
     """The probe in a new interpreter: this one may hold a stale (or no) TE import."""
-    out = subprocess.run([python, "-m", "workbench", "probe", "--json"], capture_output=True, text=True,
-                         env=_subprocess_env({}, target), errors="replace")
-    start = out.stdout.find("{\n")
-    if out.returncode == 0 and start >= 0:
-        return json.loads(out.stdout[start:])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "probe.json")  # a file, not stdout: TE may print warnings there
+        out = subprocess.run([python, "-m", "workbench", "probe", "--json", "--out", path], capture_output=True,
+                             text=True, env=_subprocess_env({}, target), errors="replace")
+        if out.returncode == 0 and os.path.exists(path):
+            with open(path) as f:
+                return json.load(f)
     err = (out.stderr or out.stdout).strip().splitlines()[-20:]
     return {"te_available": False, "te_import_error": "probe failed: " + " | ".join(err), "probe_error": True}
 

@@ -274,11 +274,16 @@ def table(env: dict[str, Any]) -> str:
 
 def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="print JSON only")
+    p.add_argument("--out", default=None, help="also write the JSON to this file (atomically)")
 
 
 def main(args) -> int:
     import json
 
     env = probe()
+    if args.out:
+        from workbench.results import write_json
+
+        write_json(args.out, env)
     print(json.dumps(env, indent=2) if args.json else table(env))
     return 0

@@ -1,0 +1,45 @@
+"""GPU-only checks of what CPU tests cannot reach: CUDA-graph capture keeps students matched, TE FP8
+trains, peak memory is measured. Run on the H200 with scripts/gpu_tests.sh; skipped without CUDA."""
+import pytest
+
+from workbench import config, results, runner
+from workbench.backends import _te
+
+pytestmark = pytest.mark.gpu
+
+
+def _run(tmp_path, run_id, **overrides):
+    cfg = config.from_preset("seed", steps=6, warmup=2, iters=5, eval_batches=2, **overrides)
+    return results.load(runner.run(cfg, out=tmp_path, run_id=run_id, progress=False)).set_index("student")
+
+
+def test_graphed_step_trains_like_the_eager_one(tmp_path):
+    """Capture runs real warm-up updates and restores them: the graphed student must start where the
+    eager one starts and follow it (same batches, same maths, bf16 rounding aside)."""
+    eager = _run(tmp_path, "eager", backends="torch_bf16", fused_optimizer=True)
+    graphed = _run(tmp_path, "graphed", backends="torch_bf16", fused_optimizer=True, graphs=True)
+    e, g = eager.loc["torch_bf16"], graphed.loc["torch_bf16"]
+    assert bool(g["graphed"]) and g["capture_ms"] > 0
+    assert g["initial_loss"] == pytest.approx(e["initial_loss"], rel=1e-6)
+    assert g["first_step_loss"] == pytest.approx(e["first_step_loss"], rel=1e-3)
+    assert g["final_train_loss"] == pytest.approx(e["final_train_loss"], rel=2e-2)
+    assert g["peak_mem_allocated_mb"] > 0
+
+
+@pytest.mark.skipif(_te.load()[0] is None, reason="Transformer Engine does not import here")
+def test_te_fp8_students_start_matched_and_track_bf16(tmp_path):
+    df = _run(tmp_path, "te", backends="te_bf16,te_fp8:delayed,te_fp8:current", baseline="te_bf16")
+    assert (df["status"] == "ok").all(), df["reason"].to_dict()
+    init = df["initial_loss"]
+    assert (init.max() - init.min()) / init.mean() <= 1e-5
+    ratio = df["final_train_loss"] / df.loc["te_bf16", "final_train_loss"]
+    assert ratio.between(0.8, 1.25).all(), ratio.to_dict()
+
+
+@pytest.mark.skipif(_te.load()[0] is None, reason="Transformer Engine does not import here")
+def test_te_graphed_fp8_keeps_the_shared_init(tmp_path):
+    df = _run(tmp_path, "te-graphs", backends="torch_bf16,te_fp8:delayed", graphs=True, fused_optimizer=True)
+    assert (df["status"] == "ok").all(), df["reason"].to_dict()
+    assert df["graphed"].all()
+    init = df["initial_loss"]
+    assert (init.max() - init.min()) / init.mean() <= 1e-5

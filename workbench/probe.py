@@ -42,9 +42,11 @@ def _run(argv: list[str], timeout: float = 10) -> str | None:
 
 
 def _git_sha() -> str | None:
+    """The code version that made a result. A copy without .git (e.g. the tree sent to a lent GPU
+    machine) gets it from WORKBENCH_GIT_SHA, set by whoever sends the copy."""
     here = os.path.dirname(os.path.abspath(__file__))
     out = _run(["git", "-C", here, "rev-parse", "--short", "HEAD"], timeout=5)
-    return out.strip() or None if out else None
+    return (out.strip() if out else None) or os.environ.get("WORKBENCH_GIT_SHA") or None
 
 
 def _canonical(name: str) -> str:

@@ -119,7 +119,3 @@ class Student(nn.Module):
             for fused, sep in FUSED_TO_SEPARATE.items():
                 out[sep.format(i=i)] = own[f"blocks.{i}.{fused}"]
         return out
-
-
-def count_params(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)

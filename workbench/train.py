@@ -233,7 +233,7 @@ def run_student(backend: Backend, cfg, init_state: dict, data: Data, device: tor
     train_flops = flops.train_flops(cfg.model)
     metrics.update(
         {
-            "step_ms_median": t.median, "step_ms_p20": t.p20, "step_ms_p80": t.p80, "step_ms_mean": t.mean,
+            **t.summary("step_ms"),
             "tokens_per_s": flops.tokens_per_step(cfg.model) / (t.median * 1e-3) if t.median else None,
             "tflops": flops.tflops(train_flops, t.median),
             "peak_mem_allocated_mb": alloc, "peak_mem_reserved_mb": reserved,

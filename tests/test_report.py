@@ -58,6 +58,16 @@ def test_loss_band_spans_the_fp8_students(df):
     assert band["loss_ratio_min"].tolist() == pytest.approx([1.1] * len(band)) and (band["students"] == 2).all()
 
 
+def test_another_swept_axis_gets_its_own_crossover():
+    """Two layer counts in one sweep: each has its own crossover row, never one merged over both."""
+    two = _rows()
+    three = two.assign(cfg_layers=2)  # with 2 blocks te_fp8:current wins everywhere
+    three.loc[three["student"] == "te_fp8:current", "step_ms_median"] *= 0.5
+    cross = report.crossover(report.add_derived(pd.concat([two, three], ignore_index=True)))
+    cur = cross[(cross["student"] == "te_fp8:current") & (cross["tokens"] == 1024)].set_index("cfg_layers")
+    assert pd.isna(cur.loc[3, "crossover_hidden"]) and cur.loc[2, "crossover_hidden"] == min(SIZES)
+
+
 def test_write_files_and_load_sweep_reads_only_complete_points(tmp_path):
     rows = _rows()
     sweep_dir = tmp_path / "s"

@@ -104,10 +104,15 @@ def crossover(df: pd.DataFrame) -> pd.DataFrame:
     than the reference's (`crossover_hidden`; empty where it never is), whether it stays faster at
     every larger size measured, and its speedups. Reads the derived columns of `load_sweep`."""
     rows: list[dict[str, Any]] = []
-    for (tokens, student), g in df[low_precision(df)].groupby(["tokens", "student"]):
+    # any other swept axis (layers, layout, param dtype, ...) gets its own crossover, never a merged one
+    size_axes = {"cfg_hidden", "cfg_intermediate", "cfg_batch", "cfg_seq_len"} | _NOT_KEY
+    other = [c for c in df.columns if c.startswith("cfg_") and c not in size_axes and df[c].nunique(dropna=False) > 1]
+    for key, g in df[low_precision(df)].groupby(["tokens", *other, "student"]):
+        tokens, student = key[0], key[-1]
         g = g.sort_values("cfg_hidden")
         ran = g[g["status"].isin(RAN_OK) & g["speedup_vs_ref"].notna()]
-        row: dict[str, Any] = {"tokens": tokens, "student": student, "reference": g["reference"].iloc[0],
+        row: dict[str, Any] = {"tokens": tokens, **dict(zip(other, key[1:-1])), "student": student,
+                               "reference": g["reference"].iloc[0],
                                "sizes_measured": len(ran), "crossover_hidden": None,
                                "crossover_intermediate": None, "speedup_at_crossover": None,
                                "faster_at_all_larger_sizes": None, "max_speedup": None,

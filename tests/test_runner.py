@@ -159,3 +159,16 @@ def test_plots_show_every_student(smoke_run):
     fig2 = plots.step_time(run_dir)
     assert len(fig2.axes[0].patches) == len(cfg.backends)
     plt.close("all")
+
+
+def test_the_last_install_outcome_is_read_into_the_run(tmp_path, monkeypatch):
+    """install-te records its outcome as data; a later run carries it (env.json, summary.json)."""
+    monkeypatch.chdir(tmp_path)
+    results.write_json(tmp_path / "results/install/20260101-000000/outcome.json", {
+        "te_mode": "fallback", "ok": False, "reason": "pip found no transformer_engine_torch", "te_version": None,
+        "run_dir": "results/install/20260101-000000", "diagnosis": [{"id": "package_not_in_index"}]})
+    cfg = config.from_preset("cpu-smoke", steps=2, iters=1, warmup=0, backends="torch_bf16")
+    run_dir = runner.run(cfg, out=tmp_path / "runs", run_id="r", progress=False)
+    te_install = results.load_summary(run_dir)["te_install"]
+    assert te_install["te_mode"] == "fallback" and te_install["diagnosis"] == ["package_not_in_index"]
+    assert json.loads((run_dir / "env.json").read_text())["te_install"] == te_install

@@ -75,6 +75,18 @@ def time_teacher(cfg: Config, teacher: Teacher, data: Data, device: torch.device
     return timing.measure(fwd, cfg.bench.warmup, cfg.bench.iters, timing.clock_for(device)).median
 
 
+def last_install() -> dict | None:
+    """The newest `workbench install-te` outcome (results/install/), so a run says how TE got here or
+    why it fell back; None where install-te never ran."""
+    from workbench import install
+
+    o = install.last_outcome()
+    if not o:
+        return None
+    return {**{k: o.get(k) for k in ("te_mode", "ok", "reason", "te_version", "run_dir")},
+            "diagnosis": [d.get("id") for d in o.get("diagnosis") or []]}
+
+
 def new_run_id(cfg: Config) -> str:
     return f"{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{cfg.preset}"
 
@@ -88,6 +100,7 @@ def run(cfg: Config, out: str | Path = "results", run_id: str | None = None, req
     run_dir = Path(out) / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     env = probe.probe()
+    env["te_install"] = last_install()
     tdtype = teacher_dtype(cfg, device)
     results.write_json(run_dir / "env.json", env)
     results.write_json(run_dir / "config.json", {
@@ -214,5 +227,6 @@ def summarize(cfg: Config, env: dict, df: pd.DataFrame, run_id: str, device, tdt
         "teacher_dtype": str(tdtype or torch.float32),
         "initial_loss_rel_spread": spread, "initial_losses_equal": spread is not None and spread <= 1e-5,
         "bf16_reference_student": bf16_ref, "fp8_vs_bf16": fp8_vs_bf16,
+        "te_install": env.get("te_install"),
         "students": {r["student"]: {"status": r["status"], "reason": r["reason"]} for r in df.to_dict("records")},
     }

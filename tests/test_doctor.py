@@ -134,3 +134,10 @@ def test_cudnn_undefined_symbol_is_a_cudnn_mix_not_a_torch_abi_mismatch():
     # the form seen on the H200 when TE dlopened the system cuDNN next to torch's (commit cfd337e)
     text = "OSError: /usr/lib/x86_64-linux-gnu/libcudnn_graph.so.9: undefined symbol: cudnnGetLastErrorString, version libcudnn.so.9"
     assert [d.id for d in doctor.diagnose(text)] == ["cudnn_sublibrary_loading"]
+
+
+def test_torch_finding_the_other_cudnn_is_the_same_mix():
+    """Seen on the H200 when TE had loaded the system cuDNN 9.14 before torch initialised its own 9.19."""
+    text = ("RuntimeError: cuDNN version incompatibility: PyTorch was compiled  against (9, 19, 0) but found "
+            "runtime version (9, 14, 0). PyTorch already comes bundled with cuDNN.")
+    assert doctor.diagnose(text)[0].id == "cudnn_sublibrary_loading"

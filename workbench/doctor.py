@@ -95,9 +95,10 @@ KNOWN_FAILURES: tuple[Failure, ...] = (
     Failure("cudnn_sublibrary_loading",
             (r"CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED", r"(libcudnn_\w+\.so\.\d+): cannot open shared object file",
              r"(libcudnn\w*\.so\.\d+): undefined symbol", r"undefined symbol: \w+, version (libcudnn\w*)",
-             r"Unable to load any of \{(libcudnn\w*)"),
-            "TE loads a different cuDNN (e.g. the system's) than torch (the venv's pip cuDNN), and its sub-libraries "
-            "do not load",
+             r"Unable to load any of \{(libcudnn\w*)",
+             r"(cuDNN version incompatibility): PyTorch was compiled\s+against"),
+            "TE loads a different cuDNN (e.g. the system's) than torch (the venv's pip cuDNN): its sub-libraries "
+            "do not load, or torch then finds the other copy",
             ("export CUDNN_PATH={cudnn_root} CUDNN_HOME={cudnn_root}",
              "export LD_LIBRARY_PATH={cudnn_root}/lib:$LD_LIBRARY_PATH"),
             ("NVIDIA/TransformerEngine#1853", "#2373"), 10),

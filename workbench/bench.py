@@ -181,7 +181,7 @@ def run_bench(opts: BenchOptions, out: str | Path = "results/bench", run_id: str
                                            for s in v.backends])
             continue
         _say(progress, f"[bench] variant {v.name} ({elapsed:.0f} s so far): {v.doc}")
-        status[v.name] = _run_variant(v, preset, opts, bench_dir, device, progress, timing, runner)
+        status[v.name] = _run_variant(v, preset, opts, bench_dir, progress)
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -201,7 +201,9 @@ def run_bench(opts: BenchOptions, out: str | Path = "results/bench", run_id: str
     return bench_dir
 
 
-def _run_variant(v: Variant, preset: str, opts: BenchOptions, bench_dir: Path, device, progress, timing, runner):
+def _run_variant(v: Variant, preset: str, opts: BenchOptions, bench_dir: Path, progress: bool) -> dict[str, Any]:
+    from workbench import runner, timing  # torch-heavy: imported when a bench really runs
+
     t = time.perf_counter()
     try:
         cfg, rejected = variant_config(preset, opts.overrides, v)

@@ -196,33 +196,34 @@ def speedup_vs_size(df: pd.DataFrame) -> plt.Figure:
     return fig
 
 
-def step_time_vs_size(df: pd.DataFrame) -> plt.Figure:
-    fig, panels = _panels(df, "Student train step (median; whiskers p20–p80)")
+def _metric_vs_size(df: pd.DataFrame, col: str, title: str, ylabel: str, unknown: str,
+                    whiskers: tuple[str, str] | None = None) -> plt.Figure:
+    """One line per student of `col` against hidden size, a panel per token count (log y)."""
+    fig, panels = _panels(df, title)
     for ax, tokens in panels:
-        d = df[(df["tokens"] == tokens) & df["status"].isin(RAN_OK)].dropna(subset=["step_ms_median"])
+        d = df[(df["tokens"] == tokens) & df["status"].isin(RAN_OK)].dropna(subset=[col])
         for student, g in d.groupby("student"):
-            err = [(g["step_ms_median"] - g["step_ms_p20"]).clip(lower=0), (g["step_ms_p80"] - g["step_ms_median"]).clip(lower=0)]
-            ax.errorbar(g["cfg_hidden"], g["step_ms_median"], yerr=err, marker="o", capsize=3, label=student)
+            err = None
+            if whiskers:
+                lo, hi = whiskers
+                err = [(g[col] - g[lo]).clip(lower=0), (g[hi] - g[col]).clip(lower=0)]
+            ax.errorbar(g["cfg_hidden"], g[col], yerr=err, marker="o", capsize=3, label=student)
         ax.set_yscale("log")
-        ax.set(title=f"{tokens} tokens / step", ylabel="ms")
+        ax.set(title=f"{tokens} tokens / step", ylabel=ylabel)
         _size_axis(ax, df)
-        ax.legend(fontsize=8) if not d.empty else _unknown(ax, "step time")
+        ax.legend(fontsize=8) if not d.empty else _unknown(ax, unknown)
     fig.tight_layout()
     return fig
+
+
+def step_time_vs_size(df: pd.DataFrame) -> plt.Figure:
+    return _metric_vs_size(df, "step_ms_median", "Student train step (median; whiskers p20–p80)", "ms",
+                           "step time", whiskers=("step_ms_p20", "step_ms_p80"))
 
 
 def peak_memory_vs_size(df: pd.DataFrame) -> plt.Figure:
-    fig, panels = _panels(df, "Peak allocated memory in the timed loop")
-    for ax, tokens in panels:
-        d = df[(df["tokens"] == tokens) & df["status"].isin(RAN_OK)].dropna(subset=["peak_mem_allocated_mb"])
-        for student, g in d.groupby("student"):
-            ax.plot(g["cfg_hidden"], g["peak_mem_allocated_mb"], marker="o", label=student)
-        ax.set_yscale("log")
-        ax.set(title=f"{tokens} tokens / step", ylabel="MiB")
-        _size_axis(ax, df)
-        ax.legend(fontsize=8) if not d.empty else _unknown(ax, "peak memory (CUDA only)")
-    fig.tight_layout()
-    return fig
+    return _metric_vs_size(df, "peak_mem_allocated_mb", "Peak allocated memory in the timed loop", "MiB",
+                           "peak memory (CUDA only)")
 
 
 def loss_band_vs_size(df: pd.DataFrame) -> plt.Figure:

@@ -375,8 +375,18 @@ def _bench_row(meta, peak, variant, r, obs, teacher_obs, run_dir) -> dict[str, A
     return row
 
 
-def crosscheck_report(df: pd.DataFrame, preset: str | None) -> dict[str, Any]:
-    """crosscheck.json: per row, the event-timed median vs the kernel-time sum; headline = the P2 row."""
+def _kernel_breakdown(bench_dir: Path | None, row: dict) -> dict[str, Any]:
+    """The profiled block's kernel categories / top kernels for one row (empty when not recorded)."""
+    path = bench_dir / "runs" / str(row["variant"]) / "observations.json" if bench_dir else None
+    if path is None or not path.exists():
+        return {}
+    obs = (json.loads(path.read_text()).get("students") or {}).get(row["student"]) or {}
+    return {k: obs[k] for k in ("kernel_categories_ms_per_step", "top_kernels") if k in obs}
+
+
+def crosscheck_report(df: pd.DataFrame, preset: str | None, bench_dir: Path | None = None) -> dict[str, Any]:
+    """crosscheck.json: per row, the event-timed median vs the kernel-time sum; headline = the P2 row,
+    with its kernel-time breakdown (categories, top kernels) from the variant's observations.json."""
     ran = df[df["status"].isin(["ok", "fallback"])]
     rows = []
     for r in ran.to_dict("records"):
@@ -396,7 +406,8 @@ def crosscheck_report(df: pd.DataFrame, preset: str | None) -> dict[str, Any]:
             "variant": head["variant"], "student": head["student"], "step_ms_median": head["step_ms_median"],
             "kernel_ms_per_step": head.get("kernel_ms_per_step"), "gpu_busy_ms_per_step": head.get("gpu_busy_ms_per_step"),
             "kernel_to_event_ratio": _num(head.get("kernel_to_event_ratio")),
-            "within_tolerance": crosscheck.agrees(_num(head.get("kernel_to_event_ratio")))},
+            "within_tolerance": crosscheck.agrees(_num(head.get("kernel_to_event_ratio"))),
+            **_kernel_breakdown(bench_dir, head)},
         "rows": rows,
     }
 
@@ -491,7 +502,7 @@ def aggregate(bench_dir: str | Path) -> pd.DataFrame:
     df = bench_rows(bench_dir)
     preset = (_read(bench_dir / "bench.json") or {}).get("preset")
     results.write_csv(bench_dir / "bench.csv", df)
-    results.write_json(bench_dir / "crosscheck.json", crosscheck_report(df, preset))
+    results.write_json(bench_dir / "crosscheck.json", crosscheck_report(df, preset, bench_dir))
     results.write_json(bench_dir / "targets.json", {"schema_version": results.SCHEMA_VERSION, "preset": preset,
                                                      "source": "issue 4", "targets": evaluate_targets(df, preset)})
     results.write_bytes(bench_dir / "bench.md", markdown(bench_dir).encode())

@@ -15,6 +15,10 @@ already warmed-up step under torch.profiler and returns per-step figures:
   kernel_ms_per_step       sum of GPU activity (kernels, memcpy, memset) / steps
   gpu_busy_ms_per_step     union of those intervals / steps (overlapping streams counted once)
   kernels_per_step         kernel launches per step (memcpy/memset excluded)
+  kernel_categories_ms_per_step  that sum split by what the kernels do (GEMM, FP8 cast/amax, norm, ...)
+  top_kernels              the most expensive kernels: name, launches and ms per step
+The last two are the evidence for "what limits this step": at `large` they show whether the GEMMs or
+the casts/norms/optimizer take the time.
 On a CPU the profiler still runs (CPU activity only); the GPU figures are None with the reason.
 """
 from __future__ import annotations
@@ -26,6 +30,44 @@ import torch
 from workbench.timing import Timing
 
 TOLERANCE = 0.10  # issue 4: at P2, kernel-time sum and event-timed median agree within 10%
+TOP_KERNELS = 12
+
+# First match wins; patterns are lower-case substrings of CUDA kernel names as the profiler reports them
+# (cuBLAS / cuBLASLt / CUTLASS GEMMs, TE's cast/transpose/amax kernels, Triton kernels from torch.compile).
+CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
+    ("memcpy/memset", ("memcpy", "memset")),
+    ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "wgmma", "cublas", "_mm_")),
+    ("fp8 cast/amax/transpose", ("cast", "quantiz", "amax", "fp8", "transpose", "scale")),
+    ("norm", ("norm",)),
+    ("activation", ("gelu", "silu", "relu")),
+    ("optimizer", ("adam", "multi_tensor", "foreach")),
+    ("loss/reduce", ("reduce", "mse", "sum_kernel")),
+    ("triton (compiled)", ("triton",)),
+    ("elementwise", ("elementwise", "vectorized", "unrolled")),
+]
+
+
+def category(name: str) -> str:
+    low = name.lower()
+    return next((c for c, pats in CATEGORIES if any(p in low for p in pats)), "other")
+
+
+def breakdown(intervals: list[tuple[str, float, float]], steps: int) -> dict[str, Any]:
+    """Per-step ms by category and the TOP_KERNELS most expensive kernels (plain sums, not unions)."""
+    by_cat: dict[str, float] = {}
+    by_name: dict[str, list[float]] = {}
+    for name, s, e in intervals:
+        by_cat[category(name)] = by_cat.get(category(name), 0.0) + (e - s)
+        acc = by_name.setdefault(name, [0, 0.0])
+        acc[0] += 1
+        acc[1] += e - s
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:TOP_KERNELS]
+    return {
+        "kernel_categories_ms_per_step": {c: round(us / 1e3 / steps, 4)
+                                          for c, us in sorted(by_cat.items(), key=lambda kv: -kv[1])},
+        "top_kernels": [{"name": n[:200], "category": category(n), "launches_per_step": c / steps,
+                         "ms_per_step": round(us / 1e3 / steps, 4)} for n, (c, us) in top],
+    }
 
 
 def _gpu_intervals(prof) -> list[tuple[str, float, float]]:
@@ -79,7 +121,7 @@ def profiled_block(block: Callable[[], Timing]) -> dict[str, Any]:
         kernels = [x for x in iv if not x[0].lower().startswith(("memcpy", "memset"))]
         out.update(kernel_ms_per_step=sum(e - s for _, s, e in iv) / 1e3 / steps,
                    gpu_busy_ms_per_step=_union_us(iv) / 1e3 / steps,
-                   kernels_per_step=len(kernels) / steps)
+                   kernels_per_step=len(kernels) / steps, **breakdown(iv, steps))
     except Exception as e:  # the cross-check is evidence, not a reason to lose the run
         out["profiler_reason"] = f"{type(e).__name__}: {e}"[:500]
     return out

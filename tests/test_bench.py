@@ -2,9 +2,11 @@
 and a real `workbench bench --preset cpu-smoke` writing its files. No timing assertions: only that
 numbers exist where they can and are null, with a reason, where they cannot."""
 import json
+import types
 
 import pandas as pd
 import pytest
+import torch
 
 from workbench import bench, config, crosscheck, flops, hardware, timing
 from workbench.cli import main as cli_main
@@ -95,6 +97,39 @@ def test_profiled_block_degrades_on_cpu():
     assert crosscheck.agrees(0.8) is False and crosscheck.agrees(None) is None
     assert crosscheck._union_us([("a", 0, 10), ("b", 5, 15), ("c", 20, 30)]) == 25
 
+
+
+class FakeKinetoEvent:
+    """Fake of torch's _KinetoEvent (no CUDA profiler on a CPU machine): just what _gpu_intervals reads."""
+
+    def __init__(self, name, start_us, dur_us, annotation=False, cuda=True):
+        self._n, self._s, self._d, self._a, self._c = name, start_us, dur_us, annotation, cuda
+
+    def name(self): return self._n
+    def start_ns(self): return self._s * 1000
+    def duration_ns(self): return self._d * 1000
+    def is_user_annotation(self): return self._a
+    def device_type(self):
+        return torch.autograd.DeviceType.CUDA if self._c else torch.autograd.DeviceType.CPU
+
+
+def test_kernel_breakdown_skips_annotations_and_names_what_takes_the_time():
+    # names as the H200 profile of a TE FP8 step reported them
+    events = [FakeKinetoEvent("nvjet_sm90_qrtst_128x160_128x5_2x1_v_bz_coopA_algo2_TNT", 0, 600),
+              FakeKinetoEvent("cast_transpose_optimized_kernel(__nv_bfloat16 const*, float const*)", 600, 100),
+              FakeKinetoEvent("Optimizer.step#AdamW.step", 700, 250, annotation=True),
+              FakeKinetoEvent("void at::native::multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata>", 700, 200),
+              FakeKinetoEvent("aten::mm", 0, 900, cuda=False)]
+    prof = types.SimpleNamespace(profiler=types.SimpleNamespace(
+        kineto_results=types.SimpleNamespace(events=lambda: events)))
+    iv = crosscheck._gpu_intervals(prof)
+    assert [n for n, *_ in iv] == [e.name() for e in events[:2]] + [events[3].name()]  # no annotation, no CPU op
+    b = crosscheck.breakdown(iv, steps=2)
+    assert b["kernel_categories_ms_per_step"] == {"gemm": 0.3, "optimizer": 0.1, "fp8 cast/amax/transpose": 0.05}
+    assert list(b["kernel_categories_ms_per_step"]) == ["gemm", "optimizer", "fp8 cast/amax/transpose"]
+    top = b["top_kernels"][0]
+    assert top["category"] == "gemm" and top["launches_per_step"] == 0.5 and top["ms_per_step"] == 0.3
+    assert crosscheck.category("ln_bwd_finalize_general_kernel") == "norm" and crosscheck.category("xyz") == "other"
 
 # ---- variants, targets, Markdown ------------------------------------------------------------------
 def test_variant_config_rejects_unknown_students_as_rows():

@@ -48,6 +48,7 @@ def test_summary_keys_and_empty():
 
 def test_cpu_memory_is_unknown_not_zero():
     assert timing.peak_memory_mb(torch.device("cpu")) == (None, None)
+    assert timing.allocated_mb(torch.device("cpu")) is None
 
 
 def test_seed_step_is_the_tutorials_40_gflop():

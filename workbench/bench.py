@@ -110,6 +110,7 @@ COLUMNS = [  # bench.csv, in order (env stamp and cfg_* columns follow)
     "teacher_ms_median", "teacher_pct_of_student_step", "repeats", "median_spread_pct",
     "profiled_step_ms_median", "kernel_ms_per_step", "gpu_busy_ms_per_step", "kernels_per_step",
     "kernel_to_event_ratio", "kernel_sum_to_event_ratio", "capture_ms", "compile_ms", "peak_mem_allocated_mb", "peak_mem_reserved_mb",
+    "mem_floor_mb",
     "final_train_loss", "eval_mse", "run_dir",
 ]
 
@@ -367,6 +368,7 @@ def _bench_row(meta, peak, variant, r, obs, teacher_obs, run_dir) -> dict[str, A
         "profiler_reason": obs.get("profiler_reason"),
         "capture_ms": r.get("capture_ms"), "compile_ms": r.get("compile_ms"),
         "peak_mem_allocated_mb": r.get("peak_mem_allocated_mb"), "peak_mem_reserved_mb": r.get("peak_mem_reserved_mb"),
+        "mem_floor_mb": r.get("mem_floor_mb"),
         "final_train_loss": r.get("final_train_loss"), "eval_mse": r.get("eval_mse"), "run_dir": str(run_dir),
         "torchao_version": meta.get("torchao_version"),
     }

@@ -109,6 +109,11 @@ def reset_peak_memory(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
+def allocated_mb(device: torch.device) -> float | None:
+    """Memory allocated by torch right now, MiB; None where unknown (CPU)."""
+    return torch.cuda.memory_allocated(device) / 1024 ** 2 if device.type == "cuda" else None
+
+
 def peak_memory_mb(device: torch.device) -> tuple[float | None, float | None]:
     """(max allocated, max reserved) in MiB since the last reset; (None, None) where unknown (CPU)."""
     if device.type != "cuda":

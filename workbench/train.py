@@ -166,9 +166,13 @@ def run_student(backend: Backend, cfg, init_state: dict, data: Data, device: tor
 
     Raises Diverged (with the losses so far in .losses) on a non-finite loss.
     """
+    # What is already allocated before this student exists (teacher, data, cached targets): the same for
+    # every student of a run unless an earlier student leaked, so the files show it next to the peak.
+    floor = timing.allocated_mb(device)
     model = backend.build(cfg, init_state, device)
     model.train()
-    metrics: dict[str, Any] = {"compiled": False, "graphed": False, "compile_ms": None, "capture_ms": None}
+    metrics: dict[str, Any] = {"compiled": False, "graphed": False, "compile_ms": None, "capture_ms": None,
+                               "mem_floor_mb": floor}
     notes = []
     graphs, why_not = backend.can_graph(cfg, device)
     if cfg.bench.graphs and not graphs:

@@ -97,6 +97,11 @@ def test_points_of_an_earlier_spec_are_not_mixed_into_the_report(tmp_path):
         results.write_json(sweep_dir / pid / sweep.DONE_FILE, {"point": pid})
     results.write_json(sweep_dir / sweep.SPEC_FILE, spec.to_dict())
     assert [d.name for d in sweep.complete_points(sweep_dir)] == planned[:1]
+    # index rows: the current spec's second point failed; an earlier spec's point was left 'running'
+    results.write_csv(sweep_dir / sweep.INDEX_FILE, pd.DataFrame(
+        [{"point": planned[0], "status": "done"}, {"point": planned[1], "status": "failed", "error": "boom"},
+         {"point": "stale11111", "status": "running"}]))
+    assert report.failed_points(sweep_dir)["point"].tolist() == [planned[1]]
 
 
 # ---- the widget panel (its several-size view is the report's plots) ------------------------------

@@ -37,7 +37,7 @@ TOP_KERNELS = 12
 CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
     ("memcpy/memset", ("memcpy", "memset")),
     ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "wgmma", "cublas", "_mm_")),
-    ("fp8 cast/amax/transpose", ("cast", "quantiz", "amax", "fp8", "transpose", "scale")),
+    ("cast/amax/transpose", ("cast", "quantiz", "amax", "fp8", "transpose", "scale")),
     ("norm", ("norm", "ln_fwd", "ln_bwd")),
     ("activation", ("gelu", "silu", "relu")),
     ("optimizer", ("adam", "multi_tensor", "foreach")),

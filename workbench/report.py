@@ -86,7 +86,8 @@ def failed_points(sweep_dir: str | Path) -> pd.DataFrame:
     from workbench import sweep
 
     idx = sweep.read_index(sweep_dir)
-    bad = idx[idx["status"] != "done"]
+    wanted = sweep.planned_ids(sweep_dir)  # rows of an earlier spec's points are history, not failures
+    bad = idx[(idx["status"] != "done") & (idx["point"].isin(wanted) if wanted is not None else True)]
     cols = ["point", "status", "error_kind", "error"] + [c for c in idx.columns if c.startswith("grid_")]
     return bad[[c for c in cols if c in bad.columns]].reset_index(drop=True)
 

@@ -223,13 +223,17 @@ def is_complete(point_dir: Path) -> bool:
     return (point_dir / "students.csv").exists() and (point_dir / DONE_FILE).exists()
 
 
+def planned_ids(sweep_dir: str | Path) -> set[str] | None:
+    """Point ids the sweep's current spec (sweep.json) plans; None when there is no spec file."""
+    spec = Path(sweep_dir) / SPEC_FILE
+    return {p.id for p in plan(Spec.from_dict(results.read_json(spec)))} if spec.exists() else None
+
+
 def complete_points(sweep_dir: str | Path) -> list[Path]:
     """The complete point folders of the sweep's current spec (what the report reads). Folders of
     points a changed spec no longer plans stay on disk but are not mixed into the report."""
     sweep_dir = Path(sweep_dir)
-    wanted = None
-    if (sweep_dir / SPEC_FILE).exists():
-        wanted = {p.id for p in plan(Spec.from_dict(results.read_json(sweep_dir / SPEC_FILE)))}
+    wanted = planned_ids(sweep_dir)
     return sorted(d for d in sweep_dir.iterdir()
                   if d.is_dir() and is_complete(d) and (wanted is None or d.name in wanted))
 

@@ -112,3 +112,13 @@ def test_human_table_groups_sections_and_lists_every_capability_with_reason(env)
 def test_cli_probe_json_includes_install_fields(capsys):
     assert cli.main(["probe", "--json"]) == 0
     assert INSTALL_KEYS <= set(json.loads(capsys.readouterr().out))
+
+
+def test_git_sha_override_wins_over_the_checkout(monkeypatch):
+    """A copy sent to another machine may carry a stale .git: the sender's WORKBENCH_GIT_SHA wins."""
+    from workbench import probe
+
+    monkeypatch.delenv("WORKBENCH_GIT_SHA", raising=False)
+    here = probe._git_sha()  # this checkout's HEAD (None where git is absent)
+    monkeypatch.setenv("WORKBENCH_GIT_SHA", "abc1234")
+    assert probe._git_sha() == "abc1234" != here

@@ -42,11 +42,14 @@ def _run(argv: list[str], timeout: float = 10) -> str | None:
 
 
 def _git_sha() -> str | None:
-    """The code version that made a result. A copy without .git (e.g. the tree sent to a lent GPU
-    machine) gets it from WORKBENCH_GIT_SHA, set by whoever sends the copy."""
+    """The code version that made a result. WORKBENCH_GIT_SHA, set by whoever sends a copy of the tree
+    elsewhere, wins over git: on the lent H200 the copy's .git was a stale one from an earlier call and
+    stamped a later call's files with the wrong commit."""
+    if os.environ.get("WORKBENCH_GIT_SHA"):
+        return os.environ["WORKBENCH_GIT_SHA"]
     here = os.path.dirname(os.path.abspath(__file__))
     out = _run(["git", "-C", here, "rev-parse", "--short", "HEAD"], timeout=5)
-    return (out.strip() if out else None) or os.environ.get("WORKBENCH_GIT_SHA") or None
+    return out.strip() if out else None
 
 
 def _canonical(name: str) -> str:

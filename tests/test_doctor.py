@@ -141,3 +141,9 @@ def test_torch_finding_the_other_cudnn_is_the_same_mix():
     text = ("RuntimeError: cuDNN version incompatibility: PyTorch was compiled  against (9, 19, 0) but found "
             "runtime version (9, 14, 0). PyTorch already comes bundled with cuDNN.")
     assert doctor.diagnose(text)[0].id == "cudnn_sublibrary_loading"
+
+
+def test_an_unmatched_import_error_points_to_the_install_log():
+    env = machine(te_import_error="ImportError: something nobody has seen before")
+    (d,) = doctor.check_installed(env, "results/install/20261129-1/install.log")
+    assert not d.known and d.fix == ["read the full log: results/install/20261129-1/install.log"]

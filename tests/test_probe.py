@@ -91,9 +91,11 @@ def test_nvcc_version_is_read_from_nvcc(tmp_path):
 
 
 def test_pip_cudnn_headers_are_found_on_sys_path(tmp_path, monkeypatch):
-    header = tmp_path / "nvidia" / "cudnn" / "include" / "cudnn.h"
-    header.parent.mkdir(parents=True)
-    header.write_text("")
+    # torch's cuDNN wheel (nvidia/cudnn) and a CUDA 13 tree that sorts first and may hold an older cuDNN
+    for folder in ("cudnn", "cu13"):
+        header = tmp_path / "nvidia" / folder / "include" / "cudnn.h"
+        header.parent.mkdir(parents=True)
+        header.write_text("")
     _fake_dist(tmp_path, "nvidia_cudnn_cu12", "9.1.0.70")
     monkeypatch.syspath_prepend(str(tmp_path))
     found = probe._cudnn_headers(None)

@@ -172,3 +172,20 @@ def test_the_last_install_outcome_is_read_into_the_run(tmp_path, monkeypatch):
     te_install = results.load_summary(run_dir)["te_install"]
     assert te_install["te_mode"] == "fallback" and te_install["diagnosis"] == ["package_not_in_index"]
     assert json.loads((run_dir / "env.json").read_text())["te_install"] == te_install
+
+
+def test_a_fallback_that_fails_reports_the_precision_it_ran(tmp_path, monkeypatch):
+    """A TE FP8 student that falls back runs bf16: its row must say so even when the fallback errors."""
+    from workbench.backends import torch_autocast
+
+    monkeypatch.setattr(_te, "load", lambda: (None, None, "transformer_engine.pytorch does not import: fake"))
+
+    def fail(self, *args):
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(torch_autocast.Fallback, "build", fail)
+    cfg = config.from_preset("cpu-smoke", steps=2, iters=2, warmup=0, backends="torch_fp32,te_fp8:delayed",
+                             baseline="torch_fp32")
+    row = results.load(runner.run(cfg, out=tmp_path, run_id="r", progress=False)).set_index("student").loc["te_fp8:delayed"]
+    assert row["status"] == "error" and "out of memory" in row["reason"]
+    assert row["gemm_precision"] == "bf16"

@@ -229,12 +229,13 @@ def unknown(log_path: str | Path | None, excerpt: str = "") -> Diagnosis:
     return Diagnosis("unknown", "no known failure matches this error", [where], [], excerpt[-400:], known=False)
 
 
-def check_installed(env: dict[str, Any]) -> list[Diagnosis]:
-    """Findings about the installed state, from the probe's consistency checks and import error."""
+def check_installed(env: dict[str, Any], log_path: str | Path | None = None) -> list[Diagnosis]:
+    """Findings about the installed state, from the probe's consistency checks and import error. An
+    error no known failure matches becomes an `unknown` finding that points to `log_path`."""
     pkgs = env.get("te_packages") or {}
     if not pkgs and not env.get("te_available"):
-        found = diagnose(env.get("te_import_error") or "No module named 'transformer_engine'", env)
-        return found[:1]
+        error = env.get("te_import_error") or "No module named 'transformer_engine'"
+        return diagnose(error, env)[:1] or [unknown(log_path, error)]
     failed = {c["check"]: c["detail"] for c in env.get("te_consistency") or [] if c["ok"] is False}
     by_id = {f.id: f for f in KNOWN_FAILURES}
     ctx = fix_context(env)
@@ -256,7 +257,7 @@ def check_installed(env: dict[str, Any]) -> list[Diagnosis]:
     if not env.get("te_available") and env.get("te_import_error"):
         seen = {d.id for d in out}
         found = [d for d in diagnose(env["te_import_error"], env) if d.id not in seen]
-        out += found or ([] if out else [unknown(None, env["te_import_error"])])
+        out += found or ([] if out else [unknown(log_path, env["te_import_error"])])
     return out
 
 
@@ -293,10 +294,7 @@ def main(args) -> int:
         found = diagnose(text, env) or [unknown(args.log, text)]
         header = f"doctor: {args.log}"
     else:
-        found = check_installed(env)
-        if any(not d.known for d in found):
-            log = latest_install_log()
-            found = [unknown(log, d.evidence) if not d.known else d for d in found]
+        found = check_installed(env, latest_install_log())
         header = f"doctor: installed state (TE packages: {env.get('te_packages') or 'none'})"
     if args.json:
         print(json.dumps([d.to_dict() for d in found], indent=2))

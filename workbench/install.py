@@ -507,7 +507,7 @@ def install_te(env: dict[str, Any] | None = None, *, out: str | Path = "results/
     with open(log_path, "w") as log:
         log.write(p.render() + "\n")
     if not p.ok:
-        diag = [] if env.get("te_available") else [d.to_dict() for d in doctor.check_installed(env)]
+        diag = [] if env.get("te_available") else [d.to_dict() for d in doctor.check_installed(env, log_path)]
         return finish(Outcome(te_before, False, "preflight refused: " + "; ".join(p.refusals), diag,
                               env.get("te_version"), refused=True))
     if not p.steps:
@@ -546,7 +546,7 @@ def install_te(env: dict[str, Any] | None = None, *, out: str | Path = "results/
         return finish(Outcome(te_mode, False, reason, [d.to_dict() for d in found], version, False, results,
                               fp8_smoke=smoke_result))
     if te_mode == "fallback":
-        found = doctor.check_installed(after) or [doctor.unknown(log_path, after.get("te_import_error") or "")]
+        found = doctor.check_installed(after, log_path) or [doctor.unknown(log_path, after.get("te_import_error") or "")]
         reason = f"pip succeeded but transformer_engine.pytorch does not import: {after.get('te_import_error')}"
         return finish(Outcome(te_mode, False, reason, [d.to_dict() for d in found], version, False, results))
     ok = smoke_result is None or bool(smoke_result.get("ok"))

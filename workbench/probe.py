@@ -108,12 +108,11 @@ def _cudnn_headers(cuda_home: str | None) -> dict[str, Any]:
     system = [os.path.join(cuda_home, "include", "cudnn.h")] if cuda_home else []
     system += ["/usr/include/cudnn.h", "/usr/local/include/cudnn.h", "/usr/include/x86_64-linux-gnu/cudnn.h"]
     system_header = next((p for p in system if os.path.exists(p)), None)
-    pip_header = None
-    for entry in sys.path:  # the pip wheels put cuDNN under site-packages/nvidia/{cudnn,cu13}/include
-        hits = sorted(glob.glob(os.path.join(entry, "nvidia", "*", "include", "cudnn.h")))
-        if hits:
-            pip_header = hits[0]
-            break
+    # The nvidia-cudnn-cu* wheel (the one torch depends on, `nvidia.cudnn`) puts cuDNN under
+    # site-packages/nvidia/cudnn. Only that folder: a CUDA 13 `nvidia/cu13` tree may hold an older
+    # cuDNN, the copy backends/_te.py keeps TE away from (9.14 next to torch's 9.19 on the H200).
+    pip_header = next((h for entry in sys.path
+                       if os.path.exists(h := os.path.join(entry, "nvidia", "cudnn", "include", "cudnn.h"))), None)
     pip_pkg = _installed(lambda n: n.startswith("nvidia-cudnn-cu"))
     return {
         "cudnn_system_header": system_header,

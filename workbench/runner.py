@@ -171,10 +171,12 @@ def _try_student(row: dict, spec: str, cfg: Config, ctx, init_state, data: Data,
     _say(progress, f"[{spec}] training {cfg.train.steps} steps ({row['mode']})")
     try:
         metrics, losses = run_student(backend, cfg, init_state, data, device)
-        row.update(metrics, gemm_precision=backend.gemm_precision)  # a fallback's (built) dtype
+        row.update(metrics)
     except Diverged as e:
         row.update(e.metrics, status="diverged", reason=str(e), steps_run=len(e.losses))
         losses = e.losses
+    finally:  # what ran, also when it diverged or failed: a fallback's dtype is known once it is built
+        row["gemm_precision"] = backend.gemm_precision
     _say(progress, f"[{spec}] {row['status']}: final loss {row.get('final_train_loss')}, "
                    f"step {row.get('step_ms_median')} ms, eval mse {row.get('eval_mse')}")
     return row, losses

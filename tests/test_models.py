@@ -33,13 +33,15 @@ def test_switches_on_cpu_compile_applies_graphs_say_why_not(tmp_path, monkeypatc
     # dynamo with the eager backend: exercises the compile path without minutes of C++ codegen on CI
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
     cfg = config.from_preset("cpu-smoke", steps=3, iters=2, warmup=1, compile=True, graphs=True, layout="fused",
-                             backends="torch_fp32,torch_bf16", baseline="torch_bf16")
+                             backends="torch_fp32,torch_bf16", baseline="torch_bf16", device="cpu")
     df = results.load(runner.run(cfg, out=tmp_path, run_id="r", progress=False)).set_index("student")
     assert (df["status"] == "ok").all()
     assert df["compiled"].all() and (df["compile_ms"] > 0).all()
     assert (~df["graphed"]).all() and df["notes"].str.contains("CUDA graphs need a GPU").all()
-    init = df["initial_loss"]
-    assert (init.max() - init.min()) / init.mean() <= 1e-5
+    # the compiled students' own first forward (not the fp32 reference's initial_loss): same start,
+    # bf16 rounding aside
+    first = df["first_step_loss"]
+    assert (first.max() - first.min()) / first.mean() <= 1e-3
 
 
 def test_bf16_params_and_layout_keep_students_matched(tmp_path):
@@ -47,7 +49,9 @@ def test_bf16_params_and_layout_keep_students_matched(tmp_path):
     for layout in ("separate", "fused"):
         cfg = config.from_preset("cpu-smoke", steps=2, iters=1, warmup=0, layout=layout, backends="torch_bf16")
         rows.append(results.load(runner.run(cfg, out=tmp_path, run_id=layout, progress=False)).iloc[0])
-    assert rows[0]["initial_loss"] == pytest.approx(rows[1]["initial_loss"], rel=1e-5)
+    # each layout's own forward and its training path (initial_loss is the fp32 reference's, equal by construction)
+    assert rows[0]["first_step_loss"] == pytest.approx(rows[1]["first_step_loss"], rel=1e-4)
+    assert rows[0]["final_train_loss"] == pytest.approx(rows[1]["final_train_loss"], rel=1e-3)
     cfg = config.from_preset("cpu-smoke", steps=2, iters=1, warmup=0, param_dtype="bf16", backends="torch_bf16")
     row = results.load(runner.run(cfg, out=tmp_path, run_id="bf16", progress=False)).iloc[0]
     assert row["status"] == "ok"
@@ -55,6 +59,7 @@ def test_bf16_params_and_layout_keep_students_matched(tmp_path):
 
 
 def test_torchao_and_te_rows_on_cpu_say_why(tmp_path):
-    cfg = config.from_preset("cpu-smoke", steps=2, iters=1, warmup=0, backends="torch_bf16,torchao_float8:rowwise")
+    cfg = config.from_preset("cpu-smoke", steps=2, iters=1, warmup=0, backends="torch_bf16,torchao_float8:rowwise",
+                             device="cpu")
     row = results.load(runner.run(cfg, out=tmp_path, run_id="r", progress=False)).set_index("student").loc["torchao_float8:rowwise"]
     assert row["status"] == "skipped" and ("torchao" in row["reason"])

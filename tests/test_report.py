@@ -21,6 +21,7 @@ def _rows():
                 ok = ms is not None
                 rows.append({**cfg, "cfg_hidden": h, "cfg_intermediate": 4 * h, "cfg_seq_len": seq_len, "cfg_batch": 8,
                              "point": f"p{h}-{seq_len}", "student": student, "status": "ok" if ok else "skipped",
+                             "gemm_precision": "bf16" if student == "torch_bf16" else "fp8",
                              "reason": "" if ok else "torchao not installed", "gpu_name": "FakeGPU",
                              "step_ms_median": ms, "step_ms_p20": ms and ms * 0.95, "step_ms_p80": ms and ms * 1.05,
                              "final_train_loss": (0.5 if student == "torch_bf16" else 0.55) if ok else None,
@@ -51,6 +52,17 @@ def test_crossover_is_the_smallest_size_where_fp8_wins(df):
     assert "slower" in c.loc[(8192, "te_fp8:current"), "note"]
     assert "never ran" in c.loc[(8192, "torchao_float8:tensorwise"), "note"]
     assert ("torch_bf16" not in c.index.get_level_values("student"))
+
+
+def test_fp8_students_are_told_by_the_precision_they_ran():
+    """A TE FP8 student that fell back ran bf16: no FP8 crossover for it. Sweeps written before the
+    gemm_precision column existed are read by student name."""
+    rows = _rows()
+    cur = rows["student"] == "te_fp8:current"
+    rows.loc[cur, ["status", "gemm_precision"]] = ["fallback", "bf16"]
+    assert "te_fp8:current" not in set(report.crossover(report.add_derived(rows))["student"])
+    old = report.crossover(report.add_derived(rows.drop(columns="gemm_precision")))
+    assert "te_fp8:current" in set(old["student"])
 
 
 def test_loss_band_spans_the_fp8_students(df):

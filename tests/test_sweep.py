@@ -60,11 +60,22 @@ def test_a_second_driver_of_the_same_sweep_is_refused(tmp_path):
     assert not (tmp_path / sweep.LOCK_FILE).exists()
 
 
-def test_one_worker_on_cpu():
+@pytest.mark.parametrize("gpus, visible, workers, slots", [
+    (0, None, "auto", [None]), (0, None, 4, [None]),             # CPU: one worker, never parallel timing
+    (4, None, "auto", ["0", "1", "2", "3"]), (4, None, 2, ["0", "1"]),
+    (4, "5,7", "auto", ["5", "7"]),                              # pinned to the ids the parent was given
+    (4, None, 1, [None]),                                        # one worker keeps the parent's devices
+])
+def test_worker_slots(monkeypatch, gpus, visible, workers, slots):
     import torch
 
-    if not torch.cuda.is_available():
-        assert sweep.worker_slots("auto") == [None] and sweep.worker_slots(4) == [None]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert sweep.worker_slots(workers) == slots
 
 
 @pytest.mark.slow

@@ -331,7 +331,7 @@ def _worker(gpu: str, tasks, events, sweep_dir: str, preset: str) -> None:
 
 def _execute(points: list[Point], slots: list[str | None], sweep_dir: Path, preset: str) -> Iterator[tuple]:
     """Yield ('start'|'end', point id, worker, fields) events as the points run."""
-    if slots == [None] or len(slots) == 1:  # in this process: simplest, and Ctrl-C stops it cleanly
+    if len(slots) == 1:  # in this process: simplest, and Ctrl-C stops it cleanly
         for p in points:
             yield "start", p.id, slots[0], {}
             yield "end", p.id, slots[0], run_point(sweep_dir, preset, p.id, p.overrides)

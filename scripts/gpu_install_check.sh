@@ -17,11 +17,10 @@
 # diagnosis, duration and log tail; both probes). Full logs stay on the machine (they can be MBs).
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
-export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore::UserWarning,ignore::DeprecationWarning}"
 WH=$PWD/.gpu/wheelhouse/te
 R=$(mktemp -d)
 S=$R/install            # what comes back (tarred)
-mkdir -p "$S" "$OUT"
+mkdir -p "$S"
 T0=$SECONDS
 wb() { python3 -m workbench "$@"; }
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from workbench import config, results, runner
-from workbench.backends import load_matched, reference_state
+from workbench.backends import load_matched
 from workbench.models import LayerNormMLP, Student
 
 
@@ -16,7 +16,7 @@ def test_fused_layout_is_the_same_function_from_the_same_weights():
     fused = load_matched(Student(m, mlp=LayerNormMLP), separate.state_dict())
     tokens = torch.randint(0, m.vocab, (2, 16))
     torch.testing.assert_close(fused(tokens), separate(tokens))
-    back = reference_state(fused)
+    back = fused.to_reference_state()
     assert set(back) == set(separate.state_dict())
     assert all(torch.equal(back[k], v) for k, v in separate.state_dict().items())
 

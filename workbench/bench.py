@@ -98,7 +98,6 @@ TUTORIAL_MS = {  # preset -> (tutorial bf16 student step, tutorial TE FP8 studen
     "seed": (3.86, 9.24),
     "large": (43.2, 31.6),
 }
-TUTORIAL_SOURCE = "../shared/REFERENCE.md §1 (seed tutorial on the H200, TE 2.20.2, torch 2.11)"
 
 
 COLUMNS = [  # bench.csv, in order (env stamp and cfg_* columns follow)
@@ -156,7 +155,7 @@ def run_bench(opts: BenchOptions, out: str | Path = "results/bench", run_id: str
     """Peak probe, every variant, then aggregate(); returns OUT/<run_id>."""
     import torch
 
-    from workbench import runner, timing
+    from workbench import runner
 
     for key in opts.overrides:
         if config_mod.locate(key)[1] in ("backends", "baseline"):
@@ -363,8 +362,8 @@ def _bench_row(meta, peak, variant, r, obs, teacher_obs, run_dir) -> dict[str, A
         "profiled_step_ms_median": obs.get("profiled_step_ms_median"),
         "kernel_ms_per_step": obs.get("kernel_ms_per_step"), "gpu_busy_ms_per_step": obs.get("gpu_busy_ms_per_step"),
         "kernels_per_step": obs.get("kernels_per_step"),
-        "kernel_to_event_ratio": crosscheck.ratio(obs.get("gpu_busy_ms_per_step"), step),
-        "kernel_sum_to_event_ratio": crosscheck.ratio(obs.get("kernel_ms_per_step"), step),
+        "kernel_to_event_ratio": _div(obs.get("gpu_busy_ms_per_step"), step),
+        "kernel_sum_to_event_ratio": _div(obs.get("kernel_ms_per_step"), step),
         "profiler_reason": obs.get("profiler_reason"),
         "capture_ms": r.get("capture_ms"), "compile_ms": r.get("compile_ms"),
         "peak_mem_allocated_mb": r.get("peak_mem_allocated_mb"), "peak_mem_reserved_mb": r.get("peak_mem_reserved_mb"),
@@ -488,11 +487,9 @@ def _target_figure(t: Target, ran: pd.DataFrame) -> tuple[dict | None, float | N
     elif t.id == "P3":
         best = _best(ran)
         return best, _num(best.get("teacher_pct_of_student_step")) if best else None
-    elif t.id == "P4":
+    else:  # P4
         best = _best(ran, "median_spread_pct", largest=True)
         return best, _num(best["median_spread_pct"]) if best else None
-    else:
-        return None, None
     return best, _num(best["step_ms_median"]) if best else None
 
 
@@ -519,10 +516,7 @@ def _fmt(x, spec: str = ".3g", suffix: str = "") -> str:
 
 
 def bench_dirs(path: str | Path) -> list[Path]:
-    path = Path(path)
-    if (path / "bench.csv").exists():
-        return [path]
-    return sorted(p.parent for p in path.rglob("bench.csv"))
+    return results.run_dirs(path, marker="bench.csv")
 
 
 def markdown(path: str | Path) -> str:

@@ -131,9 +131,5 @@ def profiled_block(block: Callable[[], Timing]) -> dict[str, Any]:
     return out
 
 
-def ratio(kernel_ms: float | None, event_ms: float | None) -> float | None:
-    return kernel_ms / event_ms if kernel_ms is not None and event_ms else None
-
-
 def agrees(r: float | None, tolerance: float = TOLERANCE) -> bool | None:
     return None if r is None else abs(r - 1.0) <= tolerance

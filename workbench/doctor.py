@@ -184,6 +184,8 @@ class _Blank(dict):
 
 def fix_context(env: dict[str, Any] | None) -> dict[str, Any]:
     """Values the fix commands are filled with; what the probe does not know stays <PLACEHOLDER>."""
+    from workbench.install import build_jobs  # install imports this module
+
     env = env or {}
     ctx: dict[str, Any] = {"python": env.get("python_executable") or sys.executable}
     pkgs = env.get("te_packages") or {}
@@ -193,7 +195,7 @@ def fix_context(env: dict[str, Any] | None) -> dict[str, Any]:
         "cudnn_root": env.get("cudnn_pip_root"), "python_tag": env.get("python_tag"),
         "cc": env.get("compute_capability"),
         "archs": (env.get("compute_capability") or "").replace(".", "") or None,
-        "jobs": max(1, min(env.get("cpu_cores") or 1, int((env.get("mem_available_gb") or 4) // 4))),
+        "jobs": build_jobs(env),
     }.items():
         if value is not None:
             ctx[key] = value
@@ -207,12 +209,13 @@ def _fill(template: str, ctx: dict[str, Any]) -> str:
 def diagnose(text: str, env: dict[str, Any] | None = None) -> list[Diagnosis]:
     """Every known failure whose pattern occurs in `text`, most specific first."""
     hits: list[tuple[int, Diagnosis]] = []
+    base = fix_context(env)
     for failure in KNOWN_FAILURES:
         for pattern in failure.patterns:
             m = re.search(pattern, text, re.IGNORECASE | re.MULTILINE)
             if not m:
                 continue
-            ctx = fix_context(env)
+            ctx = dict(base)
             if m.groups():
                 ctx["match"] = m.group(1)
             start = text.rfind("\n", 0, m.start()) + 1
@@ -236,6 +239,8 @@ def check_installed(env: dict[str, Any], log_path: str | Path | None = None) -> 
     if not pkgs and not env.get("te_available"):
         error = env.get("te_import_error") or "No module named 'transformer_engine'"
         return diagnose(error, env)[:1] or [unknown(log_path, error)]
+    from workbench.install import is_core  # install imports this module
+
     failed = {c["check"]: c["detail"] for c in env.get("te_consistency") or [] if c["ok"] is False}
     by_id = {f.id: f for f in KNOWN_FAILURES}
     ctx = fix_context(env)
@@ -250,7 +255,7 @@ def check_installed(env: dict[str, Any], log_path: str | Path | None = None) -> 
         if check in failed:
             add("mixed_te_packages", f"{check}: {failed[check]}")
     if "core_matches_torch_cuda" in failed:
-        ctx["match"] = ",".join(n.rsplit("cu", 1)[1] for n in pkgs if re.fullmatch(r"transformer-engine-cu\d+", n))
+        ctx["match"] = ",".join(n.rsplit("cu", 1)[1] for n in pkgs if is_core(n))
         add("core_cuda_major_mismatch", f"core_matches_torch_cuda: {failed['core_matches_torch_cuda']}")
     if "torch_extension" in failed:
         add("torch_extension_missing", f"torch_extension: {failed['torch_extension']}")

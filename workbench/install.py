@@ -24,6 +24,7 @@ from __future__ import annotations
 import email.parser
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -50,6 +51,11 @@ REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 
 def core_name(cuda_major: int) -> str:
     return f"transformer-engine-cu{cuda_major}"
+
+
+def is_core(name: str) -> bool:
+    """A TE core package (transformer-engine-cu12 / -cu13), by canonical distribution name."""
+    return re.fullmatch(r"transformer-engine-cu\d+", name) is not None
 
 
 @dataclass
@@ -178,7 +184,7 @@ def _pick(dists: list[Dist], version: Version, env: dict[str, Any]) -> Dist | No
 def _runtime_deps(chosen: list[Dist], house: dict[str, list[Dist]]) -> tuple[list[str], list[str]]:
     """(names in the wheelhouse, names missing from it) of what the chosen TE packages require,
     followed through the wheelhouse; TE's own packages and torch are excluded (never touched)."""
-    skip = {META, EXTENSION, "torch"} | {n for n in house if n.startswith("transformer-engine-cu")}
+    skip = {META, EXTENSION, "torch"} | {n for n in house if is_core(n)}
     todo, present, missing = list(chosen), [], []
     while todo:
         for req in _requires(todo.pop()):
@@ -194,13 +200,18 @@ def _runtime_deps(chosen: list[Dist], house: dict[str, list[Dist]]) -> tuple[lis
 
 
 # ------------------------------------------------------------------------------------------------- plan
-def build_env(env: dict[str, Any], max_jobs: int | None = None, force_build: bool = False) -> dict[str, str]:
-    """Environment for compiling transformer_engine_torch here (REFERENCE §3). MAX_JOBS: the cores, but
-    no more jobs than memory holds at GB_PER_BUILD_JOB each; threads per job share the remaining cores
-    among this GPU's architectures (one arch: one thread)."""
-    cores = int(env.get("cpu_cores") or 1)
+def build_jobs(env: dict[str, Any]) -> int:
+    """MAX_JOBS for a build here: the cores, but no more jobs than memory holds at GB_PER_BUILD_JOB each."""
     mem = env.get("mem_available_gb") or env.get("mem_total_gb")
-    jobs = max_jobs or max(1, min(cores, int(mem // GB_PER_BUILD_JOB) if mem else 1))
+    return max(1, min(int(env.get("cpu_cores") or 1), int(mem // GB_PER_BUILD_JOB) if mem else 1))
+
+
+def build_env(env: dict[str, Any], max_jobs: int | None = None, force_build: bool = False) -> dict[str, str]:
+    """Environment for compiling transformer_engine_torch here (REFERENCE §3): MAX_JOBS from
+    `build_jobs`; threads per job share the remaining cores among this GPU's architectures (one arch:
+    one thread)."""
+    cores = int(env.get("cpu_cores") or 1)
+    jobs = max_jobs or build_jobs(env)
     archs = [env["compute_capability"].replace(".", "")] if env.get("compute_capability") else []
     out = {"NVTE_FRAMEWORK": "pytorch", "MAX_JOBS": str(jobs),
            "NVTE_BUILD_THREADS_PER_JOB": str(max(1, min(len(archs) or 1, cores // jobs)))}
@@ -259,36 +270,35 @@ def _build_refusals(env: dict[str, Any], benv: dict[str, str]) -> list[str]:
 
 def plan(env: dict[str, Any], *, version: str | None = None, find_links: str | None = None, no_index: bool = False,
          build_from_source: bool = False, reinstall: bool = False, force: bool = False, max_jobs: int | None = None,
-         target: str | None = None, python: str | None = None) -> Plan:
+         target: str | None = None) -> Plan:
     """The install for the probed machine `env` (a `workbench.probe.probe()` dict, real or simulated)."""
-    python = python or env.get("python_executable") or sys.executable
+    python = env.get("python_executable") or sys.executable
     refusals, warnings = _capability_refusals(env)
     notes: list[str] = []
     major = env.get("torch_cuda_major")
     core = core_name(major) if major else None
     core_extra = f"core_cu{major}" if major else None
     pin: Version | None = Version(version) if version else None
-    house: dict[str, list[Dist]] = {}
-    ext_dist = None
+    picked: dict[str, Dist | None] = {}  # offline: what the wheelhouse has for each TE package
 
     if no_index and not find_links:
         refusals.append("--no-index needs --find-links DIR (a wheelhouse)")
-    if find_links:
-        if not Path(find_links).is_dir():
-            refusals.append(f"--find-links {find_links}: not a folder")
-        else:
-            house = scan_wheelhouse(find_links)
-    if no_index and find_links and Path(find_links).is_dir():
+    have_house = bool(find_links) and Path(find_links).is_dir()
+    if find_links and not have_house:
+        refusals.append(f"--find-links {find_links}: not a folder")
+    house = scan_wheelhouse(find_links) if have_house else {}
+    if no_index and have_house:
         if pin is None and META in house:
             pin = max(d.version for d in house[META])
         if pin is None:
             refusals.append(f"the wheelhouse {find_links} has no transformer_engine meta package")
         else:
-            for name in (META, core, EXTENSION):
-                if name and _pick(house.get(name, []), pin, env) is None:
+            picked = {name: _pick(house.get(name, []), pin, env) for name in (META, core, EXTENSION) if name}
+            for name, dist in picked.items():
+                if dist is None:
                     kind = "a wheel for " + str(env.get("python_tag")) + " or an sdist" if name == EXTENSION else "a wheel"
                     refusals.append(f"the wheelhouse {find_links} has no {name}=={pin} ({kind})")
-            ext_dist = _pick(house.get(EXTENSION, []), pin, env)
+    ext_dist = picked.get(EXTENSION)
 
     # Will the extension compile here?
     if build_from_source:
@@ -344,8 +354,7 @@ def plan(env: dict[str, Any], *, version: str | None = None, find_links: str | N
     source = ["--no-binary", "transformer_engine_torch", "--no-cache-dir"] if build_from_source else []
     verbose = ["-v"] if build != "no" else []  # compiler output in the log: the first 'error:' is the cause
     if no_index and pin is not None and core:
-        chosen = [d for d in (_pick(house.get(n, []), pin, env) for n in (META, core, EXTENSION)) if d]
-        present, missing = _runtime_deps(chosen, house)
+        present, missing = _runtime_deps([d for d in picked.values() if d], house)
         if missing:
             warnings.append("required by TE but not in the wheelhouse, so they must already be installed (the "
                             "verification import shows a missing one): " + ", ".join(missing))
@@ -426,7 +435,7 @@ def _probe_fresh(python: str, target: str | None) -> dict[str, Any]:
             with open(path) as f:
                 return json.load(f)
     err = (out.stderr or out.stdout).strip().splitlines()[-20:]
-    return {"te_available": False, "te_import_error": "probe failed: " + " | ".join(err), "probe_error": True}
+    return {"te_available": False, "te_import_error": "probe failed: " + " | ".join(err)}
 
 
 FP8_SMOKE = """
@@ -478,7 +487,7 @@ def _tail(path: Path, n: int = 40) -> list[str]:
 
 
 def install_te(env: dict[str, Any] | None = None, *, out: str | Path = "results/install", progress: bool = True,
-               smoke: bool = True, **plan_kwargs) -> Outcome:
+               **plan_kwargs) -> Outcome:
     """Plan, preflight, run, verify; never raises for an install failure: the Outcome says what happened.
 
     `env`: the probe (default: probe this machine). `plan_kwargs`: see `plan()`. Writes
@@ -529,7 +538,7 @@ def install_te(env: dict[str, Any] | None = None, *, out: str | Path = "results/
         after = _probe_fresh(p.python, p.target)
         write_json(run_dir / "probe_after.json", after)
         smoke_result = None
-        if smoke and after.get("te_available") and after.get("fp8_available"):
+        if after.get("te_available") and after.get("fp8_available"):
             smoke_result = fp8_smoke(p.python, p.target, log)
 
     te_mode = "transformer_engine" if after.get("te_available") else "fallback"

@@ -101,21 +101,21 @@ class Student(nn.Module):
         out = self.head(x)
         return (out, hidden) if return_hidden else out
 
-    def from_reference_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        if self.blocks is None:
-            return state
+    def _renamed(self, state: dict[str, torch.Tensor], to_fused: bool) -> dict[str, torch.Tensor]:
+        """`state` with the block weights renamed between the fused and the reference layout."""
         out = {k: v for k, v in state.items() if k.startswith(("embed.", "head."))}
         for i in range(len(self.blocks)):
             for fused, sep in FUSED_TO_SEPARATE.items():
-                out[f"blocks.{i}.{fused}"] = state[sep.format(i=i)]
+                f, r = f"blocks.{i}.{fused}", sep.format(i=i)
+                if to_fused:
+                    out[f] = state[r]
+                else:
+                    out[r] = state[f]
         return out
+
+    def from_reference_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return state if self.blocks is None else self._renamed(state, to_fused=True)
 
     def to_reference_state(self) -> dict[str, torch.Tensor]:
         own = {k: v for k, v in self.state_dict().items() if not k.endswith("_extra_state")}
-        if self.blocks is None:
-            return own
-        out = {k: v for k, v in own.items() if k.startswith(("embed.", "head."))}
-        for i in range(len(self.blocks)):
-            for fused, sep in FUSED_TO_SEPARATE.items():
-                out[sep.format(i=i)] = own[f"blocks.{i}.{fused}"]
-        return out
+        return own if self.blocks is None else self._renamed(own, to_fused=False)

@@ -37,22 +37,13 @@ def maybe_show(namespace: dict[str, Any]) -> "Panel | None":
     return p
 
 
-def backend_specs() -> list[str]:
-    """Every student spec the registry knows ('te_fp8:current', …), for the backends picker."""
-    from workbench import backends
-
-    backends.parse_spec("torch_fp32")  # loads every backend file present
-    specs = []
-    for name, cls in sorted(backends.BACKENDS.items()):
-        specs += [f"{name}:{r}" for r in cls.recipes] if cls.recipes else [name]
-    return specs
-
-
 class Panel:
     """The widgets and the Run handler; `widget` is what the notebook displays."""
 
     def __init__(self, preset: str = "auto", out: str | Path = "results/panel"):
         import ipywidgets as w
+
+        from workbench import backends  # torch: only once a panel is built
 
         self.out = Path(out)
         base = config.from_preset(preset)
@@ -62,7 +53,7 @@ class Panel:
                             placeholder="comma-separated, e.g. 512,1024,2048")
         self.ratio = w.IntText(value=max(1, base.model.intermediate // base.model.hidden), description="MLP ×",
                                tooltip="intermediate = this × hidden")
-        specs = backend_specs()
+        specs = backends.all_specs()
         self.backends = w.SelectMultiple(options=specs, value=tuple(s for s in base.backends if s in specs),
                                          description="backends", rows=min(10, len(specs)))
         self.run_button = w.Button(description="Run", button_style="primary", icon="play")

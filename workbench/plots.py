@@ -83,17 +83,20 @@ def peak_memory(run_dir: str | Path) -> plt.Figure:
 PLOTS = {"loss_curves": loss_curves, "step_time": step_time, "peak_memory": peak_memory}
 
 
-def plot_run(run_dir: str | Path, close: bool = True) -> dict[str, plt.Figure]:
-    """Write every plot of the run as PNG and SVG (atomically) and return the figures."""
-    run_dir = Path(run_dir)
+def _write_all(plots: dict, folder: str | Path, close: bool) -> dict[str, plt.Figure]:
+    """Draw each plot from `folder`'s files, write it there as PNG and SVG (atomically), return the figures."""
     figs = {}
-    for name, fn in PLOTS.items():
-        fig = fn(run_dir)
-        results.write_figure(fig, run_dir, name)
-        figs[name] = fig
+    for name, fn in plots.items():
+        figs[name] = fig = fn(folder)
+        results.write_figure(fig, folder, name)
         if close:
             plt.close(fig)
     return figs
+
+
+def plot_run(run_dir: str | Path, close: bool = True) -> dict[str, plt.Figure]:
+    """Write every plot of the run as PNG and SVG (atomically) and return the figures."""
+    return _write_all(PLOTS, Path(run_dir), close)
 
 
 # ---- bench (workbench.bench): read only bench.csv --------------------------------------------------
@@ -160,11 +163,4 @@ BENCH_PLOTS = {"step_time_by_backend": bench_step_time, "pct_of_peak": bench_pct
 
 
 def plot_bench(bench_dir: str | Path, close: bool = True) -> dict[str, plt.Figure]:
-    figs = {}
-    for name, fn in BENCH_PLOTS.items():
-        fig = fn(bench_dir)
-        results.write_figure(fig, bench_dir, name)
-        figs[name] = fig
-        if close:
-            plt.close(fig)
-    return figs
+    return _write_all(BENCH_PLOTS, bench_dir, close)

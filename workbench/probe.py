@@ -24,13 +24,13 @@ import sys
 from typing import Any
 
 import torch
+from packaging.utils import canonicalize_name
+
+from workbench.install import EXTENSION, META, is_core
 
 # TE capability checks: probe key -> function name in transformer_engine.pytorch (REFERENCE §2)
 CAPABILITY_CHECKS = {"fp8": "is_fp8_available", "fp8_block_scaling": "is_fp8_block_scaling_available",
                      "mxfp8": "is_mxfp8_available", "nvfp4": "is_nvfp4_available", "bf16": "is_bf16_available"}
-
-TE_META, TE_TORCH = "transformer-engine", "transformer-engine-torch"  # canonical distribution names
-
 
 def _run(argv: list[str], timeout: float = 10) -> str | None:
     """stdout of a short tool call (nvcc, nvidia-smi, git), or None when it is missing or fails."""
@@ -50,10 +50,6 @@ def _git_sha() -> str | None:
     here = os.path.dirname(os.path.abspath(__file__))
     out = _run(["git", "-C", here, "rev-parse", "--short", "HEAD"], timeout=5)
     return out.strip() if out else None
-
-
-def _canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()  # PEP 503 normalisation, as pip compares names
 
 
 def _major(version: str | None) -> int | None:
@@ -128,7 +124,7 @@ def _installed(match) -> dict[str, str]:
     sys.path wins, as for imports."""
     found: dict[str, str] = {}
     for dist in importlib.metadata.distributions():
-        name = _canonical(dist.metadata["Name"] or "")
+        name = canonicalize_name(dist.metadata["Name"] or "")  # PEP 503, as pip compares names
         if name and match(name) and name not in found:
             found[name] = dist.version
     return found
@@ -146,7 +142,7 @@ def consistency(env: dict[str, Any]) -> list[dict[str, Any]]:
     pkgs: dict[str, str] = env.get("te_packages") or {}
     if not pkgs:
         return []
-    cores = {n: v for n, v in pkgs.items() if re.fullmatch(r"transformer-engine-cu\d+", n)}
+    cores = {n: v for n, v in pkgs.items() if is_core(n)}
     torch_major = _major(env.get("torch_cuda"))
     out = []
 
@@ -156,7 +152,7 @@ def consistency(env: dict[str, Any]) -> list[dict[str, Any]]:
     versions = sorted(set(pkgs.values()))
     add("same_version", len(versions) == 1,
         "all " + versions[0] if len(versions) == 1 else "different versions: " + ", ".join(f"{n} {v}" for n, v in pkgs.items()))
-    add("meta_package", TE_META in pkgs, "transformer-engine installed" if TE_META in pkgs else
+    add("meta_package", META in pkgs, "transformer-engine installed" if META in pkgs else
         "no transformer-engine meta package (TE checks for it at import)")
     add("one_core", len(cores) == 1, ", ".join(cores) or "no transformer-engine-cu* core package")
     if cores and torch_major is not None:
@@ -165,7 +161,7 @@ def consistency(env: dict[str, Any]) -> list[dict[str, Any]]:
             f"core {sorted(core_majors)} vs torch CUDA {env.get('torch_cuda')}")
     else:
         add("core_matches_torch_cuda", None, "no core package or CPU-only torch")
-    add("torch_extension", TE_TORCH in pkgs, "transformer-engine-torch " + pkgs.get(TE_TORCH, "missing"))
+    add("torch_extension", EXTENSION in pkgs, "transformer-engine-torch " + pkgs.get(EXTENSION, "missing"))
     add("extension_imports", bool(env.get("te_available")), env.get("te_import_error") or "transformer_engine.pytorch imports")
     return out
 

@@ -86,12 +86,12 @@ def students_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     return df[first + [c for c in df.columns if c not in first]]
 
 
-def run_dirs(path: str | Path) -> list[Path]:
-    """`path` itself if it is a run folder, else every run folder below it (sorted)."""
+def run_dirs(path: str | Path, marker: str = "students.csv") -> list[Path]:
+    """`path` itself if it is a run folder (has `marker`), else every run folder below it (sorted)."""
     path = Path(path)
-    if (path / "students.csv").exists():
+    if (path / marker).exists():
         return [path]
-    return sorted(p.parent for p in path.rglob("students.csv"))
+    return sorted(p.parent for p in path.rglob(marker))
 
 
 def load(path: str | Path) -> pd.DataFrame:

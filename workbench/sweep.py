@@ -445,7 +445,7 @@ def run_sweep(spec: Spec, root: str | Path = DEFAULT_ROOT, workers: str | int = 
                 bar.update(1)
         finally:
             bar.close()
-    counts["complete"] = len(complete_points(sweep_dir))
+    counts["complete"] = sum(is_complete(sweep_dir / p.id) for p in points)
     return {"sweep_dir": str(sweep_dir), **counts}
 
 

@@ -181,7 +181,7 @@ class _Observer:
         def block() -> Timing:
             return _timed_block(step, iters, clock)
 
-        more = repeat_medians(block, self.repeats - 1) if self.repeats > 1 else RepeatStats([])
+        more = repeat_medians(block, self.repeats - 1)  # none when repeats is 1
         noise = RepeatStats(([first.median] if first.median is not None else []) + more.medians_ms)
         extra = self.extra_block(block) if self.extra_block is not None else {}
         self.observations.append(Observation(first.median, iters, noise, extra))

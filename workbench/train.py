@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 
 from workbench import distill, flops, timing
-from workbench.backends import Backend, reference_state
+from workbench.backends import Backend
 from workbench.models import Student
 
 
@@ -67,14 +67,13 @@ def make_optimizer(model: torch.nn.Module, cfg, device: torch.device, capturable
     return torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, **kw)
 
 
-def _sync_time(fn) -> tuple[Any, float]:
+def _sync_time(fn, device: torch.device) -> tuple[Any, float]:
     """Wall time of a one-off (compilation, graph capture), synchronized on both sides."""
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+    clock = timing.clock_for(device)
+    clock.sync()
     t0 = time.perf_counter()
     out = fn()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+    clock.sync()
     return out, (time.perf_counter() - t0) * 1e3
 
 
@@ -142,7 +141,7 @@ def initial_loss(model: torch.nn.Module, cfg, batch: tuple[torch.Tensor, distill
     with torch.device("meta"):  # no CPU init of a second full-size model (seconds at hidden 4096+)
         ref = Student(cfg.model)
     ref = ref.to_empty(device=tokens.device)
-    ref.load_state_dict({k: v.float() for k, v in reference_state(model).items()})
+    ref.load_state_dict({k: v.float() for k, v in model.to_reference_state().items()})
     with torch.no_grad():
         return float(distill.mse(ref(tokens), targets.out))
 
@@ -186,22 +185,21 @@ def run_student(backend: Backend, cfg, init_state: dict, data: Data, device: tor
     if backend.compile_required or (cfg.bench.compile and backend.compilable):
         fwd = torch.compile(model)
         metrics["compiled"] = True
-        _, metrics["compile_ms"] = _sync_time(lambda: _compile_now(fwd, opt, backend, cfg.distill.loss, data.train[0]))
+        _, metrics["compile_ms"] = _sync_time(lambda: _compile_now(fwd, opt, backend, cfg.distill.loss, data.train[0]), device)
     elif cfg.bench.compile:
         notes.append(f"compile not applied: {backend.name} modules are skipped by dynamo")
     if graphs:
         if backend.graph_whole_step:
             step, metrics["capture_ms"] = _sync_time(
-                lambda: capture_step(model, fwd, opt, backend, cfg.distill.loss, data.train[0]))
+                lambda: capture_step(model, fwd, opt, backend, cfg.distill.loss, data.train[0]), device)
+            notes.append("graphed step includes copying each batch into the graph's static input buffers")
         else:  # TE: make_graphed_callables graphs forward+backward; the optimizer step stays eager
-            fwd, metrics["capture_ms"] = _sync_time(lambda: backend.make_graphed(fwd, data.train[0][0]))
+            fwd, metrics["capture_ms"] = _sync_time(lambda: backend.make_graphed(fwd, data.train[0][0]), device)
             opt.zero_grad(set_to_none=True)
             step = make_step(fwd, opt, backend, cfg.distill.loss, scaler)
         metrics["graphed"] = True
     else:
         step = make_step(fwd, opt, backend, cfg.distill.loss, scaler)
-    if graphs and backend.graph_whole_step:
-        notes.append("graphed step includes copying each batch into the graph's static input buffers")
     metrics["notes"] = "; ".join(notes)
     # Measured after compilation and graph capture (which ran real warm-up updates and restored them),
     # so a bad restore shows up here as a mismatch with the other students.

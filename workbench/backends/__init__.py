@@ -41,13 +41,17 @@ class Backend:
     recipes: tuple[str, ...] = ()  # allowed recipes; empty = takes none
     default_recipe: str | None = None
     mode: str = "PyTorch"  # the tutorial's mode name for rows that run this backend
-    uses_grad_scaler = False  # fp16 needs loss scaling
     compilable = True  # torch.compile applies (config bench.compile)
     compile_required = False  # always compiled (torchao float8 is meant to run under torch.compile)
     graph_whole_step = True  # CUDA graph: capture fwd+bwd+optimizer (False: backend.make_graphed)
 
     def __init__(self, recipe: str | None = None):
         self.recipe = recipe or self.default_recipe
+
+    @property
+    def uses_grad_scaler(self) -> bool:
+        """fp16 autocast needs loss scaling: its narrow exponent range underflows small gradients."""
+        return getattr(self, "dtype", None) is torch.float16
 
     @property
     def gemm_precision(self) -> str:
@@ -89,8 +93,7 @@ class Backend:
 def load_matched(module: nn.Module, init_state: dict[str, torch.Tensor]) -> nn.Module:
     """Load the shared initial weights; every parameter must be covered (only TE's FP8 `_extra_state`
     may be missing), so students provably start identical."""
-    if hasattr(module, "from_reference_state"):  # fused layout: rename to the module's own keys
-        init_state = module.from_reference_state(init_state)
+    init_state = module.from_reference_state(init_state)  # fused layout: the module's own keys
     missing, unexpected = module.load_state_dict(init_state, strict=False)
     missing = [k for k in missing if not k.endswith("_extra_state")]
     if missing or unexpected:
@@ -100,14 +103,6 @@ def load_matched(module: nn.Module, init_state: dict[str, torch.Tensor]) -> nn.M
 
 def to_param_dtype(module: nn.Module, cfg: Any) -> nn.Module:
     return module.to(torch.bfloat16) if cfg.model.param_dtype == "bf16" else module
-
-
-def reference_state(module: nn.Module) -> dict[str, torch.Tensor]:
-    """The student's weights in the reference (torch, 'separate') layout, for the matched-init check."""
-    to_ref = getattr(module, "to_reference_state", None)
-    if to_ref is not None:
-        return to_ref()
-    return {k: v for k, v in module.state_dict().items() if not k.endswith("_extra_state")}
 
 
 def parse_spec(spec: str) -> tuple[str, str | None]:
@@ -121,6 +116,13 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
         allowed = list(cls.recipes) if cls.recipes else "none (this backend takes no recipe)"
         raise ConfigError(f"unknown recipe {recipe!r} for backend {name!r}; allowed: {allowed}")
     return name, recipe or None
+
+
+def all_specs() -> list[str]:
+    """Every student spec the registry knows ('te_fp8:current', …), e.g. for a backends picker."""
+    _load_all()
+    return [s for name, cls in sorted(BACKENDS.items())
+            for s in ([f"{name}:{r}" for r in cls.recipes] if cls.recipes else [name])]
 
 
 def make(spec: str) -> Backend:

@@ -35,8 +35,7 @@ class TEBF16(Backend):
 
     def build(self, cfg, init_state, device):
         self.device = device
-        self.dtype = amp_dtype(device)
-        self.uses_grad_scaler = self.dtype == torch.float16  # GPUs without bf16 (T4): fp16 needs loss scaling
+        self.dtype = amp_dtype(device)  # fp16 (+ grad scaler) on GPUs without bf16 (T4)
         return build_te_student(cfg, init_state, device)
 
     def forward_context(self):

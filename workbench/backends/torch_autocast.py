@@ -26,7 +26,6 @@ class TorchFP16(TorchBF16):
     name = "torch_fp16"
     mode = "PyTorch-FP16"
     dtype = torch.float16
-    uses_grad_scaler = True  # fp16's narrow exponent range underflows small gradients without it
 
     def availability(self, ctx: Context) -> tuple[bool, str]:
         if ctx.device.type != "cuda":
@@ -45,5 +44,4 @@ class Fallback(TorchBF16):
         from workbench.backends import amp_dtype
 
         self.dtype = amp_dtype(device)
-        self.uses_grad_scaler = self.dtype == torch.float16
         return super().build(cfg, init_state, device)

@@ -2,6 +2,8 @@
 a simulated kill, and a resume that runs only what is missing (then the report notebook)."""
 import json
 import os
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -50,14 +52,21 @@ def test_point_id_is_a_hash_of_the_resolved_config():
 
 
 def test_a_second_driver_of_the_same_sweep_is_refused(tmp_path):
-    (tmp_path / sweep.LOCK_FILE).write_text(str(os.getpid()))  # a live process holds it
-    with pytest.raises(ConfigError, match="being run by process"):
-        with sweep.SweepLock(tmp_path):
-            pass
-    (tmp_path / sweep.LOCK_FILE).write_text("999999999")  # a dead one: stale, taken over
-    with sweep.SweepLock(tmp_path):
-        assert (tmp_path / sweep.LOCK_FILE).read_text() == str(os.getpid())
-    assert not (tmp_path / sweep.LOCK_FILE).exists()
+    """A live driver (another process) holds the lock: refused. Once that process is killed, its lock
+    is gone with it and the sweep can be restarted."""
+    hold = ("import sys, time; from pathlib import Path; from workbench import sweep\n"
+            "with sweep.sweep_lock(Path(sys.argv[1])):\n    print('locked', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", hold, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "locked"
+        with pytest.raises(ConfigError, match="being run by another process"):
+            with sweep.sweep_lock(tmp_path):
+                pass
+    finally:
+        proc.kill()
+        proc.wait()
+    with sweep.sweep_lock(tmp_path):  # the killed driver left no stale lock
+        pass
 
 
 @pytest.mark.parametrize("gpus, visible, workers, slots", [

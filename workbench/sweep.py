@@ -34,6 +34,7 @@ and are summarised in the index's `problems` column.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import itertools
@@ -49,6 +50,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pandas as pd
+from filelock import FileLock, Timeout
 
 from workbench import config, results
 from workbench.config import ConfigError
@@ -367,42 +369,19 @@ def _execute(points: list[Point], slots: list[str | None], sweep_dir: Path, pres
 
 
 # ---- the sweep -------------------------------------------------------------------------------------
-class SweepLock:
-    """Two processes driving one sweep folder would run points twice; the second one is refused."""
-
-    def __init__(self, sweep_dir: Path):
-        self.path = sweep_dir / LOCK_FILE
-
-    def __enter__(self):
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-                os.write(fd, str(os.getpid()).encode())
-                os.close(fd)
-                return self
-            except FileExistsError:
-                text = self.path.read_text().strip()
-                if not text:  # created, pid not yet written: another driver is starting right now
-                    raise ConfigError(f"sweep folder {self.path.parent} is being locked by another process "
-                                      f"(if none runs, delete {self.path})") from None
-                pid = int(text)
-                if _alive(pid):
-                    raise ConfigError(f"sweep folder {self.path.parent} is being run by process {pid}") from None
-                self.path.unlink(missing_ok=True)  # a killed sweep's stale lock
-        raise ConfigError(f"cannot lock {self.path}")
-
-    def __exit__(self, *exc):
-        self.path.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
+@contextlib.contextmanager
+def sweep_lock(sweep_dir: Path) -> Iterator[None]:
+    """Two processes driving one sweep folder would run points twice; the second one is refused. An OS
+    file lock (filelock): a killed driver's lock goes with its process, so a restart never finds a stale one."""
+    lock = FileLock(sweep_dir / LOCK_FILE)
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise ConfigError(f"sweep folder {sweep_dir} is being run by another process") from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def run_sweep(spec: Spec, root: str | Path = DEFAULT_ROOT, workers: str | int = "auto",
@@ -413,7 +392,7 @@ def run_sweep(spec: Spec, root: str | Path = DEFAULT_ROOT, workers: str | int = 
     points = plan(spec)  # validates every point before any kernel starts
     sweep_dir = (Path(root) / spec.name).resolve()
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    with SweepLock(sweep_dir):
+    with sweep_lock(sweep_dir):
         results.write_json(sweep_dir / SPEC_FILE, spec.to_dict())
         index = Index(sweep_dir)
         todo = []

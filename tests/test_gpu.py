@@ -48,3 +48,22 @@ def test_te_graphed_fp8_keeps_the_shared_init(tmp_path):
     # (the H200 bench before the gc fix showed later graphed TE students' peaks GBs higher)
     floor = df["mem_floor_mb"]
     assert floor.notna().all() and floor.max() - floor.min() < 1.0, floor.to_dict()
+
+
+@pytest.mark.skipif(_te.load()[0] is None, reason="Transformer Engine does not import here")
+def test_the_workbench_te_import_maps_one_cudnn_copy():
+    """After the workbench's TE loading (pin_cudnn, then TE) every cuDNN library in this process comes
+    from one folder, torch's: a second copy is the mix that breaks TE's fused attention and torch's check."""
+    import torch
+
+    assert len(_te.mapped_cudnn_dirs()) == 1, _te.mapped_cudnn_dirs()
+    assert torch.backends.cudnn.version() is not None  # torch's own version check does not raise
+
+
+@pytest.mark.skipif(_te.load()[0] is None, reason="Transformer Engine does not import here")
+def test_te_selects_a_fused_or_flash_attention_backend():
+    """With one cuDNN copy TE's cuDNN fused attention loads (flash-attn may be absent); the probe reports it."""
+    att = _te.attention_backend()
+    assert att["selected"] and not att["selected"].startswith("unfused"), att
+    assert not att["fell_back_to_slower"], att
+    assert len(att["cudnn_dirs"]) == 1, att

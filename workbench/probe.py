@@ -176,8 +176,19 @@ def _memory_gb() -> tuple[float | None, float | None]:
         return None, None
 
 
-def probe() -> dict[str, Any]:
-    from workbench.backends import _te
+def _cudnn_version() -> tuple[int | None, str | None]:
+    """(torch's cuDNN version, None) or (None, why): with two cuDNN copies mapped, torch's own check raises
+    "cuDNN version incompatibility" here, and the probe must report that, not die of it."""
+    try:
+        return (torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None), None
+    except Exception as e:  # noqa: BLE001 - any failure is the finding
+        return None, f"{type(e).__name__}: {e}"
+
+
+def probe(attention: bool = False) -> dict[str, Any]:
+    """The environment. `attention`: also ask TE which attention backend it selects here (a child process
+    running one small attention forward/backward; seconds, so only `workbench probe` asks)."""
+    from workbench.backends import _te, native_bf16
 
     # TE first: asking torch for its cuDNN version loads cuDNN's sub-libraries, after which a TE that
     # picks another cuDNN copy fails to import (seen on the H200; _te.load also pins CUDNN_PATH).
@@ -187,6 +198,7 @@ def probe() -> dict[str, Any]:
     cuda_home = _cuda_home()
     nvcc_path, nvcc_version = _nvcc(cuda_home)
     mem_total, mem_avail = _memory_gb()
+    cudnn_version, cudnn_error = _cudnn_version()
     env: dict[str, Any] = {
         "python": sys.version.split()[0],
         "python_executable": sys.executable,
@@ -205,7 +217,9 @@ def probe() -> dict[str, Any]:
         "nvcc_exists": nvcc_path is not None,
         "nvcc_path": nvcc_path,
         "nvcc_version": nvcc_version,
-        "cudnn_torch": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "cudnn_torch": cudnn_version,
+        "cudnn_torch_error": cudnn_error,
+        "cudnn_mapped_dirs": _te.mapped_cudnn_dirs(),  # more than one: two cuDNN copies in this process
         **_cudnn_headers(cuda_home),
         "cpu_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "mem_total_gb": mem_total,
@@ -223,13 +237,15 @@ def probe() -> dict[str, Any]:
         if te is None:
             ok, reason = False, f"Transformer Engine not available: {why}"
             if key == "bf16":  # bf16 without TE is still a torch question
-                ok, reason = (torch.cuda.is_bf16_supported(), "") if cuda else (True, "CPU autocast bf16")
+                ok, reason = (native_bf16(torch.device("cuda")), "") if cuda else (True, "CPU autocast bf16")
         elif not cuda:
             ok, reason = False, "no CUDA GPU visible"
         else:
             ok, reason = _te.check(getattr(te, fn, None), key)
         env[f"{key}_available"] = ok
         env[f"{key}_reason"] = reason
+    if attention and te is not None and cuda:
+        env["te_attention"] = _te.attention_backend()
     env["te_consistency"] = consistency(env)
     checks = [c["ok"] for c in env["te_consistency"] if c["ok"] is not None]
     env["te_consistent"] = all(checks) if checks else None
@@ -238,10 +254,10 @@ def probe() -> dict[str, Any]:
 
 SECTIONS = {  # the human table's groups, in order; keys not listed go to "other"
     "system": ["python", "python_executable", "platform", "cpu_cores", "mem_total_gb", "mem_available_gb", "ngc_pytorch_container", "colab", "git_sha"],
-    "torch": ["torch", "torch_cuda", "torch_cxx11_abi", "cudnn_torch"],
+    "torch": ["torch", "torch_cuda", "torch_cxx11_abi", "cudnn_torch", "cudnn_torch_error", "cudnn_mapped_dirs"],
     "GPU": ["gpu_name", "compute_capability", "gpu_count", "driver"],
     "toolkit": ["cuda_home", "nvcc_path", "nvcc_version", "cudnn_system_header", "cudnn_pip_header", "cudnn_pip_packages"],
-    "Transformer Engine": ["te_available", "te_version", "te_packages", "te_consistent", "te_import_error"],
+    "Transformer Engine": ["te_available", "te_version", "te_packages", "te_consistent", "te_import_error", "te_attention"],
 }
 
 
@@ -280,7 +296,7 @@ def add_arguments(p) -> None:
 def main(args) -> int:
     import json
 
-    env = probe()
+    env = probe(attention=True)
     if args.out:
         from workbench.results import write_json
 

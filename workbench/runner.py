@@ -41,7 +41,7 @@ def teacher_dtype(cfg: Config, device: torch.device) -> torch.dtype | None:
     costs ~3x a student step at the large size), fp32 on CPU."""
     p = cfg.distill.teacher_precision
     if p == "auto":
-        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
+        return torch.bfloat16 if device.type == "cuda" and backends.native_bf16(device) else None
     return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[p]
 
 
@@ -120,8 +120,17 @@ def run(cfg: Config, out: str | Path = "results", run_id: str | None = None, req
     stamp = {k: env.get(k) for k in results.ENV_STAMP}
     flat_cfg = {k: (",".join(v) if isinstance(v, list) else v) for k, v in cfg.flat().items()}
     rows, loss_rows = [], []
+    data_sums = data.fingerprint()
     for spec in cfg.backends:
         row, losses = _one_student(spec, cfg, ctx, init_state, data, device, progress)
+        if not torch.equal(data.fingerprint(), data_sums):
+            # Its own numbers may be fine, but what the other students see would not be the same data:
+            # flag it and rebuild the batches (deterministic from the seed) for the students after it.
+            row.update(status="error", reason=("this student wrote into the batches shared by all students; "
+                                               "they were rebuilt for the next students. " + row["reason"]).strip())
+            _say(progress, f"[{spec}] changed the shared batches; rebuilding them")
+            data = None  # free the damaged copy first: at the large sizes the batches take GBs
+            data = make_data(cfg, teacher, device, tdtype)
         row.update({"schema_version": results.SCHEMA_VERSION, "run_id": run_id, "teacher_ms_median": teacher_ms})
         row.update({f"cfg_{k}": v for k, v in flat_cfg.items()})
         row.update(stamp)

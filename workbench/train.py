@@ -27,6 +27,16 @@ class Data:
     bench: list[tuple[torch.Tensor, distill.Targets]]
     eval: list[tuple[torch.Tensor, distill.Targets]]
 
+    def fingerprint(self) -> torch.Tensor:
+        """Checksums of every batch's tokens and targets. Students share these tensors, so one that
+        writes into them (e.g. a graph keeping a batch as its static input) silently changes what the
+        next students train and are measured on; the runner compares this before and after each."""
+        sums = []
+        for tokens, targets in (*self.train, *self.bench, *self.eval):
+            sums.append(tokens.double().sum())
+            sums += [t.double().sum() for t in (targets.out, *(targets.hidden or []))]
+        return torch.stack(sums).cpu()
+
 
 class Diverged(RuntimeError):
     pass

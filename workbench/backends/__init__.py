@@ -151,10 +151,17 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> ContextManager:
     return torch.autocast(device_type=device.type, dtype=dtype, cache_enabled=False)
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether the hardware does bf16 (a CPU's autocast does; a GPU needs compute capability 8.0).
+    Not torch.cuda.is_bf16_supported(): it counts emulation and says True on a Colab T4 (CC 7.5), where
+    bf16 runs emulated and slow instead of the fp16 + grad scaler path."""
+    if device.type != "cuda":
+        return True
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
 def amp_dtype(device: torch.device) -> torch.dtype:
     """bf16 where the hardware has it, else fp16 (e.g. a Colab T4, CC 7.5)."""
-    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        return torch.float16
-    return torch.bfloat16
+    return torch.bfloat16 if native_bf16(device) else torch.float16
 
 

@@ -1,25 +1,45 @@
-"""Import Transformer Engine once, lazily, and remember why it failed (shared by the TE backends)."""
+"""Import Transformer Engine once per process, safely, with torch's cuDNN (shared by the TE backends,
+the probe and the installer).
+
+Two things go wrong when TE is imported, and each becomes a reason (a fallback row), never a crash:
+  * TE and torch load different cuDNN copies. TE dlopens cuDNN itself, and cuDNN dlopens its
+    sub-libraries by soname, so on a machine with a system cuDNN (9.14 beside torch's pip 9.19 on the
+    H200) the process ends up with a mix: "undefined symbol … libcudnn_graph.so.9", torch's "cuDNN version
+    incompatibility", or TE silently disabling its fused attention (CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED).
+    `pin_cudnn` loads every one of torch's cuDNN libraries by absolute path (RTLD_GLOBAL) first; later
+    dlopens by soname then resolve to those.
+  * A broken extension segfaults, hangs or calls sys.exit while importing. `load` imports TE first in a
+    child interpreter with a timeout, and only imports it here when that worked.
+"""
 from __future__ import annotations
 
+import ctypes
 import functools
 import glob
+import importlib.util
+import json
 import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any, Callable
+
+# torch's cuDNN 9 libraries, in dependency order (the shim first, then the graph library the engines need)
+CUDNN_LIBS = ("libcudnn", "libcudnn_graph", "libcudnn_engines_precompiled", "libcudnn_engines_runtime_compiled",
+              "libcudnn_heuristic", "libcudnn_ops", "libcudnn_cnn", "libcudnn_adv")
+# A cold TE import on a busy machine takes tens of seconds (CUDA libraries, cuDNN, the torch extension)
+IMPORT_TIMEOUT_S = float(os.environ.get("WORKBENCH_TE_IMPORT_TIMEOUT_S", "300"))
+_OK = "WORKBENCH_TE_IMPORT:"  # the child's last line: this marker and a JSON verdict
 
 
 def torch_cudnn_dir() -> str | None:
     """The folder of torch's cuDNN: the copy already mapped into this process, else the pip
     `nvidia-cudnn-*` package torch depends on (`nvidia.cudnn`). Never a guess from other folders:
-    a CUDA 13 `nvidia/cu13` tree or the system may hold an older cuDNN (9.14 next to torch's 9.19
-    on the H200), and loading that one breaks torch's own cuDNN version check."""
-    try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                path = line.split()[-1]
-                if os.path.basename(path).startswith(("libcudnn.so", "libcudnn_graph.so")):
-                    return os.path.dirname(path)
-    except OSError:
-        pass
+    a CUDA 13 `nvidia/cu13` tree or the system may hold an older cuDNN."""
+    mapped = mapped_cudnn_dirs()
+    if len(mapped) == 1:
+        return mapped[0]
     try:
         import nvidia.cudnn as pkg  # the pip wheel torch's CUDA builds depend on
     except ImportError:
@@ -28,24 +48,155 @@ def torch_cudnn_dir() -> str | None:
     return lib if glob.glob(os.path.join(lib, "libcudnn.so*")) else None
 
 
+def mapped_cudnn_dirs() -> list[str]:
+    """Folders of every cuDNN library mapped into this process (/proc/self/maps): one when all is well."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "libcudnn" in line}
+    except OSError:
+        return []
+    return sorted({os.path.dirname(p) for p in paths if os.path.basename(p).startswith("libcudnn")})
+
+
+def pin_cudnn() -> list[str]:
+    """Load torch's cuDNN libraries by absolute path into the global namespace; return what was loaded.
+    Also points CUDNN_PATH at them, which TE's own loader reads first."""
+    lib_dir = torch_cudnn_dir()
+    if not lib_dir:
+        return []
+    os.environ.setdefault("CUDNN_PATH", lib_dir)
+    loaded = []
+    for base in CUDNN_LIBS:
+        files = sorted(glob.glob(os.path.join(lib_dir, base + ".so*")), key=len)  # libcudnn.so.9 before .so.9.19.0
+        if not files:
+            continue
+        try:
+            ctypes.CDLL(files[0], mode=ctypes.RTLD_GLOBAL)
+            loaded.append(files[0])
+        except OSError:  # a partial cuDNN: TE then reports what it misses
+            pass
+    return loaded
+
+
+def _import_here() -> tuple[Any, Any]:
+    pin_cudnn()
+    import transformer_engine.pytorch as te
+    from transformer_engine.common import recipe
+
+    return te, recipe
+
+
+def _child_env() -> dict[str, str]:
+    """This process's environment, with the folder holding `workbench` first on PYTHONPATH."""
+    root = str(Path(__file__).resolve().parents[2])
+    path = os.environ.get("PYTHONPATH", "")
+    return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
+
+
+CHILD = f"""
+import json, sys
+try:
+    from workbench.backends import _te
+    _te._import_here()
+    verdict = {{"ok": True, "error": ""}}
+except Exception as e:
+    verdict = {{"ok": False, "error": f"{{type(e).__name__}}: {{e}}".strip()}}
+sys.stdout.flush()
+print({_OK!r} + json.dumps(verdict), flush=True)
+"""
+
+
+def import_check(timeout_s: float = IMPORT_TIMEOUT_S) -> str:
+    """'' if TE imports in a fresh interpreter exactly as `load` imports it, else why not (a crash, a
+    hang, an exit or an exception, in words)."""
+    what = "importing transformer_engine.pytorch"
+    try:
+        p = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, errors="replace",
+                           timeout=timeout_s, env=_child_env())
+    except subprocess.TimeoutExpired:
+        return f"{what} hung (no answer after {timeout_s:.0f} s in a child process); not imported in this one"
+    tail = " | ".join((p.stderr or "").strip().splitlines()[-5:])
+    marker = next((line for line in reversed(p.stdout.splitlines()) if line.startswith(_OK)), None)
+    if marker is not None:
+        verdict = json.loads(marker[len(_OK):])
+        return "" if verdict["ok"] else f"transformer_engine.pytorch does not import: {verdict['error']}"
+    if p.returncode < 0:
+        try:
+            name = signal.Signals(-p.returncode).name
+        except ValueError:
+            name = f"signal {-p.returncode}"
+        return f"{what} killed the interpreter ({name}) in a child process; not imported in this one: {tail}"
+    return f"{what} exited the interpreter (exit code {p.returncode}) in a child process: {tail}"
+
+
 @functools.lru_cache(maxsize=1)
 def load() -> tuple[Any, Any, str]:
-    """(transformer_engine.pytorch, transformer_engine.common.recipe, '') or (None, None, reason).
-
-    TE dlopens cuDNN itself; if it finds the system's while torch has the venv's, cuDNN's sub-libraries
-    mix versions ("undefined symbol ... libcudnn_graph.so.9", TE issue #1853, seen on the H200 once
-    torch had initialised cuDNN). Pointing CUDNN_PATH at torch's cuDNN first makes both use one copy.
-    """
-    if not (os.environ.get("CUDNN_PATH") or os.environ.get("CUDNN_HOME")):
-        found = torch_cudnn_dir()
-        if found:  # TE globs CUDNN_PATH recursively for libcudnn.so*: this folder holds exactly one
-            os.environ["CUDNN_PATH"] = found
+    """(transformer_engine.pytorch, transformer_engine.common.recipe, '') or (None, None, reason)."""
+    if importlib.util.find_spec("transformer_engine") is None:
+        return None, None, ("transformer_engine.pytorch does not import: ModuleNotFoundError: "
+                            "No module named 'transformer_engine'")
+    if "transformer_engine.pytorch" not in sys.modules:  # already imported (a notebook): nothing to guard
+        why = import_check()
+        if why:
+            return None, None, why
     try:
-        import transformer_engine.pytorch as te
-        from transformer_engine.common import recipe
-    except Exception as e:  # ImportError, or an OSError/undefined symbol from a broken extension
+        te, recipe = _import_here()
+    except Exception as e:  # the child imported it; this process differs (e.g. an earlier cuDNN mix)
         return None, None, f"transformer_engine.pytorch does not import: {type(e).__name__}: {e}".strip()
     return te, recipe, ""
+
+
+ATTENTION_CHILD = f"""
+import importlib, json, torch
+from workbench.backends import _te
+te, _ = _te._import_here()
+attn = te.DotProductAttention(num_attention_heads=4, kv_channels=64, attn_mask_type="causal",
+                              qkv_format="bshd", attention_dropout=0.0).cuda()
+q, k, v = (torch.randn(2, 512, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+attn(q, k, v).float().sum().backward()
+torch.cuda.synchronize()
+chosen = {{}}
+for mod in ("transformer_engine.pytorch.attention.dot_product_attention.dot_product_attention",
+            "transformer_engine.pytorch.attention"):  # where TE keeps its last selection (moved in 2.x)
+    try:
+        chosen = dict(getattr(importlib.import_module(mod), "_attention_backends", None) or {{}})
+    except ImportError:
+        continue
+    if chosen:
+        break
+print({_OK!r} + json.dumps({{k: str(v) for k, v in chosen.items() if k != "attention_params"}}
+                           | {{"cudnn_dirs": _te.mapped_cudnn_dirs()}}), flush=True)
+"""
+
+
+def attention_backend(timeout_s: float = IMPORT_TIMEOUT_S) -> dict[str, Any]:
+    """Which attention backend TE selects here for a causal bf16 self-attention (flash, cuDNN fused,
+    unfused), and TE's own words on why others were disabled (its NVTE_DEBUG log lines). Runs in a
+    child: TE reads its debug switches at import."""
+    env = {**_child_env(), "NVTE_DEBUG": "1", "NVTE_DEBUG_LEVEL": "2"}
+    try:
+        p = subprocess.run([sys.executable, "-c", ATTENTION_CHILD], capture_output=True, text=True,
+                           errors="replace", timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        return {"selected": None, "error": f"no answer after {timeout_s:.0f} s"}
+    log = [line.strip()[:300] for line in p.stderr.splitlines()
+           if "Disabling" in line or "Selected backend" in line or "Available backends" in line][:20]
+    marker = next((line for line in reversed(p.stdout.splitlines()) if line.startswith(_OK)), None)
+    if marker is None:
+        return {"selected": None, "error": " | ".join(p.stderr.strip().splitlines()[-5:]), "log": log}
+    chosen = json.loads(marker[len(_OK):])
+    if chosen.get("use_flash_attention") == "True":
+        selected = f"flash ({chosen.get('flash_attention_backend')})"
+    elif chosen.get("use_fused_attention") == "True":
+        selected = f"fused ({chosen.get('fused_attention_backend')})"
+    elif chosen.get("use_unfused_attention") == "True":
+        selected = "unfused"
+    else:
+        selected = None
+    disabled = [line for line in log if "Disabling" in line]
+    slower = selected == "unfused" and any("FusedAttention" in line or "FlashAttention" in line for line in disabled)
+    return {"selected": selected, "fell_back_to_slower": slower, "log": log, "cudnn_dirs": chosen.get("cudnn_dirs"),
+            "raw": chosen}
 
 
 def check(fn: Callable | None, what: str) -> tuple[bool, str]:

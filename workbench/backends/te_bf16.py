@@ -56,8 +56,11 @@ class TEBF16(Backend):
         if self.fp8_recipe is not None:  # TE >= 2.9 names them enabled/recipe, older fp8_enabled/fp8_recipe
             kw.update({"enabled": True, "recipe": self.fp8_recipe} if "recipe" in params
                       else {"fp8_enabled": True, "fp8_recipe": self.fp8_recipe})
+        # TE keeps the sample arguments as the graph's static inputs and copies every later batch into
+        # them: handing it the shared batch itself would overwrite the data every other student uses.
+        sample = (sample_tokens.clone(),)
         with autocast(self.device, self.dtype):
-            return te.make_graphed_callables(model, (sample_tokens,), **kw)
+            return te.make_graphed_callables(model, sample, **kw)
 
     def fallback(self, ctx: Context, reason: str):
         if te_usable(ctx)[0]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from workbench.backends import Backend, Context, autocast, register
+from workbench.backends import Backend, Context, autocast, native_bf16, register
 
 
 @register
@@ -13,7 +13,7 @@ class TorchBF16(Backend):
     dtype = torch.bfloat16
 
     def availability(self, ctx: Context) -> tuple[bool, str]:
-        if ctx.device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        if not native_bf16(ctx.device):
             return False, f"{torch.cuda.get_device_name(ctx.device)} has no bf16 (compute capability < 8.0); use torch_fp16"
         return True, ""
 

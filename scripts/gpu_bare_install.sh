@@ -14,8 +14,8 @@ mkdir -p "$R" "$OUT"
 step() { local name=$1; shift; local t=$SECONDS; "$@" > "$R/$name.log" 2>&1; local rc=$?
          echo "== $name: exit $rc ($((SECONDS - t)) s)"; tail -n 4 "$R/$name.log" | cut -c1-300; return $rc; }
 
-step 1-notebook-stack python3 -m pip install --no-index --find-links .gpu/wheelhouse/notebook \
-  papermill nbclient nbformat nbconvert ipykernel ipywidgets
+# the wheelhouse holds the stack without the debugger ipykernel names (the image has the rest)
+step 1-notebook-stack python3 -m pip install --no-index --no-deps .gpu/wheelhouse/notebook/*.whl
 step 2-workbench python3 -m pip install --no-index --no-deps --no-build-isolation -e .
 step 3-install-te python3 -m workbench install-te --find-links .gpu/wheelhouse/te --no-index --quiet --out "$R/install"
 step 4-probe python3 -m workbench probe --json --out "$R/probe.json"

@@ -80,3 +80,41 @@ def test_cpu_graphs_and_fp16_reasons():
     assert b.can_graph(config.from_preset("seed"), torch.device("cuda")) == (
         False, "the fp16 grad scaler's inf checks and skipped steps are not graph-safe")
     assert backends.make("torch_bf16").can_graph(config.from_preset("seed"), torch.device("cpu"))[0] is False
+
+
+NEW_BACKEND = '''
+"""A backend that exists only in this test: bf16 autocast under another name."""
+from workbench.backends import register
+from workbench.backends.torch_autocast import TorchBF16
+
+
+@register
+class MyBF16(TorchBF16):
+    name = "my_bf16"
+    mode = "Mine"
+'''
+
+
+def test_adding_a_backend_is_adding_one_file(tmp_path):
+    """Copy the package, drop one new file into backends/, and run it: no other file is edited."""
+    import pathlib
+    import shutil
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    import workbench
+
+    pkg = tmp_path / "src" / "workbench"
+    shutil.copytree(pathlib.Path(workbench.__file__).parent, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    (pkg / "backends" / "my_bf16.py").write_text(NEW_BACKEND)
+    env = {"PYTHONPATH": str(tmp_path / "src"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    p = subprocess.run([sys.executable, "-m", "workbench", "run", "--preset", "cpu-smoke", "--out", str(tmp_path / "out"),
+                        "--run-id", "r", "--set", "backends=torch_fp32,my_bf16", "--set", "baseline=torch_fp32", "--set", "steps=2", "--set", "iters=2",
+                        "--set", "warmup=1", "--set", "eval_batches=1"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    df = pd.read_csv(tmp_path / "out" / "r" / "students.csv").set_index("student")
+    assert df.loc["my_bf16", "status"] == "ok" and df.loc["my_bf16", "mode"] == "Mine"
+    assert df.loc["my_bf16", "initial_loss"] == df.loc["torch_fp32", "initial_loss"]

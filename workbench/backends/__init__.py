@@ -11,7 +11,9 @@ A student is named by a spec 'backend' or 'backend:recipe' (e.g. 'te_fp8:current
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
+import pkgutil
 from dataclasses import dataclass
 from typing import Any, ContextManager
 
@@ -130,17 +132,13 @@ def make(spec: str) -> Backend:
     return BACKENDS[name](recipe)
 
 
-_MODULES = ("torch_fp32", "torch_autocast", "te_bf16", "te_fp8", "torchao_float8")
-
-
+@functools.lru_cache(maxsize=1)
 def _load_all() -> None:
-    if len(BACKENDS) < len(_MODULES):
-        for mod in _MODULES:
-            try:
-                importlib.import_module(f"workbench.backends.{mod}")
-            except ModuleNotFoundError as e:  # a backend file not present in this checkout
-                if e.name != f"workbench.backends.{mod}":
-                    raise
+    """Import every backend file of this package; each registers itself. Files starting with '_' are
+    helpers (e.g. _te.py), not backends. Discovery from the files is what makes a backend one file."""
+    for mod in pkgutil.iter_modules(__path__):
+        if not mod.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{mod.name}")
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None) -> ContextManager:

@@ -185,11 +185,15 @@ def attention_backend(timeout_s: float = IMPORT_TIMEOUT_S) -> dict[str, Any]:
     if marker is None:
         return {"selected": None, "error": " | ".join(p.stderr.strip().splitlines()[-5:]), "log": log}
     chosen = json.loads(marker[len(_OK):])
-    if chosen.get("use_flash_attention") == "True":
+
+    def used(key: str) -> bool:  # TE stores bools, ints or enums here, depending on the field and version
+        return chosen.get(key) not in (None, "None", "False", "0", "")
+
+    if used("use_flash_attention"):
         selected = f"flash ({chosen.get('flash_attention_backend')})"
-    elif chosen.get("use_fused_attention") == "True":
-        selected = f"fused ({chosen.get('fused_attention_backend')})"
-    elif chosen.get("use_unfused_attention") == "True":
+    elif used("use_fused_attention"):
+        selected = f"fused (sub-backend {chosen.get('fused_attention_backend')})"
+    elif used("use_unfused_attention"):
         selected = "unfused"
     else:
         selected = None

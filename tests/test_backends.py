@@ -5,6 +5,7 @@ import torch
 
 from workbench import backends, config
 from workbench.backends import _te
+from workbench.models import LayerNormMLP
 
 
 class FakeTE:
@@ -118,3 +119,54 @@ def test_adding_a_backend_is_adding_one_file(tmp_path):
     df = pd.read_csv(tmp_path / "out" / "r" / "students.csv").set_index("student")
     assert df.loc["my_bf16", "status"] == "ok" and df.loc["my_bf16", "mode"] == "Mine"
     assert df.loc["my_bf16", "initial_loss"] == df.loc["torch_fp32", "initial_loss"]
+
+
+class FakeTEModules:
+    """Stands in for transformer_engine.pytorch's layer classes (real TE cannot exist on a CPU machine):
+    TE's constructor signatures and parameter names, torch's maths. The real conversion runs on the H200."""
+
+    class Linear(torch.nn.Linear):
+        def __init__(self, in_features, out_features, bias=True, params_dtype=None, device="cuda"):
+            super().__init__(in_features, out_features, bias=bias, dtype=params_dtype)
+
+    class LayerNorm(torch.nn.LayerNorm):
+        def __init__(self, hidden_size, eps=1e-5, params_dtype=None, device="cuda"):
+            super().__init__(hidden_size, eps=eps, dtype=params_dtype)
+
+    class LayerNormMLP(LayerNormMLP):
+        def __init__(self, hidden_size, ffn_hidden_size, eps=1e-5, params_dtype=None, device="cuda"):
+            super().__init__(hidden_size, ffn_hidden_size, eps)
+
+
+@pytest.mark.parametrize("layout", ["separate", "fused"])
+def test_te_conversion_swaps_every_layer_and_keeps_the_weights(monkeypatch, layout):
+    from workbench.backends.te_bf16 import convert_to_te
+    from workbench.models import Student, reference_student
+
+    monkeypatch.setattr(_te, "load", lambda: (FakeTEModules, object(), ""))
+    cfg = config.from_preset("cpu-smoke", layout=layout)
+    torch.manual_seed(0)
+    reference = reference_student(cfg.model, Student(cfg.model).state_dict())
+    model = reference_student(cfg.model, reference.state_dict() if layout == "separate" else
+                              reference.to_reference_state())
+    swapped = convert_to_te(model, cfg, torch.device("cpu"))
+    want = {"separate": {FakeTEModules.Linear, FakeTEModules.LayerNorm}, "fused": {FakeTEModules.Linear, FakeTEModules.LayerNormMLP}}[layout]
+    assert {type(m) for m in model.modules() if type(m).__qualname__.startswith("FakeTEModules")} == want
+    n_blocks = cfg.model.layers
+    assert len(swapped) == (3 * n_blocks + 1 if layout == "separate" else n_blocks + 1)  # + the head
+    backends.check_matched(model, reference)
+    tokens = torch.randint(0, cfg.model.vocab, (2, 8))
+    assert torch.equal(model(tokens), reference(tokens))
+
+
+def test_the_step_policy_is_the_backends_answer():
+    cuda, seed = torch.device("cuda"), config.from_preset("seed", graphs=True, compile=True)
+    torch_bf16 = backends.make("torch_bf16").policy(seed, cuda)
+    assert torch_bf16 == backends.StepPolicy(compile=True, graph="step", grad_scaler=False, notes=())
+    te = backends.make("te_fp8:current").policy(seed, cuda)
+    assert (te.compile, te.graph) == (False, "fwd_bwd") and "compile not applied" in te.notes[0]
+    fp16 = backends.make("torch_fp16")
+    fp16.dtype = torch.float16
+    p = fp16.policy(seed, cuda)
+    assert p.grad_scaler and p.graph is None and any("not graph-safe" in n for n in p.notes)
+    assert backends.make("torch_fp32").policy(seed, torch.device("cpu")).graph is None  # no GPU, no graph

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from workbench import config, results, runner
-from workbench.backends import load_matched
+from workbench.models import load_matched
 from workbench.models import LayerNormMLP, Student
 
 

@@ -110,8 +110,8 @@ def test_unavailable_backend_is_skipped_and_divergence_stops_one_student(tmp_pat
         if spec == "torch_bf16":
             build = b.build
 
-            def diverging_build(cfg_, state, device):
-                m = build(cfg_, state, device)
+            def diverging_build(reference, cfg_, device):
+                m = build(reference, cfg_, device)
                 with torch.no_grad():
                     for p in m.parameters():
                         p.mul_(1e30)

@@ -1,10 +1,11 @@
-"""Analytic FLOP count of one student train step (REFERENCE §4), for tokens/s and TFLOP/s.
+"""FLOPs and throughput of a student train step (REFERENCE §4), for tokens/s and TFLOP/s.
 
-Per token, each block runs two GEMMs (h x i and i x h: 2*2*h*i FLOPs forward) and the head one
-(2*h*h). Training ~ 3x forward (forward, grad wrt input, grad wrt weight). Norms, GELU and the
-optimizer are not counted: TFLOP/s here is "useful GEMM work per second".
+The count comes from the model itself (`train_flops_per_token`), so a model of another shape brings
+its own maths; this module only scales it by the tokens of a step.
 """
 from __future__ import annotations
+
+import torch
 
 from workbench.config import ModelConfig
 
@@ -13,13 +14,13 @@ def tokens_per_step(m: ModelConfig) -> int:
     return m.batch * m.seq_len
 
 
-def forward_flops(m: ModelConfig) -> int:
-    per_token = m.layers * 2 * 2 * m.hidden * m.intermediate + 2 * m.hidden * m.hidden
-    return tokens_per_step(m) * per_token
-
-
 def train_flops(m: ModelConfig) -> int:
-    return 3 * forward_flops(m)
+    """One training step's GEMM FLOPs, from the student model of this config (built on the meta device)."""
+    from workbench.models import reference_student
+
+    with torch.device("meta"):
+        model = reference_student(m)
+    return tokens_per_step(m) * model.train_flops_per_token()
 
 
 def tflops(flops: int, ms: float | None) -> float | None:

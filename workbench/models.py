@@ -113,9 +113,34 @@ class Student(nn.Module):
                     out[r] = state[f]
         return out
 
+    def train_flops_per_token(self) -> int:
+        """GEMM FLOPs of one training step per token: every weight matrix outside the embedding (a lookup,
+        no GEMM) does 2 FLOPs per element forward, and backward twice that (grad wrt input and wrt weight).
+        Norms, activations and the optimizer are not counted: TFLOP/s is "useful GEMM work per second"."""
+        matmul = sum(p.numel() for n, p in self.named_parameters() if p.dim() == 2 and not n.startswith("embed."))
+        return 6 * matmul
+
     def from_reference_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return state if self.blocks is None else self._renamed(state, to_fused=True)
 
     def to_reference_state(self) -> dict[str, torch.Tensor]:
         own = {k: v for k, v in self.state_dict().items() if not k.endswith("_extra_state")}
         return own if self.blocks is None else self._renamed(own, to_fused=False)
+
+
+def reference_student(m: ModelConfig, init_state: dict[str, torch.Tensor] | None = None) -> Student:
+    """The torch student every backend converts a copy of: the configured layout, fp32, CPU, loaded with
+    the shared initial weights (named as the separate layout names them)."""
+    model = Student(m, mlp=LayerNormMLP if m.layout == "fused" else None)
+    return model if init_state is None else load_matched(model, init_state)
+
+
+def load_matched(module: nn.Module, init_state: dict[str, torch.Tensor]) -> nn.Module:
+    """Load the shared initial weights (named as the separate layout names them); every parameter must be
+    covered (only TE's FP8 `_extra_state` may be missing), so students provably start identical."""
+    init_state = module.from_reference_state(init_state)  # fused layout: the module's own keys
+    missing, unexpected = module.load_state_dict(init_state, strict=False)
+    missing = [k for k in missing if not k.endswith("_extra_state")]
+    if missing or unexpected:
+        raise RuntimeError(f"student does not match the shared init: missing={missing} unexpected={unexpected}")
+    return module

@@ -20,7 +20,7 @@ import torch
 
 from workbench import backends, distill, probe, results, timing
 from workbench.config import Config
-from workbench.models import Student, Teacher
+from workbench.models import Student, Teacher, reference_student
 from workbench.train import Data, Diverged, run_student
 
 BF16_REFERENCES = ("te_bf16", "torch_bf16")  # the "bf16 student" FP8 losses are compared with
@@ -112,7 +112,8 @@ def run(cfg: Config, out: str | Path = "results", run_id: str | None = None, req
 
     torch.manual_seed(cfg.train.seed)
     teacher = Teacher(cfg.model).to(device).eval().requires_grad_(False)
-    init_state = {k: v.clone() for k, v in Student(cfg.model).state_dict().items()}  # shared by all students
+    # The one torch model every student is a converted copy of (matched init by construction)
+    reference = reference_student(cfg.model, Student(cfg.model).state_dict())
     data = make_data(cfg, teacher, device, tdtype)
     teacher_ms = time_teacher(cfg, teacher, data, device, tdtype)
     ctx = backends.Context(device=device, cfg=cfg)
@@ -122,7 +123,7 @@ def run(cfg: Config, out: str | Path = "results", run_id: str | None = None, req
     rows, loss_rows = [], []
     data_sums = data.fingerprint()
     for spec in cfg.backends:
-        row, losses = _one_student(spec, cfg, ctx, init_state, data, device, progress)
+        row, losses = _one_student(spec, cfg, ctx, reference, data, device, progress)
         if not torch.equal(data.fingerprint(), data_sums):
             # Its own numbers may be fine, but what the other students see would not be the same data:
             # flag it and rebuild the batches (deterministic from the seed) for the students after it.
@@ -153,18 +154,18 @@ def run(cfg: Config, out: str | Path = "results", run_id: str | None = None, req
     return run_dir
 
 
-def _one_student(spec: str, cfg: Config, ctx, init_state, data: Data, device, progress: bool):
+def _one_student(spec: str, cfg: Config, ctx, reference, data: Data, device, progress: bool):
     row: dict[str, Any] = {"student": spec, "backend": spec.partition(":")[0], "recipe": spec.partition(":")[2] or None,
                            "mode": None, "status": "ok", "reason": ""}
     try:
-        return _try_student(row, spec, cfg, ctx, init_state, data, device, progress)
+        return _try_student(row, spec, cfg, ctx, reference, data, device, progress)
     except Exception as e:  # one failing student must not take down the others; the row says why
         row.update(status="error", reason=f"{type(e).__name__}: {e}".strip()[:2000])
         _say(progress, traceback.format_exc())
         return row, []
 
 
-def _try_student(row: dict, spec: str, cfg: Config, ctx, init_state, data: Data, device, progress: bool):
+def _try_student(row: dict, spec: str, cfg: Config, ctx, reference, data: Data, device, progress: bool):
     backend = backends.make(spec)
     row.update(backend=backend.name, recipe=backend.recipe, mode=backend.mode, gemm_precision=backend.gemm_precision)
     ok, reason = backend.availability(ctx)
@@ -179,7 +180,7 @@ def _try_student(row: dict, spec: str, cfg: Config, ctx, init_state, data: Data,
         backend = fb
     _say(progress, f"[{spec}] training {cfg.train.steps} steps ({row['mode']})")
     try:
-        metrics, losses = run_student(backend, cfg, init_state, data, device)
+        metrics, losses = run_student(backend, cfg, reference, data, device)
         row.update(metrics)
     except Diverged as e:
         row.update(e.metrics, status="diverged", reason=str(e), steps_run=len(e.losses))

@@ -1,7 +1,7 @@
 """Train, evaluate and time one student against precomputed teacher targets.
 
 Every student sees the same batches in the same order (the lists in `Data`), starts from the same
-weights (`init_state`), and its timed step contains only its own forward, loss, backward and
+weights (each is a converted copy of one reference model), and its timed step contains only its own forward, loss, backward and
 optimizer update: teacher targets were computed and synchronized before (REFERENCE §1.2).
 """
 from __future__ import annotations
@@ -169,45 +169,37 @@ def evaluate(model: torch.nn.Module, backend: Backend, batches) -> float:
     return sum(vals) / len(vals)
 
 
-def run_student(backend: Backend, cfg, init_state: dict, data: Data, device: torch.device,
+def run_student(backend: Backend, cfg, reference: torch.nn.Module, data: Data, device: torch.device,
                 on_step: Callable[[int, float], None] | None = None) -> tuple[dict, list[float]]:
-    """Train, evaluate and time one student. Returns (metrics, per-step losses).
+    """Train, evaluate and time one student, a `backend` conversion of the `reference` model. Returns
+    (metrics, per-step losses). The backend's StepPolicy says how its step runs (compiled, graphed, scaled).
 
     Raises Diverged (with the losses so far in .losses) on a non-finite loss.
     """
     # What is already allocated before this student exists (teacher, data, cached targets): the same for
     # every student of a run unless an earlier student leaked, so the files show it next to the peak.
     floor = timing.allocated_mb(device)
-    model = backend.build(cfg, init_state, device)
+    model = backend.build(reference, cfg, device)
     model.train()
-    metrics: dict[str, Any] = {"compiled": False, "graphed": False, "compile_ms": None, "capture_ms": None,
-                               "mem_floor_mb": floor}
-    notes = []
-    graphs, why_not = backend.can_graph(cfg, device)
-    if cfg.bench.graphs and not graphs:
-        notes.append(f"graphs not applied: {why_not}")
-    graphs = cfg.bench.graphs and graphs
-    opt = make_optimizer(model, cfg, device, capturable=graphs and backend.graph_whole_step,
-                         scaled=backend.uses_grad_scaler)
-    scaler = torch.amp.GradScaler(device.type) if backend.uses_grad_scaler else None
+    policy = backend.policy(cfg, device)
+    metrics: dict[str, Any] = {"compiled": policy.compile, "graphed": policy.graph is not None, "compile_ms": None,
+                               "capture_ms": None, "mem_floor_mb": floor}
+    notes = list(policy.notes)
+    opt = make_optimizer(model, cfg, device, capturable=policy.graph == "step", scaled=policy.grad_scaler)
+    scaler = torch.amp.GradScaler(device.type) if policy.grad_scaler else None
 
     fwd = model
-    if backend.compile_required or (cfg.bench.compile and backend.compilable):
+    if policy.compile:
         fwd = torch.compile(model)
-        metrics["compiled"] = True
         _, metrics["compile_ms"] = _sync_time(lambda: _compile_now(fwd, opt, backend, cfg.distill.loss, data.train[0]), device)
-    elif cfg.bench.compile:
-        notes.append(f"compile not applied: {backend.name} modules are skipped by dynamo")
-    if graphs:
-        if backend.graph_whole_step:
-            step, metrics["capture_ms"] = _sync_time(
-                lambda: capture_step(model, fwd, opt, backend, cfg.distill.loss, data.train[0]), device)
-            notes.append("graphed step includes copying each batch into the graph's static input buffers")
-        else:  # TE: make_graphed_callables graphs forward+backward; the optimizer step stays eager
-            fwd, metrics["capture_ms"] = _sync_time(lambda: backend.make_graphed(fwd, data.train[0][0]), device)
-            opt.zero_grad(set_to_none=True)
-            step = make_step(fwd, opt, backend, cfg.distill.loss, scaler)
-        metrics["graphed"] = True
+    if policy.graph == "step":
+        step, metrics["capture_ms"] = _sync_time(
+            lambda: capture_step(model, fwd, opt, backend, cfg.distill.loss, data.train[0]), device)
+        notes.append("graphed step includes copying each batch into the graph's static input buffers")
+    elif policy.graph == "fwd_bwd":  # the optimizer step stays eager
+        fwd, metrics["capture_ms"] = _sync_time(lambda: backend.make_graphed(fwd, data.train[0][0]), device)
+        opt.zero_grad(set_to_none=True)
+        step = make_step(fwd, opt, backend, cfg.distill.loss, scaler)
     else:
         step = make_step(fwd, opt, backend, cfg.distill.loss, scaler)
     metrics["notes"] = "; ".join(notes)
@@ -242,7 +234,7 @@ def run_student(backend: Backend, cfg, init_state: dict, data: Data, device: tor
                        before_timed=lambda: timing.reset_peak_memory(device),
                        after_timed=lambda: peaks.extend(timing.peak_memory_mb(device)))
     alloc, reserved = peaks
-    train_flops = flops.train_flops(cfg.model)
+    train_flops = flops.tokens_per_step(cfg.model) * reference.train_flops_per_token()  # the model's own count
     metrics.update(
         {
             **t.summary("step_ms"),

@@ -1,16 +1,22 @@
 """Precision backends behind one small interface; one file per backend.
 
-A backend answers three questions (gpt-fast / torchtitan style):
+A backend answers four questions (gpt-fast / torchtitan / torchao style):
   * `availability(ctx)` -> (ok, reason): can it run here, and if not, why, in words a user can act on;
-  * `build(cfg, init_state, device)` -> the student module, loaded with the shared initial weights;
-  * `forward_context()` -> the context manager that wraps the student's forward.
-Adding a backend is adding one file that subclasses `Backend` and decorates it with `@register`.
+  * `convert(model, cfg)` -> a torch model with its modules swapped for this backend's (TE layers,
+    torchao Float8Linear, a parameter dtype), *keeping the weights*. Every student is a converted copy of
+    one reference torch model (`build`), so matched init holds by construction;
+  * `forward_context()` -> the context manager that wraps the student's forward;
+  * `policy(cfg, device)` -> a `StepPolicy`: compile? CUDA graph of the whole step or of forward/backward?
+    grad scaler? The trainer follows it without knowing backend names.
+Adding a backend is adding one file in this folder that subclasses `Backend` and decorates it with
+`@register`; the files are discovered.
 
 A student is named by a spec 'backend' or 'backend:recipe' (e.g. 'te_fp8:current').
 """
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import importlib
 import pkgutil
@@ -38,6 +44,16 @@ class Context:
     cfg: Any  # workbench.config.Config
 
 
+@dataclass(frozen=True)
+class StepPolicy:
+    """How the trainer runs one student's step; decided by its backend for this config and device."""
+
+    compile: bool = False  # torch.compile the model
+    graph: str | None = None  # None, "step" (forward, loss, backward, optimizer) or "fwd_bwd" (make_graphed)
+    grad_scaler: bool = False  # fp16 loss scaling
+    notes: tuple[str, ...] = ()  # requested speed switches that do not apply, and why
+
+
 class Backend:
     name: str = ""
     recipes: tuple[str, ...] = ()  # allowed recipes; empty = takes none
@@ -45,7 +61,7 @@ class Backend:
     mode: str = "PyTorch"  # the tutorial's mode name for rows that run this backend
     compilable = True  # torch.compile applies (config bench.compile)
     compile_required = False  # always compiled (torchao float8 is meant to run under torch.compile)
-    graph_whole_step = True  # CUDA graph: capture fwd+bwd+optimizer (False: backend.make_graphed)
+    graph_kind = "step"  # what a CUDA graph covers: "step", or "fwd_bwd" through `make_graphed`
 
     def __init__(self, recipe: str | None = None):
         self.recipe = recipe or self.default_recipe
@@ -69,13 +85,30 @@ class Backend:
     def availability(self, ctx: Context) -> tuple[bool, str]:
         return True, ""
 
-    def build(self, cfg: Any, init_state: dict[str, torch.Tensor], device: torch.device) -> nn.Module:
-        """The torch student with the shared initial weights, parameters in `model.param_dtype`."""
-        from workbench.models import LayerNormMLP, Student
-
+    def build(self, reference: nn.Module, cfg: Any, device: torch.device) -> nn.Module:
+        """This backend's student: a converted copy of the reference torch model, on `device`."""
         self.device = device
-        mlp = LayerNormMLP if cfg.model.layout == "fused" else None
-        return to_param_dtype(load_matched(Student(cfg.model, mlp=mlp), init_state), cfg).to(device)
+        model = self.convert(copy.deepcopy(reference), cfg)
+        check_matched(model, reference)
+        return model.to(device)
+
+    def convert(self, model: nn.Module, cfg: Any) -> nn.Module:
+        """Swap what this backend runs differently; the torch students only change the parameter dtype."""
+        return to_param_dtype(model, cfg)
+
+    def policy(self, cfg: Any, device: torch.device) -> StepPolicy:
+        """The step this backend runs under `cfg.bench`'s switches (ask after `build`: fp16 is decided there)."""
+        notes = []
+        compile_ = self.compile_required or (cfg.bench.compile and self.compilable)
+        if cfg.bench.compile and not compile_:
+            notes.append(f"compile not applied: {self.name} modules are skipped by dynamo")
+        graph = None
+        if cfg.bench.graphs:
+            ok, why = self.can_graph(cfg, device)
+            graph = self.graph_kind if ok else None
+            if not ok:
+                notes.append(f"graphs not applied: {why}")
+        return StepPolicy(compile=compile_, graph=graph, grad_scaler=self.uses_grad_scaler, notes=tuple(notes))
 
     def can_graph(self, cfg: Any, device: torch.device) -> tuple[bool, str]:
         if device.type != "cuda":
@@ -92,15 +125,26 @@ class Backend:
         return None
 
 
-def load_matched(module: nn.Module, init_state: dict[str, torch.Tensor]) -> nn.Module:
-    """Load the shared initial weights; every parameter must be covered (only TE's FP8 `_extra_state`
-    may be missing), so students provably start identical."""
-    init_state = module.from_reference_state(init_state)  # fused layout: the module's own keys
-    missing, unexpected = module.load_state_dict(init_state, strict=False)
-    missing = [k for k in missing if not k.endswith("_extra_state")]
-    if missing or unexpected:
-        raise RuntimeError(f"student does not match the shared init: missing={missing} unexpected={unexpected}")
-    return module
+def check_matched(student: nn.Module, reference: nn.Module) -> None:
+    """A conversion must keep every weight of the reference (by name and shape; values are copied)."""
+    want = {k: tuple(v.shape) for k, v in reference.state_dict().items() if not k.endswith("_extra_state")}
+    got = {k: tuple(v.shape) for k, v in student.state_dict().items() if not k.endswith("_extra_state")}
+    if want != got:
+        lost = sorted(set(want) - set(got)) or sorted(k for k in want if got.get(k) != want[k])
+        raise RuntimeError(f"converted student does not match the reference model: {lost[:5]}")
+
+
+def replace_modules(model: nn.Module, swap) -> list[str]:
+    """Replace every submodule for which `swap(module)` returns a new module (whose weights the swap
+    copied); return the replaced modules' names, the report of what a conversion touched."""
+    done = []
+    for name, child in list(model.named_modules()):
+        for cname, grandchild in list(child.named_children()):
+            new = swap(grandchild)
+            if new is not None:
+                setattr(child, cname, new)
+                done.append(f"{name}.{cname}".lstrip("."))
+    return done
 
 
 def to_param_dtype(module: nn.Module, cfg: Any) -> nn.Module:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from workbench.backends import Backend, Context, _te, amp_dtype, autocast, load_matched, register
+from torch import nn
+
+from workbench.backends import Backend, Context, _te, amp_dtype, autocast, register, replace_modules, to_param_dtype
+from workbench.models import LayerNormMLP
 
 
 def te_usable(ctx: Context) -> tuple[bool, str]:
@@ -21,7 +24,7 @@ class TEBF16(Backend):
     name = "te_bf16"
     mode = "TE-BF16/FP16"
     compilable = False  # dynamo skips TE modules (graph breaks); TE's speed-up route is CUDA graphs
-    graph_whole_step = False  # te.make_graphed_callables graphs fwd+bwd (FP8 scaling state included)
+    graph_kind = "fwd_bwd"  # te.make_graphed_callables graphs fwd+bwd (FP8 scaling state included)
     fp8_recipe = None
     dtype = torch.bfloat16  # until build() picks fp16 on GPUs without bf16
 
@@ -33,10 +36,13 @@ class TEBF16(Backend):
         ok, why = _te.check(getattr(te, "is_bf16_available", None), "bf16")
         return True, ("" if ok else f"no bf16 ({why}); running TE in fp16")
 
-    def build(self, cfg, init_state, device):
-        self.device = device
+    def build(self, reference, cfg, device):
         self.dtype = amp_dtype(device)  # fp16 (+ grad scaler) on GPUs without bf16 (T4)
-        return build_te_student(cfg, init_state, device)
+        return super().build(reference, cfg, device)
+
+    def convert(self, model, cfg):
+        self.converted = convert_to_te(model, cfg, self.device)
+        return model
 
     def forward_context(self):
         return autocast(self.device, self.dtype)
@@ -70,15 +76,26 @@ class TEBF16(Backend):
         return Fallback()
 
 
-def build_te_student(cfg, init_state, device):
-    """The student module tree from TE layers, loaded with the shared initial weights."""
+def convert_to_te(model: nn.Module, cfg, device) -> list[str]:
+    """Swap nn.Linear, nn.LayerNorm and the fused LayerNormMLP for te.Linear, te.LayerNorm and
+    te.LayerNormMLP (the same maths; TE's LayerNormMLP GELU is the tanh form, like ours), copying the
+    weights; the embedding stays torch's, in the students' parameter dtype. Returns what was swapped."""
     te, _, _ = _te.load()
-    from workbench.models import Student
-
     dtype = torch.bfloat16 if cfg.model.param_dtype == "bf16" else torch.float32
-    if cfg.model.layout == "fused":  # one te.LayerNormMLP per block (its GELU is the tanh form, like ours)
-        model = Student(cfg.model, linear=te.Linear, mlp=te.LayerNormMLP, params_dtype=dtype)
-    else:
-        model = Student(cfg.model, linear=te.Linear, norm=te.LayerNorm, params_dtype=dtype)
-    model.embed.to(dtype)  # nn.Embedding ignores params_dtype: keep it in the same dtype as the torch student's
-    return load_matched(model.to(device), {k: v.to(device) for k, v in init_state.items()})
+    to_param_dtype(model, cfg)  # before the swap: TE modules keep FP8 state that a later .to(dtype) must not touch
+
+    def swap(m: nn.Module):
+        if isinstance(m, LayerNormMLP):
+            new = te.LayerNormMLP(m.fc1_weight.shape[1], m.fc1_weight.shape[0], eps=m.eps, params_dtype=dtype, device=device)
+        elif isinstance(m, nn.Linear):
+            new = te.Linear(m.in_features, m.out_features, bias=m.bias is not None, params_dtype=dtype, device=device)
+        elif isinstance(m, nn.LayerNorm):
+            new = te.LayerNorm(m.normalized_shape[0], eps=m.eps, params_dtype=dtype, device=device)
+        else:
+            return None
+        missing, unexpected = new.load_state_dict(m.state_dict(), strict=False)
+        if unexpected or [k for k in missing if not k.endswith("_extra_state")]:
+            raise RuntimeError(f"TE {type(new).__name__} does not take {type(m).__name__}'s weights: {missing} {unexpected}")
+        return new
+
+    return replace_modules(model, swap)

@@ -70,10 +70,10 @@ class TEFP8(TEBF16):
             return False, f"recipe {self.recipe} needs GEMM dims that are multiples of {multiple}; not: {', '.join(bad)}"
         return True, ""
 
-    def build(self, cfg, init_state, device):
+    def build(self, reference, cfg, device):
         _, recipe_mod, _ = _te.load()
         self.fp8_recipe = make_recipe(recipe_mod, self.recipe)
-        model = super().build(cfg, init_state, device)
+        model = super().build(reference, cfg, device)
         self.dtype = torch.bfloat16
         return model
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from workbench.backends import Backend, Context, autocast, native_bf16, register
+from workbench.backends import Backend, Context, amp_dtype, autocast, native_bf16, register
 
 
 @register
@@ -40,8 +40,6 @@ class Fallback(TorchBF16):
     name = "fallback"
     mode = "Fallback-PyTorch"
 
-    def build(self, cfg, init_state, device):
-        from workbench.backends import amp_dtype
-
+    def build(self, reference, cfg, device):
         self.dtype = amp_dtype(device)
-        return super().build(cfg, init_state, device)
+        return super().build(reference, cfg, device)

@@ -42,8 +42,8 @@ class TorchaoFloat8(TorchBF16):
             return False, f"float8 GEMMs need dims that are multiples of 16; not: {', '.join(bad)}"
         return True, ""
 
-    def build(self, cfg, init_state, device):
+    def convert(self, model, cfg):
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-        model = super().build(cfg, init_state, device)
+        model = super().convert(model, cfg)  # the parameter dtype first, then torchao's swap keeps it
         return convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(self.recipe))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import platform
+import stat
 import subprocess
 import sys
 import tarfile
@@ -31,6 +32,15 @@ H100 = {  # a CUDA 12 machine with everything a build needs; variations below ch
 
 def machine(**changes) -> dict:
     return {**H100, **changes}
+
+
+def fake_nvcc(root, script: str):
+    """A stand-in nvcc (a shell script) at root/bin/nvcc: no CUDA toolkit exists on the CI machine."""
+    nvcc = root / "bin" / "nvcc"
+    nvcc.parent.mkdir(exist_ok=True)
+    nvcc.write_text("#!/bin/sh\n" + script + "\n")
+    nvcc.chmod(nvcc.stat().st_mode | stat.S_IEXEC)
+    return nvcc
 
 
 SETUP = """from setuptools import setup

@@ -2,7 +2,16 @@
 links to), the fix commands it fills in from the probe, installed-state checks, and unknown errors."""
 from __future__ import annotations
 
+import contextlib
 import re
+import signal
+import unicodedata
+
+try:  # the parser behind `re`: its parse tree shows every repeat's bounds
+    from re import _constants as sre, _parser as sre_parser
+except ImportError:  # Python 3.10
+    import sre_constants as sre
+    import sre_parse as sre_parser
 
 import pytest
 
@@ -151,3 +160,106 @@ def test_an_unmatched_import_error_points_to_the_install_log():
     env = machine(te_import_error="ImportError: something nobody has seen before")
     (d,) = doctor.check_installed(env, "results/install/20261129-1/install.log")
     assert not d.known and d.fix == ["read the full log: results/install/20261129-1/install.log"]
+
+
+# --------------------------------------------------------------- hostile logs: huge lines, binary junk
+def _repeats(parsed) -> list[tuple[int, int]]:
+    """(min, max) of every repeat in a parsed pattern, nested ones included."""
+    out = []
+    for op, arg in parsed:
+        if op in (sre.MAX_REPEAT, sre.MIN_REPEAT):
+            out.append(arg[:2])
+            out += _repeats(arg[2])
+        elif op == sre.SUBPATTERN:
+            out += _repeats(arg[-1])
+        elif op == sre.BRANCH:
+            for branch in arg[1]:
+                out += _repeats(branch)
+        elif op in (sre.ASSERT, sre.ASSERT_NOT):
+            out += _repeats(arg[1])
+    return out
+
+
+@pytest.mark.parametrize("failure", doctor.KNOWN_FAILURES, ids=[f.id for f in doctor.KNOWN_FAILURES])
+def test_every_pattern_repeats_a_bounded_number_of_times(failure):
+    """`\\S*` or `\\w+` before a literal backtracks quadratically on a long token (9.5 s on 100 KB before)."""
+    for pattern in failure.patterns:
+        unbounded = [r for r in _repeats(sre_parser.parse(pattern)) if r[1] == sre.MAXREPEAT]
+        assert not unbounded, f"{pattern!r} has an unbounded repeat"
+
+
+@contextlib.contextmanager
+def watchdog(seconds: int):
+    """Turn a hang into a failure (generous: it catches runaway backtracking, it does not time anything)."""
+    def hang(signum, frame):
+        raise AssertionError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, hang)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _prefix(pattern: str) -> str:
+    """A pattern's leading literal text ('' if it starts with a class): repeated, it is the worst input."""
+    return re.match(r"[\w ':!.-]*", pattern.lstrip("^(").replace("\\", "")).group(0)
+
+
+HOSTILE = [  # each 100-200 KB on one line: a token, a line of words, and every pattern's prefix over and over
+    "undefined symbol: _ZN" + "a" * 100_000,
+    "a" * 100_000 + ".wh",
+    "x " * 100_000,
+    *((_prefix(p) or "x") * (100_000 // max(1, len(_prefix(p)))) for f in doctor.KNOWN_FAILURES for p in f.patterns),
+]
+
+
+def test_hostile_logs_are_diagnosed_without_hanging():
+    with watchdog(20):
+        for text in HOSTILE:
+            doctor.diagnose(text)
+        # a real error on a 200 KB line is still found, and a 100 KB token does not hide the next line
+        long_line = "OSError: libcublas.so.13: cannot open shared object file: No such file " + "x " * 100_000
+        assert doctor.diagnose(long_line)[0].id == "core_cuda_major_mismatch"
+        token_then_error = "a" * 100_000 + "\nfatal error: cudnn.h: No such file or directory"
+        found = doctor.diagnose(token_then_error)
+    assert [d.id for d in found] == ["cudnn_headers_missing"] and found[0].evidence.startswith("fatal error: cudnn.h")
+
+
+BINARY_LOG = (b"\x1b[31mERROR\x1b[0m: \x00\xff\xfe OSError: libcublas.so.13: cannot open shared object file\x1b]0;pwned\x07\r\n"
+              b"\x1b[2J\x1b[H\x08\x08garbage \xc3\x28 \x9b31m more\n")
+
+
+def _control_chars(text: str) -> list[str]:
+    return [hex(ord(c)) for c in text if c != "\n" and unicodedata.category(c) in ("Cc", "Cf")]
+
+
+def test_a_binary_log_is_diagnosed_and_printed_without_control_characters(tmp_path, capsys):
+    log = tmp_path / "install.log"
+    log.write_bytes(BINARY_LOG)
+    assert cli.main(["doctor", "--log", str(log)]) == 1
+    out = capsys.readouterr().out
+    assert "[core_cuda_major_mismatch]" in out and "seen: ERROR: " in out
+    assert _control_chars(out) == []
+
+
+def test_an_unknown_binary_log_is_quoted_without_control_characters(tmp_path, capsys):
+    log = tmp_path / "junk.log"
+    log.write_bytes(BINARY_LOG.replace(b"libcublas", b"libfoo"))
+    assert cli.main(["doctor", "--log", str(log)]) == 1
+    out = capsys.readouterr().out
+    assert "[unknown]" in out and "garbage" in out and _control_chars(out) == []
+
+
+def test_printable_keeps_the_text_and_drops_escapes():
+    assert doctor.printable("\x1b[1;31mred\x1b[0m\ttab\nline\x1b]0;title\x07 end\r\x00\u202e") == "red\ttab\nline end"
+
+
+@pytest.mark.parametrize("target", ["missing.log", "."], ids=["missing", "a-folder"])
+def test_cli_doctor_on_a_log_it_cannot_read_is_one_line_and_exit_2(tmp_path, capsys, target):
+    assert cli.main(["doctor", "--log", str(tmp_path / target)]) == 2
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.out + captured.err
+    assert captured.err.count("\n") == 1 and f"--log {tmp_path / target}" in captured.err

@@ -4,13 +4,16 @@ never the network: --no-index, --target tmp_path)."""
 from __future__ import annotations
 
 import importlib.metadata
+import io
 import json
+import os
+import tarfile
 from pathlib import Path
 
 import pytest
 
-from te_fixtures import FAKE_VERSION, build_wheelhouses, machine
-from workbench import cli, install
+from te_fixtures import FAKE_VERSION, build_wheelhouses, fake_nvcc, machine
+from workbench import cli, install, probe
 
 
 def step(p: install.Plan, name: str) -> install.Step:
@@ -178,11 +181,21 @@ def wheelhouses(tmp_path_factory):
     return build_wheelhouses(tmp_path_factory.mktemp("wheelhouses"))
 
 
-def _te_in_project_venv() -> bool:
-    return any((d.metadata["Name"] or "").lower().startswith("transformer") for d in importlib.metadata.distributions())
+def _te_in_project_venv() -> set[str]:
+    """The TE distributions the project's own environment has (none on CI; some on a GPU box or NGC)."""
+    return {f"{d.metadata['Name']} {d.version}" for d in importlib.metadata.distributions()
+            if (d.metadata["Name"] or "").lower().startswith("transformer")}
 
 
-def test_install_from_local_wheelhouse_succeeds_and_records_everything(wheelhouses, tmp_path):
+@pytest.fixture
+def project_venv_untouched():
+    """The installs below go to --target folders: the project's environment keeps whatever TE it had."""
+    before = _te_in_project_venv()
+    yield
+    assert _te_in_project_venv() == before
+
+
+def test_install_from_local_wheelhouse_succeeds_and_records_everything(wheelhouses, tmp_path, project_venv_untouched):
     good, _ = wheelhouses
     site = tmp_path / "site"
     o = install.install_te(machine(), find_links=str(good), no_index=True, target=str(site), out=tmp_path / "results",
@@ -202,10 +215,9 @@ def test_install_from_local_wheelhouse_succeeds_and_records_everything(wheelhous
     assert json.loads((run / "outcome.json").read_text())["te_mode"] == "transformer_engine"
     assert install.last_outcome(tmp_path / "results")["run_dir"] == o.run_dir
     assert "einops" in " ".join(json.loads((run / "plan.json").read_text())["warnings"])  # required, not in wheelhouse
-    assert not _te_in_project_venv()
 
 
-def test_failed_extension_build_falls_back_with_log_and_diagnosis(wheelhouses, tmp_path):
+def test_failed_extension_build_falls_back_with_log_and_diagnosis(wheelhouses, tmp_path, project_venv_untouched):
     _, broken = wheelhouses
     o = install.install_te(machine(), find_links=str(broken), no_index=True, target=str(tmp_path / "site"),
                            out=tmp_path / "results", progress=False)
@@ -220,7 +232,6 @@ def test_failed_extension_build_falls_back_with_log_and_diagnosis(wheelhouses, t
     assert any("Failed" in line or "ERROR" in line for line in o.log_tail)
     saved = json.loads((Path(o.run_dir) / "outcome.json").read_text())
     assert saved["te_mode"] == "fallback" and saved["diagnosis"][0]["id"] == "cudnn_headers_missing"
-    assert not _te_in_project_venv()
 
 
 def test_streamed_output_reaches_the_caller(wheelhouses, tmp_path, capsys):
@@ -239,10 +250,111 @@ def test_refused_install_runs_nothing_and_records_the_reason(tmp_path):
     assert (run / "outcome.json").exists() and not (run / "probe_after.json").exists()
 
 
-def test_cli_dry_run_prints_the_plan_and_exits_2_when_refused(capsys):
-    rc = cli.main(["install-te", "--dry-run"])  # this CPU machine
+@pytest.fixture
+def probed_as(monkeypatch):
+    """Make the CLI's probe return a simulated machine, whatever this one has (CPU CI, a GPU box with TE)."""
+    def use(env: dict) -> None:
+        monkeypatch.setattr(probe, "probe", lambda: env)
+    return use
+
+
+def test_cli_dry_run_prints_the_plan_and_exits_2_when_refused(capsys, probed_as):
+    probed_as(T4)
+    rc = cli.main(["install-te", "--dry-run"])
     out = capsys.readouterr().out
-    assert rc == 2 and "preflight: REFUSED" in out
+    assert rc == 2 and "preflight: REFUSED" in out and "below 8.0" in out
+
+
+# ------------------------------------------------------------------------- nvcc that exists but is broken
+BROKEN_NVCC = machine(nvcc_version=None, nvcc_problem="`nvcc --version` exited 127: nvcc: error while loading "
+                                                      "shared libraries: libnvvm.so.4")
+
+
+def test_a_broken_nvcc_refuses_a_build_from_source():
+    p = install.plan(BROKEN_NVCC, build_from_source=True)
+    assert not p.ok and p.steps == []
+    assert any(r.startswith("nvcc present but unusable: `nvcc --version` exited 127: nvcc: error while loading")
+               for r in p.refusals), p.refusals
+
+
+def test_a_broken_nvcc_is_a_warning_where_pip_may_not_compile():
+    p = install.plan(BROKEN_NVCC)
+    assert p.ok and any(w.startswith("if it compiles: nvcc present but unusable") for w in p.warnings)
+
+
+def test_an_nvcc_printing_garbage_found_by_the_probe_refuses_the_build(tmp_path):
+    nvcc = fake_nvcc(tmp_path, r"printf '\033[1m\377\376 segmentation fault\n'")
+    path, version, problem = probe._nvcc(str(tmp_path))
+    p = install.plan(machine(nvcc_path=path, nvcc_version=version, nvcc_problem=problem, cuda_home=str(tmp_path)),
+                     build_from_source=True)
+    refusal = next(r for r in p.refusals if r.startswith("nvcc present but unusable"))
+    assert str(nvcc) in refusal and "segmentation fault" in refusal and refusal.isprintable()
+
+
+# ------------------------------------------------------------------------ user input: one line, exit 2
+def _one_line_error(capsys) -> str:
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.out + captured.err
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    return lines[0]
+
+
+def test_cli_version_that_is_not_a_version_names_the_field_and_what_is_allowed(capsys, probed_as):
+    probed_as(H100)
+    assert cli.main(["install-te", "--version", "nope", "--dry-run"]) == 2
+    line = _one_line_error(capsys)
+    assert "--version 'nope'" in line and "PEP 440" in line
+
+
+def test_cli_max_jobs_below_one_is_refused(capsys, probed_as):
+    probed_as(H100)
+    assert cli.main(["install-te", "--max-jobs", "0", "--build-from-source", "--dry-run"]) == 2
+    assert "--max-jobs 0" in _one_line_error(capsys)
+
+
+def test_cli_out_that_cannot_be_created_is_one_line(tmp_path, capsys, probed_as):
+    probed_as(T4)
+    (tmp_path / "file").write_text("")
+    assert cli.main(["install-te", "--out", str(tmp_path / "file" / "install")]) == 2
+    assert "--out" in _one_line_error(capsys)
+
+
+def test_find_links_to_a_missing_folder_is_refused_with_its_name(tmp_path):
+    p = install.plan(H100, find_links=str(tmp_path / "missing"), no_index=True)
+    assert not p.ok and any(f"--find-links {tmp_path / 'missing'}: not a folder" == r for r in p.refusals)
+
+
+def test_find_links_to_an_unreadable_folder_is_refused(tmp_path, monkeypatch):
+    def unreadable(folder):  # a fake: this CI machine runs as root, for whom no folder is unreadable
+        raise PermissionError(13, "Permission denied", str(folder))
+
+    monkeypatch.setattr(install, "scan_wheelhouse", unreadable)
+    p = install.plan(H100, find_links=str(tmp_path), no_index=True)
+    assert not p.ok and any("cannot read the folder (Permission denied)" in r for r in p.refusals)
+
+
+def test_a_truncated_sdist_in_the_wheelhouse_does_not_stop_the_plan(tmp_path):
+    wh = _touch(tmp_path / "wh", "transformer_engine-2.20.2-py3-none-any.whl",
+                "transformer_engine_cu12-2.20.2-py3-none-manylinux_2_28_x86_64.whl")
+    whole = tmp_path / "whole.tar.gz"
+    with tarfile.open(whole, "w:gz") as t:
+        data = os.urandom(200_000)  # incompressible, so a cut lands inside the archive
+        for name, payload in (("transformer_engine_torch-2.20.2/PKG-INFO", b"Name: transformer_engine_torch\n"),
+                              ("transformer_engine_torch-2.20.2/big", data)):
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            t.addfile(info, io.BytesIO(payload))
+    (wh / "transformer_engine_torch-2.20.2.tar.gz").write_bytes(whole.read_bytes()[:100_000])  # a cut download
+    p = install.plan(H100, find_links=str(wh), no_index=True)
+    assert p.ok and p.build == "yes"
+
+
+def test_last_outcome_passes_over_a_damaged_record(tmp_path):
+    for stamp, text in (("20260101-000000", '{"te_mode": "fallback"}'), ("20260102-000000", '{"te_mode": "trans')):
+        (tmp_path / stamp).mkdir()
+        (tmp_path / stamp / "outcome.json").write_text(text)  # the newest was cut off mid-write
+    assert install.last_outcome(tmp_path) == {"te_mode": "fallback"}
 
 
 def test_build_env_points_cuda_home_at_a_pip_nvcc_when_the_system_has_none():

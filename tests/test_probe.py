@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-import stat
+import subprocess
+import sys
 
 import pytest
 
-from te_fixtures import machine
+from te_fixtures import fake_nvcc, machine
 from workbench import cli, probe
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CORE_KEYS = {"python", "platform", "torch", "torch_cuda", "gpu_name", "compute_capability", "cuda_home", "nvcc_exists",
              "nvcc_path", "cudnn_header_exists", "git_sha", "te_available", "te_import_error", "te_version",
@@ -29,12 +32,31 @@ def test_probe_has_every_key_and_is_json(env):
     assert json.loads(json.dumps(env)) == env
 
 
-def test_probe_on_this_cpu_machine_reports_no_te_and_the_abi_flag(env):
+def test_probe_reports_the_gpu_and_abi_flag_of_whatever_machine_runs_it(env):
     import torch
 
+    assert isinstance(env["torch_cxx11_abi"], bool)
     if not torch.cuda.is_available():
         assert env["gpu_name"] is None and env["fp8_available"] is False
-    assert env["te_packages"] == {} and env["te_consistent"] is None
+    # TE may or may not be installed here (a GPU box, an NGC container): the keys agree either way
+    assert (env["te_packages"] == {}) is (env["te_consistent"] is None) is (env["te_consistency"] == [])
+
+
+def test_probe_without_te_packages_has_no_consistency_verdict(monkeypatch):
+    monkeypatch.setattr(probe, "te_packages", lambda: {})  # hides a TE installed on this machine
+    env = probe.probe()
+    assert env["te_packages"] == {} and env["te_consistency"] == [] and env["te_consistent"] is None
+
+
+def test_probe_with_te_packages_checks_them(tmp_path, monkeypatch):
+    for name, version in GOOD.items():  # metadata only: shadows a real TE's, if there is one
+        _fake_dist(tmp_path, name.replace("-", "_"), version)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    env = probe.probe()
+    assert env["te_packages"].items() >= GOOD.items()
+    checks = {c["check"]: c["ok"] for c in env["te_consistency"]}
+    assert checks["same_version"] is (set(env["te_packages"].values()) == {"2.20.2"})
+    assert checks["extension_imports"] is env["te_available"] and isinstance(env["te_consistent"], bool)
 
 
 def _fake_dist(root, name: str, version: str) -> None:
@@ -82,11 +104,48 @@ def test_consistency_is_empty_without_te():
 
 
 def test_nvcc_version_is_read_from_nvcc(tmp_path):
-    nvcc = tmp_path / "bin" / "nvcc"
-    nvcc.parent.mkdir()
-    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.4, V12.4.131'\n")
-    nvcc.chmod(nvcc.stat().st_mode | stat.S_IEXEC)
-    assert probe._nvcc(str(tmp_path)) == (str(nvcc), "12.4")
+    nvcc = fake_nvcc(tmp_path, "echo 'Cuda compilation tools, release 12.4, V12.4.131'")
+    assert probe._nvcc(str(tmp_path)) == (str(nvcc), "12.4", None)
+
+
+def test_nvcc_printing_non_utf8_bytes_still_gives_its_version(tmp_path):
+    nvcc = fake_nvcc(tmp_path, r"printf 'nvcc: NVIDIA (R) \377\376 Cuda compiler\nCuda compilation tools, release 13.0, V13.0.48\n'")
+    assert probe._nvcc(str(tmp_path)) == (str(nvcc), "13.0", None)
+
+
+@pytest.mark.parametrize("script,words", [
+    (r"printf '\033[31m\377\376garbage\000\n'", ["printed no 'release X.Y'", "garbage"]),
+    ("echo 'nvcc: error while loading shared libraries: libnvvm.so.4' >&2; exit 127",
+     ["exited 127", "nvcc: error while loading shared libraries: libnvvm.so.4"]),
+    ("exit 1", ["exited 1", "no output"]),
+], ids=["garbage", "broken-library", "silent-failure"])
+def test_a_broken_nvcc_is_reported_with_what_it_said(tmp_path, script, words):
+    nvcc = fake_nvcc(tmp_path, script)
+    path, version, problem = probe._nvcc(str(tmp_path))
+    assert (path, version) == (str(nvcc), None)
+    for w in words:
+        assert w in problem
+    assert problem.isprintable()  # no ESC or NUL from its output
+
+
+def test_the_probe_command_survives_an_nvcc_printing_garbage(tmp_path):
+    """Before, its non-UTF-8 output raised UnicodeDecodeError in the probe, and so in every run."""
+    fake_nvcc(tmp_path, r"printf '\377\376\033[2J\n'")
+    env = {**os.environ, "CUDA_HOME": str(tmp_path), "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
+           "PYTHONPATH": os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)}
+    out = subprocess.run([sys.executable, "-m", "workbench", "probe", "--json"], capture_output=True, text=True,
+                         env=env, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr
+    found = json.loads(out.stdout)
+    assert found["nvcc_path"] == str(tmp_path / "bin" / "nvcc") and found["nvcc_version"] is None
+    assert "printed no 'release X.Y'" in found["nvcc_problem"]
+
+
+def test_probe_out_to_an_unwritable_place_is_one_line_and_exit_2(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    assert cli.main(["probe", "--out", str(tmp_path / "file" / "env.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--out" in err and "Traceback" not in err
 
 
 def test_pip_cudnn_headers_are_found_on_sys_path(tmp_path, monkeypatch):

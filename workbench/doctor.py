@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import unicodedata
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,9 @@ from typing import Any
 class Failure:
     id: str
     patterns: tuple[str, ...]
-    """Regular expressions (case-insensitive, multi-line); the first group, if any, is `{match}` in fixes."""
+    """Regular expressions (case-insensitive, multi-line); the first group, if any, is `{match}` in fixes.
+    Every repeat is bounded (`\\w{1,40}`, never `\\w+` or `\\S*`): logs hold megabyte-long lines and
+    tokens, on which an unbounded repeat before a literal backtracks for minutes."""
     cause: str
     fix: tuple[str, ...]
     """Commands (or one-line instructions) with {placeholders} from `fix_context`."""
@@ -42,7 +45,8 @@ REBUILD = ("NVTE_FRAMEWORK=pytorch NVTE_CUDA_ARCHS={archs} MAX_JOBS={jobs} NVTE_
 
 KNOWN_FAILURES: tuple[Failure, ...] = (
     Failure("extension_abi_mismatch",
-            (r"undefined symbol: (_ZN\w*(?:3c10|5torch|2at)\w*)", r"transformer_engine_torch\S*\.so: undefined symbol"),
+            (r"undefined symbol: (_ZN\w{0,400}?(?:3c10|5torch|2at)\w{0,400})",
+             r"transformer_engine_torch\S{0,200}\.so: undefined symbol"),
             "the TE PyTorch extension was built against another torch (or C++ ABI) than the one installed: an "
             "isolated build, a prebuilt wheel for another torch, or torch upgraded after TE",
             ("{python} -m workbench install-te --build-from-source", "# or by hand:",
@@ -70,7 +74,7 @@ KNOWN_FAILURES: tuple[Failure, ...] = (
             "which drops it)",
             ("unset NVTE_RELEASE_BUILD", INSTALL), ("NVIDIA/TransformerEngine#1541", "#2505", "#1981"), 10),
     Failure("build_out_of_memory",
-            (r"(Killed signal terminated program \w+)", r"fatal error: (Killed)", r"^\s*(Killed)\s*$",
+            (r"(Killed signal terminated program \w{1,40})", r"fatal error: (Killed)", r"^[ \t]{0,80}(Killed)[ \t]{0,80}$",
              r"exit status (137)\b"),
             "the compiler was killed: the parallel build ran out of memory",
             ("MAX_JOBS=1 NVTE_BUILD_THREADS_PER_JOB=1 NVTE_CUDA_ARCHS={archs} {python} -m workbench install-te "
@@ -78,7 +82,7 @@ KNOWN_FAILURES: tuple[Failure, ...] = (
              REBUILD.replace("MAX_JOBS={jobs}", "MAX_JOBS=1")),
             ("NVIDIA/TransformerEngine#1249", "#976"), 20),
     Failure("cuda_toolkit_mismatch",
-            (r"detected CUDA version \(?([\d.]+)\)? mismatches the version that was used to compile\s+PyTorch",),
+            (r"detected CUDA version \(?([\d.]{1,20})\)? mismatches the version that was used to compile\s{1,40}PyTorch",),
             "nvcc's CUDA major differs from the one torch was built with ({torch_cuda}); the extension must be "
             "compiled with a matching toolkit",
             ("# install the CUDA {cuda_major} toolkit (same major as torch {torch_cuda}), then:",
@@ -87,28 +91,28 @@ KNOWN_FAILURES: tuple[Failure, ...] = (
              "# or use an NGC PyTorch container, TE preinstalled: environments/Dockerfile"),
             ("NVIDIA/TransformerEngine#553",), 10),
     Failure("core_cuda_major_mismatch",
-            (r"lib(?:cublas|cublasLt|cudart|nvrtc|cufft|curand)\.so\.(\d+): cannot open shared object file",),
+            (r"lib(?:cublas|cublasLt|cudart|nvrtc|cufft|curand)\.so\.(\d{1,3}): cannot open shared object file",),
             "the TE core library was built for CUDA {match} but this environment (torch CUDA {torch_cuda}) has "
             "another major: the core_cu12 / core_cu13 extra must match torch",
             ("{python} -m pip uninstall -y transformer_engine_cu12 transformer_engine_cu13", INSTALL),
             ("NVIDIA/TransformerEngine#2040",), 10),
     Failure("cudnn_sublibrary_loading",
-            (r"CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED", r"(libcudnn_\w+\.so\.\d+): cannot open shared object file",
-             r"(libcudnn\w*\.so\.\d+): undefined symbol", r"undefined symbol: \w+, version (libcudnn\w*)",
-             r"Unable to load any of \{(libcudnn\w*)",
-             r"(cuDNN version incompatibility): PyTorch was compiled\s+against"),
+            (r"CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED", r"(libcudnn_\w{1,40}\.so\.\d{1,3}): cannot open shared object file",
+             r"(libcudnn\w{0,40}\.so\.\d{1,3}): undefined symbol", r"undefined symbol: \w{1,400}, version (libcudnn\w{0,40})",
+             r"Unable to load any of \{(libcudnn\w{0,40})",
+             r"(cuDNN version incompatibility): PyTorch was compiled\s{1,40}against"),
             "TE loads a different cuDNN (e.g. the system's) than torch (the venv's pip cuDNN): its sub-libraries "
             "do not load, or torch then finds the other copy",
             ("export CUDNN_PATH={cudnn_root} CUDNN_HOME={cudnn_root}",
              "export LD_LIBRARY_PATH={cudnn_root}/lib:$LD_LIBRARY_PATH"),
             ("NVIDIA/TransformerEngine#1853", "#2373"), 10),
     Failure("cudnn_too_old",
-            (r"Transformer Engine requires cuDNN ([\d.]+) or later",),
+            (r"Transformer Engine requires cuDNN ([\d.]{1,20}) or later",),
             "the cuDNN runtime is older than this TE needs",
             ("{python} -m pip install -U nvidia-cudnn-cu{cuda_major}", "export CUDNN_PATH={cudnn_root}"), (), 10),
     Failure("cudnn_frontend_missing",
             (r"nvidia-cudnn-frontend is required to build Transformer Engine",
-             r"does not contain the expected header \S*(cudnn_frontend\.h)"),
+             r"does not contain the expected header \S{0,300}(cudnn_frontend\.h)"),
             "TE's build (2.x) takes the cuDNN frontend headers from the pip package nvidia-cudnn-frontend, which is "
             "missing (offline installs use --no-deps)",
             ("{python} -m pip install nvidia-cudnn-frontend", "{python} -m workbench install-te --build-from-source"),
@@ -126,13 +130,13 @@ KNOWN_FAILURES: tuple[Failure, ...] = (
             ("{python} -m pip uninstall -y transformer_engine_cu{cuda_major}", INSTALL,
              "# or build it for this GPU: NVTE_CUDA_ARCHS={archs}"), (), 15),
     Failure("gcc_unsupported",
-            (r"unsupported GNU version! gcc versions later than (\d+) are not supported",),
+            (r"unsupported GNU version! gcc versions later than (\d{1,3}) are not supported",),
             "nvcc does not accept this host compiler (newer than gcc {match})",
             ("export CC=gcc-{match} CXX=g++-{match} CUDAHOSTCXX=g++-{match}",
              "{python} -m workbench install-te --build-from-source"), (), 15),
     Failure("package_not_in_index",
-            (r"No matching distribution found for (transformer[-_]engine[\w-]*)",
-             r"Could not find a version that satisfies the requirement (transformer[-_]engine[\w-]*)"),
+            (r"No matching distribution found for (transformer[-_]engine[\w-]{0,40})",
+             r"Could not find a version that satisfies the requirement (transformer[-_]engine[\w-]{0,40})"),
             "pip found no {match} for this Python/platform: the offline wheelhouse lacks it (wheel or sdist), or "
             "there is no network",
             ("# on a machine with internet, add it to the wheelhouse:",
@@ -140,7 +144,7 @@ KNOWN_FAILURES: tuple[Failure, ...] = (
              "# (transformer_engine_torch is an sdist on PyPI; offline it needs nvcc + cuDNN headers to build)",
              "# or drop --no-index to let pip use PyPI"), (), 20),
     Failure("unsupported_wheel",
-            (r"(\S+\.whl) is not a supported wheel on this platform",),
+            (r"(?<!\S)(\S{1,300}\.whl) is not a supported wheel on this platform",),
             "the wheel {match} was built for another Python / platform / glibc than this one ({python_tag})",
             ("{python} -m workbench install-te --build-from-source   # compile the extension from its sdist",),
             (), 20),
@@ -149,18 +153,32 @@ KNOWN_FAILURES: tuple[Failure, ...] = (
             "Transformer Engine is not installed in this Python",
             ("{python} -m workbench install-te --dry-run   # see the plan", "{python} -m workbench install-te"), (), 30),
     Failure("missing_python_module",
-            (r"No module named '([\w]+)",),
+            (r"No module named '(\w{1,100})",),
             "a Python dependency ({match}) is not installed (offline installs use --no-deps)",
             ("{python} -m pip install {match}",), (), 40),
     Failure("extension_build_failed",
             (r"ninja: build stopped: subcommand failed", r"Error compiling objects for extension",
-             r"Failed (?:building wheel|to build) (transformer[-_]engine[\w-]*)", r"error: subprocess-exited-with-error"),
+             r"Failed (?:building wheel|to build) (transformer[-_]engine[\w-]{0,40})", r"error: subprocess-exited-with-error"),
             "a build step failed; the first compiler 'error:' line above it is the real cause (if processes were "
             "Killed, memory ran out)",
             ("grep -n -m5 'error:' <LOG>",
              "MAX_JOBS=1 NVTE_BUILD_THREADS_PER_JOB=1 {python} -m workbench install-te --build-from-source --max-jobs 1"),
             ("NVIDIA/TransformerEngine#1249", "#2383"), 90),
 )
+
+
+MAX_LINE_CHARS = 4096
+"""Only this much of each log line is matched: error messages are short, while compiler command lines,
+progress bars and binary junk can be megabytes long."""
+_ESCAPE = re.compile(r"\x1b(?:\[[0-?]{0,32}[ -/]{0,8}[@-~]|\][^\x07\x1b]{0,512}(?:\x07|\x1b\\)?|[@-_]?)")
+"""ANSI/VT escape sequences (colour, cursor moves, window titles) and a lone ESC."""
+
+
+def printable(text: str) -> str:
+    """`text` without escape sequences and control or format characters (tabs and newlines stay):
+    what a log quotes is printed to a terminal, where raw ESC bytes would recolour or rewrite it."""
+    text = _ESCAPE.sub("", text)
+    return "".join(c for c in text if c in "\t\n" or unicodedata.category(c) not in ("Cc", "Cf"))
 
 
 @dataclass
@@ -172,6 +190,10 @@ class Diagnosis:
     evidence: str = ""
     """The log line that matched (or the failed check), so the reader can verify the diagnosis."""
     known: bool = True
+
+    def __post_init__(self) -> None:  # the texts quote logs and probe values: keep them printable
+        self.cause, self.evidence = printable(self.cause), printable(self.evidence)
+        self.fix = [printable(f) for f in self.fix]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -207,7 +229,9 @@ def _fill(template: str, ctx: dict[str, Any]) -> str:
 
 
 def diagnose(text: str, env: dict[str, Any] | None = None) -> list[Diagnosis]:
-    """Every known failure whose pattern occurs in `text`, most specific first."""
+    """Every known failure whose pattern occurs in `text`, most specific first (each line is read up
+    to MAX_LINE_CHARS)."""
+    text = "\n".join(line[:MAX_LINE_CHARS] for line in text.splitlines())
     hits: list[tuple[int, Diagnosis]] = []
     base = fix_context(env)
     for failure in KNOWN_FAILURES:
@@ -290,12 +314,18 @@ def add_arguments(p) -> None:
 
 
 def main(args) -> int:
-    """Exit status 0: nothing wrong found; 1: findings (or an unknown error) printed."""
+    """Exit status 0: nothing wrong found; 1: findings (or an unknown error) printed; 2: unreadable --log."""
     from workbench import probe
 
+    if args.log:
+        try:  # undecodable bytes become U+FFFD: a log may hold binary junk
+            text = Path(args.log).read_text(encoding="utf-8", errors="replace")
+        except OSError as e:
+            print(f"workbench doctor: --log {args.log}: cannot read it ({e.strerror or e}); give a readable "
+                  "pip / build / import log file", file=sys.stderr)
+            return 2
     env = probe.probe()
     if args.log:
-        text = Path(args.log).read_text(errors="replace")
         found = diagnose(text, env) or [unknown(args.log, text)]
         header = f"doctor: {args.log}"
     else:

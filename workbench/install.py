@@ -32,15 +32,17 @@ import tarfile
 import tempfile
 import time
 import zipfile
+import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidSdistFilename, InvalidWheelFilename, canonicalize_name, parse_sdist_filename, parse_wheel_filename
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 from workbench import doctor
+from workbench.config import ConfigError
 from workbench.results import write_json
 
 META, EXTENSION = "transformer-engine", "transformer-engine-torch"
@@ -157,13 +159,13 @@ def _requires(dist: Dist) -> list[Requirement]:
         if dist.is_wheel:
             with zipfile.ZipFile(dist.path) as z:
                 name = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
-                text = z.read(name).decode()
+                text = z.read(name).decode(errors="replace")
         else:
             with tarfile.open(dist.path) as t:
                 member = next(m for m in t.getmembers() if m.name.count("/") == 1 and m.name.endswith("/PKG-INFO"))
-                text = t.extractfile(member).read().decode()
-    except (StopIteration, OSError, zipfile.BadZipFile, tarfile.TarError):
-        return []
+                text = t.extractfile(member).read().decode(errors="replace")
+    except (StopIteration, OSError, EOFError, zlib.error, zipfile.BadZipFile, tarfile.TarError):
+        return []  # a damaged archive (e.g. a truncated download): pip reports it when it gets there
     out = []
     for line in email.parser.Parser().parsestr(text).get_all("Requires-Dist") or []:
         try:
@@ -259,6 +261,10 @@ def _build_refusals(env: dict[str, Any], benv: dict[str, str]) -> list[str]:
     if not env.get("nvcc_path"):
         out.append(f"nvcc not found (CUDA_HOME={env.get('cuda_home')}): install the CUDA {torch_major} toolkit "
                    "or use an NGC PyTorch container (environments/Dockerfile)")
+    elif not env.get("nvcc_version"):  # it exists but does not say its release: it cannot be trusted to compile
+        out.append(f"nvcc present but unusable: {env.get('nvcc_problem') or '`nvcc --version` gave no release'} "
+                   f"({env['nvcc_path']}): repair or remove it, or point CUDA_HOME at a working CUDA "
+                   f"{torch_major} toolkit")
     elif env.get("nvcc_version") and torch_major and int(env["nvcc_version"].split(".")[0]) != torch_major:
         out.append(f"nvcc {env['nvcc_version']} at {env['nvcc_path']} but torch was built with CUDA "
                    f"{env.get('torch_cuda')}: the majors must match (TE #553)")
@@ -266,6 +272,13 @@ def _build_refusals(env: dict[str, Any], benv: dict[str, str]) -> list[str]:
         out.append(f"cuDNN headers (cudnn.h) not found under CUDA_HOME, /usr or a pip nvidia-cudnn package: "
                    f"pip install nvidia-cudnn-cu{torch_major} (TE #918)")
     return out
+
+
+def _version(text: str) -> Version:
+    try:
+        return Version(text)
+    except InvalidVersion:
+        raise ConfigError(f"--version {text!r} is not a PEP 440 version; give one such as 2.20.2") from None
 
 
 def plan(env: dict[str, Any], *, version: str | None = None, find_links: str | None = None, no_index: bool = False,
@@ -278,7 +291,9 @@ def plan(env: dict[str, Any], *, version: str | None = None, find_links: str | N
     major = env.get("torch_cuda_major")
     core = core_name(major) if major else None
     core_extra = f"core_cu{major}" if major else None
-    pin: Version | None = Version(version) if version else None
+    pin = _version(version) if version else None
+    if max_jobs is not None and max_jobs < 1:
+        raise ConfigError(f"--max-jobs {max_jobs}: give at least 1 parallel compile job")
     picked: dict[str, Dist | None] = {}  # offline: what the wheelhouse has for each TE package
 
     if no_index and not find_links:
@@ -286,7 +301,11 @@ def plan(env: dict[str, Any], *, version: str | None = None, find_links: str | N
     have_house = bool(find_links) and Path(find_links).is_dir()
     if find_links and not have_house:
         refusals.append(f"--find-links {find_links}: not a folder")
-    house = scan_wheelhouse(find_links) if have_house else {}
+    try:
+        house = scan_wheelhouse(find_links) if have_house else {}
+    except OSError as e:
+        house = {}
+        refusals.append(f"--find-links {find_links}: cannot read the folder ({e.strerror or e})")
     if no_index and have_house:
         if pin is None and META in house:
             pin = max(d.version for d in house[META])
@@ -479,11 +498,14 @@ def _new_run_dir(out: str | Path) -> Path:
             return d
         except FileExistsError:
             continue
+        except OSError as e:  # a usage error (a read-only or missing root), not an install failure
+            raise ConfigError(f"--out {out}: cannot create the install record folder there "
+                              f"({e.strerror or e}); give a writable folder") from None
     raise RuntimeError(f"cannot create a run folder under {out}")
 
 
 def _tail(path: Path, n: int = 40) -> list[str]:
-    return path.read_text(errors="replace").splitlines()[-n:]
+    return path.read_text(encoding="utf-8", errors="replace").splitlines()[-n:]
 
 
 def install_te(env: dict[str, Any] | None = None, *, out: str | Path = "results/install", progress: bool = True,
@@ -513,7 +535,7 @@ def install_te(env: dict[str, Any] | None = None, *, out: str | Path = "results/
             print(f"install-te: {o.te_mode}: {o.reason}\n  (saved in {run_dir})")
         return o
 
-    with open(log_path, "w") as log:
+    with open(log_path, "w", encoding="utf-8") as log:
         log.write(p.render() + "\n")
     if not p.ok:
         diag = [] if env.get("te_available") else [d.to_dict() for d in doctor.check_installed(env, log_path)]
@@ -524,7 +546,7 @@ def install_te(env: dict[str, Any] | None = None, *, out: str | Path = "results/
                               [], env.get("te_version")))
 
     results, failed = [], None
-    with open(log_path, "a") as log:
+    with open(log_path, "a", encoding="utf-8") as log:
         for step in p.steps:
             if progress:
                 print(f"install-te: {step.name}: $ {step.shell()}", flush=True)
@@ -545,7 +567,7 @@ def install_te(env: dict[str, Any] | None = None, *, out: str | Path = "results/
     version = after.get("te_version")
     if failed:
         step, start = failed
-        with open(log_path) as f:
+        with open(log_path, encoding="utf-8", errors="replace") as f:
             f.seek(start)
             step_log = f.read()
         found = doctor.diagnose(step_log, env) or [doctor.unknown(log_path, step_log)]
@@ -573,9 +595,16 @@ def install_te(env: dict[str, Any] | None = None, *, out: str | Path = "results/
 
 
 def last_outcome(root: str | Path = "results/install") -> dict[str, Any] | None:
-    """The newest outcome.json under `root` (what the rest of the workbench reads), or None."""
-    found = sorted(Path(root).glob("*/outcome.json"))
-    return json.loads(found[-1].read_text()) if found else None
+    """The newest readable outcome.json under `root` (what the rest of the workbench reads), or None. A
+    damaged one (an install killed while writing, a hand edit) is passed over: every run reads this."""
+    for path in sorted(Path(root).glob("*/outcome.json"), reverse=True):
+        try:
+            found = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(found, dict):
+            return found
+    return None
 
 
 # ------------------------------------------------------------------------------------------------- CLI

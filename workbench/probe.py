@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from packaging.utils import canonicalize_name
 
+from workbench.doctor import printable
 from workbench.install import EXTENSION, META, is_core
 
 # TE capability checks: probe key -> function name in transformer_engine.pytorch (REFERENCE §2)
@@ -34,11 +35,17 @@ CAPABILITY_CHECKS = {"fp8": "is_fp8_available", "fp8_block_scaling": "is_fp8_blo
 
 def _run(argv: list[str], timeout: float = 10) -> str | None:
     """stdout of a short tool call (nvcc, nvidia-smi, git), or None when it is missing or fails."""
+    out = _call(argv, timeout)
+    return out.stdout if out is not None and out.returncode == 0 else None
+
+
+def _call(argv: list[str], timeout: float = 10) -> subprocess.CompletedProcess | None:
+    """The finished call, or None when the tool cannot be started or hangs. Output is decoded with
+    replacement: a tool printing non-UTF-8 bytes must not stop the probe (and with it every run)."""
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=timeout)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout if out.returncode == 0 else None
 
 
 def _git_sha() -> str | None:
@@ -73,17 +80,26 @@ def _cuda_home() -> str | None:
     return "/usr/local/cuda" if os.path.isdir("/usr/local/cuda") else None
 
 
-def _nvcc(cuda_home: str | None) -> tuple[str | None, str | None]:
-    """(path, 'MAJOR.MINOR') of the nvcc a build would run: CUDA_HOME's, the PATH's, or the pip
-    `nvidia-cuda-nvcc` one (site-packages/nvidia/{cu13,cuda_nvcc}/bin), which TE's build also finds."""
+def _nvcc(cuda_home: str | None) -> tuple[str | None, str | None, str | None]:
+    """(path, 'MAJOR.MINOR', problem) of the nvcc a build would run: CUDA_HOME's, the PATH's, or the pip
+    `nvidia-cuda-nvcc` one (site-packages/nvidia/{cu13,cuda_nvcc}/bin), which TE's build also finds.
+    `problem` says why an nvcc that exists gave no version (it fails, hangs or prints something else):
+    such an nvcc cannot build the extension, and the install preflight says so."""
     candidates = [os.path.join(cuda_home, "bin", "nvcc")] if cuda_home else []
     candidates.append(shutil.which("nvcc") or "")
     candidates += sorted(p for entry in sys.path for p in glob.glob(os.path.join(entry, "nvidia", "*", "bin", "nvcc")))
     path = next((c for c in candidates if c and os.path.exists(c)), None)
     if path is None:
-        return None, None
-    m = re.search(r"release (\d+\.\d+)", _run([path, "--version"]) or "")
-    return path, (m.group(1) if m else None)
+        return None, None, None
+    out = _call([path, "--version"])
+    if out is None:
+        return path, None, "`nvcc --version` could not be run or did not finish"
+    m = re.search(r"release (\d+\.\d+)", out.stdout)
+    if out.returncode == 0 and m:
+        return path, m.group(1), None
+    said = next((line.strip() for line in (out.stdout + out.stderr).splitlines() if line.strip()), "no output")
+    how = f"exited {out.returncode}" if out.returncode else "printed no 'release X.Y'"
+    return path, None, f"`nvcc --version` {how}: {printable(said)[:200]}"
 
 
 def _driver() -> str | None:
@@ -91,7 +107,7 @@ def _driver() -> str | None:
     if out and out.strip():
         return out.strip().splitlines()[0].strip()
     try:  # no nvidia-smi in some containers; the kernel module still reports itself
-        with open("/proc/driver/nvidia/version") as f:
+        with open("/proc/driver/nvidia/version", errors="replace") as f:
             m = re.search(r"Kernel Module\s+(?:for \S+\s+)?([\d.]+)", f.read())
         return m.group(1) if m else None
     except OSError:
@@ -196,7 +212,7 @@ def probe(attention: bool = False) -> dict[str, Any]:
     cuda = torch.cuda.is_available()
     cc = torch.cuda.get_device_capability(0) if cuda else None
     cuda_home = _cuda_home()
-    nvcc_path, nvcc_version = _nvcc(cuda_home)
+    nvcc_path, nvcc_version, nvcc_problem = _nvcc(cuda_home)
     mem_total, mem_avail = _memory_gb()
     cudnn_version, cudnn_error = _cudnn_version()
     env: dict[str, Any] = {
@@ -217,6 +233,7 @@ def probe(attention: bool = False) -> dict[str, Any]:
         "nvcc_exists": nvcc_path is not None,
         "nvcc_path": nvcc_path,
         "nvcc_version": nvcc_version,
+        "nvcc_problem": nvcc_problem,
         "cudnn_torch": cudnn_version,
         "cudnn_torch_error": cudnn_error,
         "cudnn_mapped_dirs": _te.mapped_cudnn_dirs(),  # more than one: two cuDNN copies in this process
@@ -256,7 +273,7 @@ SECTIONS = {  # the human table's groups, in order; keys not listed go to "other
     "system": ["python", "python_executable", "platform", "cpu_cores", "mem_total_gb", "mem_available_gb", "ngc_pytorch_container", "colab", "git_sha"],
     "torch": ["torch", "torch_cuda", "torch_cxx11_abi", "cudnn_torch", "cudnn_torch_error", "cudnn_mapped_dirs"],
     "GPU": ["gpu_name", "compute_capability", "gpu_count", "driver"],
-    "toolkit": ["cuda_home", "nvcc_path", "nvcc_version", "cudnn_system_header", "cudnn_pip_header", "cudnn_pip_packages"],
+    "toolkit": ["cuda_home", "nvcc_path", "nvcc_version", "nvcc_problem", "cudnn_system_header", "cudnn_pip_header", "cudnn_pip_packages"],
     "Transformer Engine": ["te_available", "te_version", "te_packages", "te_consistent", "te_import_error", "te_attention"],
 }
 
@@ -300,6 +317,11 @@ def main(args) -> int:
     if args.out:
         from workbench.results import write_json
 
-        write_json(args.out, env)
+        try:
+            write_json(args.out, env)
+        except OSError as e:
+            print(f"workbench probe: --out {args.out}: cannot write it ({e.strerror or e}); give a file in a "
+                  "writable folder", file=sys.stderr)
+            return 2
     print(json.dumps(env, indent=2) if args.json else table(env))
     return 0

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pandas as pd
+import yaml
 from filelock import FileLock, Timeout
 
 from workbench import config, results
@@ -150,8 +151,6 @@ def parse_grid_args(items: list[str], links: list[str]) -> dict[str, list]:
             raise ConfigError(f"--grid expects field=v1,v2,..., got {item!r}")
         config.locate(key)
         if value.startswith("["):
-            import yaml
-
             values = yaml.safe_load(value)
         else:
             values = [v.strip() for v in value.split(",") if v.strip()]
@@ -172,12 +171,49 @@ def parse_grid_args(items: list[str], links: list[str]) -> dict[str, list]:
 
 
 def load_spec_file(path: str | Path) -> dict[str, Any]:
-    text = Path(path).read_text()
-    if str(path).endswith(".json"):
-        return json.loads(text)
-    import yaml  # YAML is a superset of JSON, but keep JSON files free of the import
+    """A spec file (JSON if it ends in .json, else YAML) as a dict of the right shape; a file that cannot
+    be read or parsed, or holds the wrong types, is a ConfigError naming the file and what is wrong."""
+    where = f"sweep spec {path}"
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot read it ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{where}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})") from None
+    try:
+        d = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{where}: not valid JSON (line {e.lineno}: {e.msg})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{where}: not valid YAML ({f'line {mark.line + 1}: ' if mark else ''}{problem})") from None
+    return check_spec_shape(d if d is not None else {}, where)
 
-    return yaml.safe_load(text) or {}
+
+def check_spec_shape(d: Any, where: str = "sweep spec") -> dict[str, Any]:
+    """The types Spec.from_dict relies on: a mapping; name and preset texts; set a mapping of fields;
+    grid a mapping of axis -> a value or a list of values (a linked axis: a list of mappings). Field
+    names are texts everywhere; the values themselves are checked by the config when points are planned."""
+    def kind(v: Any) -> str:
+        return "nothing" if v is None else type(v).__name__
+
+    if not isinstance(d, dict):
+        raise ConfigError(f"{where}: expected a mapping with keys name, preset, set, grid; got {kind(d)}")
+    for key in ("name", "preset"):
+        v = d.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (str, int))):
+            raise ConfigError(f"{where}: `{key}` must be a text, got {kind(d[key])} {d[key]!r}")
+    for key, what in (("set", "field: value"), ("grid", "axis: [values]")):
+        if d.get(key) is not None and not isinstance(d[key], dict):
+            raise ConfigError(f"{where}: `{key}` must be a mapping of {what}, got {kind(d[key])} {d[key]!r}")
+    linked = [v for values in (d.get("grid") or {}).values() for v in (values if isinstance(values, list) else [values])
+              if isinstance(v, dict)]
+    for fields in [d.get("set") or {}, d.get("grid") or {}, *linked]:
+        bad = [k for k in fields if not isinstance(k, str)]
+        if bad:
+            raise ConfigError(f"{where}: field and axis names must be texts, got {bad[0]!r} in {fields!r}")
+    return d
 
 
 # ---- the index ---------------------------------------------------------------------------------
@@ -451,7 +487,7 @@ def spec_from_args(args) -> Spec:
     name = args.name or d.get("name")
     stored = Path(args.out) / str(name) / SPEC_FILE if name else None
     if not args.spec and not args.grid and stored is not None and stored.exists():
-        d = results.read_json(stored)  # a bare restart: resume the stored sweep (plus any new --set)
+        d = load_spec_file(stored)  # a bare restart: resume the stored sweep (plus any new --set)
     elif not args.spec and not args.grid:
         raise ConfigError("give a spec file or --grid axes (or --name of an existing sweep to resume it)")
     if args.preset:

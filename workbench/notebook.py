@@ -140,7 +140,7 @@ def versions_line(run_dir: str | Path) -> str:
 def peak_memory(run_dir: str | Path):
     """The peak-memory plot where memory was measured (a GPU run); on a CPU one line saying so instead of
     empty axes. Returns the figure, or None."""
-    from workbench import plots
+    from workbench import plots  # matplotlib in the kernel only, not in the `workbench notebook` driver
 
     if results.load(run_dir)["peak_mem_allocated_mb"].notna().any():
         return plots.peak_memory(run_dir)

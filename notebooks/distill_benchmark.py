@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/<org>/te-workbench/blob/main/notebooks/distill_benchmark.ipynb)
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/te-workbench/te-workbench/blob/main/notebooks/distill_benchmark.ipynb)
 #
 # # Distillation benchmark: teacher, baseline student, Transformer Engine students
 #
@@ -28,74 +28,61 @@
 # `papermill --help-notebook notebooks/distill_benchmark.ipynb` lists every parameter.
 
 # %%
-# Colab only (elsewhere this cell does nothing): install the workbench from its repository and, on a
-# GPU, Transformer Engine. A T4 (compute capability 7.5) has neither bf16 nor FP8: the bf16 students
-# run fp16 autocast with a GradScaler and the FP8 rows say why they cannot run. The repository
-# address is a placeholder until the project is published.
-import os, subprocess, sys  # noqa: E401
+# Colab only (elsewhere this cell does nothing): install the workbench from its repository, leaving
+# Colab's own ipykernel / ipython / ipywidgets as they are, then Transformer Engine. The installer runs
+# in this kernel, so pip's output and its verdict show below: a T4 (compute capability 7.5) has neither
+# bf16 nor FP8, the verdict says so, and the bf16 students run fp16 autocast with a GradScaler. After
+# a successful TE install, restart the session (Runtime > Restart session) so TE is imported fresh.
+import sys
 
 if "google.colab" in sys.modules:
-    REPO = "<org>/te-workbench"
-    if not os.path.isdir("/content/te-workbench"):
-        subprocess.run(["git", "clone", "-q", f"https://github.com/{REPO}", "/content/te-workbench"], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "/content/te-workbench"], check=True)
-    sys.path.insert(0, "/content/te-workbench")  # this kernel started before the editable install
-    os.chdir("/content/te-workbench")
-    import torch
+    # %pip install -q "te-workbench @ git+https://github.com/te-workbench/te-workbench"
+    from workbench import cli
 
-    if torch.cuda.is_available():
-        subprocess.run([sys.executable, "-m", "workbench", "install-te"], check=False)  # prints its own outcome
-        if not torch.cuda.is_bf16_supported():
-            print(f"{torch.cuda.get_device_name()} (CC {'.'.join(map(str, torch.cuda.get_device_capability()))}): "
-                  "no bf16 and no FP8 here, so bf16 students fall back to fp16 autocast + GradScaler.")
+    cli.main(["install-te"])
 
 # %% tags=["parameters"]
-# Which preset to start from: seed | cpu-smoke | large | auto (seed on a GPU, else cpu-smoke)
-preset = "auto"
-# Parent folder of the run folder, and the run folder name (None: <timestamp>-<preset>)
-out = "results"
-run_id = None
-# Config overrides (workbench/config.py); None keeps the preset's value
-vocab = None  # Vocabulary size of the token embedding (random tokens are drawn from it).
-hidden = None  # Width of the residual stream (LayerNorm / Linear in-out features).
-intermediate = None  # Width of each block's MLP (fc1 out / fc2 in).
-layers = None  # Number of residual pre-LayerNorm MLP blocks.
-seq_len = None  # Tokens per sequence.
-batch = None  # Sequences per batch; tokens per step: batch * seq_len.
-layout = None  # Student block layout: 'separate' (LayerNorm, Linear, GELU, Linear as in the tutorial) or 'fused' (one te.LayerNormMLP per block on TE; the same maths on torch).
-param_dtype = None  # Student parameter storage: 'fp32' (master weights, the tutorial's) or 'bf16'.
-steps = None  # Training steps per student (losses recorded for every one).
-lr = None  # AdamW learning rate.
-weight_decay = None  # AdamW weight decay.
-seed = None  # Seeds the teacher, the students' shared initial weights and the batches.
-eval_batches = None  # Held-out batches for the evaluation MSE against the teacher.
-fused_optimizer = None  # Fused AdamW on CUDA (one kernel for the whole update).
-warmup = None  # Untimed steps before the timed region (compilation, autotuning, FP8 amax history).
-iters = None  # Timed training steps; median, p20, p80 and mean are reported over them.
-compile = None  # torch.compile the PyTorch students (TE modules are not compiled: dynamo skips them).
-graphs = None  # Capture the student's train step in a CUDA graph (GPU only; capture time reported apart).
-loss = None  # Distillation objective on the teacher's output: 'mse' (the tutorial's), 'cosine' (1 - cosine similarity per token), or 'hidden' (output MSE + MSE of every block's hidden state).
-teacher_precision = None  # Teacher forward precision: 'auto' (bf16 autocast on a bf16-capable GPU, else fp32), 'fp32', 'bf16' or 'fp16'.
-backends = None  # Students to compare, as 'backend' or 'backend:recipe' (see `workbench.backends.BACKENDS`).
-baseline = None  # Which student is the tutorial's 'baseline' in summary.json (must be in `backends`).
-device = None  # 'auto' (CUDA when available, else CPU), 'cuda' or 'cpu'.
-show_panel = None  # The widget panel at the end: True shows it, False hides it, None shows it unless papermill runs the notebook.
+# Papermill parameters (`papermill --help-notebook` lists them), generated from workbench/config.py:
+# edit the dataclasses there and run scripts/sync_notebooks.py, not this cell.
+from typing import Optional
+
+preset: str = "auto"  # Preset to start from: seed | cpu-smoke | large | auto (seed on a GPU, else cpu-smoke).
+out: Optional[str] = None  # Parent folder of the run folder (None: results/ at the repository root in a checkout, else ./results).
+run_id: Optional[str] = None  # Run folder name (None: <timestamp>-<preset>).
+# Config overrides; None keeps the preset's value
+vocab: Optional[int] = None  # Vocabulary size of the token embedding (random tokens are drawn from it).
+hidden: Optional[int] = None  # Width of the residual stream (LayerNorm / Linear in-out features).
+intermediate: Optional[int] = None  # Width of each block's MLP (fc1 out / fc2 in).
+layers: Optional[int] = None  # Number of residual pre-LayerNorm MLP blocks.
+seq_len: Optional[int] = None  # Tokens per sequence.
+batch: Optional[int] = None  # Sequences per batch; tokens per step: batch * seq_len.
+layout: Optional[str] = None  # Student block layout: 'separate' (LayerNorm, Linear, GELU, Linear as in the tutorial) or 'fused' (one te.LayerNormMLP per block on TE; the same maths on torch).
+param_dtype: Optional[str] = None  # Student parameter storage: 'fp32' (master weights, the tutorial's) or 'bf16'.
+steps: Optional[int] = None  # Training steps per student (losses recorded for every one).
+lr: Optional[float] = None  # AdamW learning rate.
+weight_decay: Optional[float] = None  # AdamW weight decay.
+seed: Optional[int] = None  # Seeds the teacher, the students' shared initial weights and the batches.
+eval_batches: Optional[int] = None  # Held-out batches for the evaluation MSE against the teacher.
+fused_optimizer: Optional[bool] = None  # Fused AdamW on CUDA (one kernel for the whole update).
+warmup: Optional[int] = None  # Untimed steps before the timed region (compilation, autotuning, FP8 amax history).
+iters: Optional[int] = None  # Timed training steps; median, p20, p80 and mean are reported over them.
+compile: Optional[bool] = None  # torch.compile the PyTorch students (TE modules are not compiled: dynamo skips them).
+graphs: Optional[bool] = None  # Capture the student's train step in a CUDA graph (GPU only; capture time reported apart).
+loss: Optional[str] = None  # Distillation objective on the teacher's output: 'mse' (the tutorial's), 'cosine' (1 - cosine similarity per token), or 'hidden' (output MSE + MSE of every block's hidden state).
+teacher_precision: Optional[str] = None  # Teacher forward precision: 'auto' (bf16 autocast on a bf16-capable GPU, else fp32), 'fp32', 'bf16' or 'fp16'.
+backends: Optional[list[str]] = None  # Students to compare, as 'backend' or 'backend:recipe' (see `workbench.backends.BACKENDS`).
+baseline: Optional[str] = None  # Which student is the tutorial's 'baseline' in summary.json (must be in `backends`).
+device: Optional[str] = None  # 'auto' (CUDA when available, else CPU), 'cuda' or 'cpu'.
+show_panel: Optional[bool] = None  # The widget panel at the end: True shows it, False hides it, None shows it unless papermill runs the notebook.
 
 # %%
 from workbench import notebook, plots, results
 
 run_dir = notebook.run_cell(globals())
 
-# %% [markdown]
-# ## Students (one row each; `status` and `reason` say what ran, fell back or was skipped)
-
 # %%
-results.load(run_dir)[["student", "mode", "status", "reason", "initial_loss", "final_train_loss", "eval_mse",
-                       "step_ms_median", "step_ms_p20", "step_ms_p80", "tflops", "peak_mem_allocated_mb",
-                       "teacher_ms_median"]]
-
-# %%
-results.load_summary(run_dir)
+print(notebook.versions_line(run_dir))
+notebook.summary_table(run_dir)
 
 # %% [markdown]
 # ## Loss curves, step time, peak memory
@@ -107,7 +94,18 @@ plots.loss_curves(run_dir);
 plots.step_time(run_dir);
 
 # %%
-plots.peak_memory(run_dir);
+notebook.peak_memory(run_dir);
+
+# %% [markdown]
+# ## Details: every student's row (`reason` says why a student fell back or was skipped) and summary.json
+
+# %%
+results.load(run_dir)[["student", "mode", "status", "reason", "initial_loss", "final_train_loss", "eval_mse",
+                       "step_ms_median", "step_ms_p20", "step_ms_p80", "tflops", "peak_mem_allocated_mb",
+                       "teacher_ms_median"]]
+
+# %%
+results.load_summary(run_dir)
 
 # %% [markdown]
 # ## Interactive panel: pick preset, hidden sizes and backends, then Run

@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/<org>/te-workbench/blob/main/notebooks/sweep_report.ipynb)
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/te-workbench/te-workbench/blob/main/notebooks/sweep_report.ipynb)
 #
 # # Sweep report: from which model size on does FP8 win here?
 #
@@ -30,24 +30,20 @@
 #     papermill notebooks/sweep_report.ipynb out.ipynb -p sweep_dir results/sweeps/size_crossover
 
 # %%
-# Colab only (elsewhere this cell does nothing): install the workbench from its repository and, on a
-# GPU, Transformer Engine. The repository address is a placeholder until the project is published.
-import os, subprocess, sys  # noqa: E401
+# Colab only (elsewhere this cell does nothing): install the workbench from its repository, leaving
+# Colab's own ipykernel / ipython / ipywidgets as they are (the report needs no Transformer Engine).
+import sys
 
 if "google.colab" in sys.modules:
-    REPO = "<org>/te-workbench"
-    if not os.path.isdir("/content/te-workbench"):
-        subprocess.run(["git", "clone", "-q", f"https://github.com/{REPO}", "/content/te-workbench"], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", "/content/te-workbench"], check=True)
-    sys.path.insert(0, "/content/te-workbench")  # this kernel started before the editable install
-    os.chdir("/content/te-workbench")
+    # %pip install -q "te-workbench @ git+https://github.com/te-workbench/te-workbench"
 
 # %% tags=["parameters"]
-# The sweep folder (results/sweeps/<name>), the student every other is compared with, and where the
-# report goes (None: <sweep_dir>/report)
-sweep_dir = "results/sweeps/size_crossover"
-reference = "torch_bf16"
-out_dir = None
+# Papermill parameters (`papermill --help-notebook` lists them)
+from typing import Optional
+
+sweep_dir: str = "results/sweeps/size_crossover"  # The sweep folder written by `workbench sweep` (results/sweeps/<name>).
+reference: str = "torch_bf16"  # The student every other student is compared with, at the same config.
+out_dir: Optional[str] = None  # Where the report files go (None: <sweep_dir>/report).
 
 # %%
 from workbench import report

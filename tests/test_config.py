@@ -79,28 +79,39 @@ def test_unknown_preset_and_malformed_set():
         config.parse_set(["hiden=1024"])
 
 
-def _parameters_cell(nb_path: Path) -> str:
+def _parameters_cell(nb_path) -> str:
     nb = json.loads(nb_path.read_text())
     cells = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
     assert len(cells) == 1, "the notebook needs exactly one cell tagged 'parameters'"
     return "".join(cells[0]["source"])
 
 
-def test_notebook_parameters_match_config_fields():
-    """The papermill parameters are exactly the config's fields (+ run location), documented from config.py."""
+def test_notebook_parameters_cell_is_generated_from_the_config():
+    """The papermill parameters are exactly the config's fields (+ run location), each typed and documented
+    from config.py, and the committed cell is the generated one."""
     import ast
 
-    from workbench.notebook import MAIN_NOTEBOOK, RUN_PARAMETERS
+    from workbench.notebook import MAIN_NOTEBOOK, RUN_PARAMETERS, parameters_cell
 
     src = _parameters_cell(MAIN_NOTEBOOK)
-    names = [n.targets[0].id for n in ast.parse(src).body if isinstance(n, ast.Assign)]
-    expected = set(config.flat_field_names()) | set(RUN_PARAMETERS)
-    assert set(names) == expected
+    assert src.strip() == parameters_cell().strip(), "run `python scripts/sync_notebooks.py`"
+    assigned = {n.target.id: n for n in ast.parse(src).body if isinstance(n, ast.AnnAssign)}
+    assert set(assigned) == set(config.flat_field_names()) | set(RUN_PARAMETERS)
+    assert ast.unparse(assigned["hidden"].annotation) == "Optional[int]"
+    assert ast.unparse(assigned["backends"].annotation) == "Optional[list[str]]"
     docs = config.field_docs()
     for line in src.splitlines():
-        name = line.split("=")[0].strip()
+        name = line.split(":")[0].strip()
         if name in docs and name != "preset":
-            assert docs[name] and docs[name] in line, f"parameter {name} should carry config.py's docstring"
+            assert docs[name] and line.endswith(f"  # {docs[name]}"), f"parameter {name} should carry config.py's docstring"
+
+
+def test_the_parameters_cell_runs_and_leaves_every_override_unset():
+    from workbench.notebook import overrides_from, parameters_cell
+
+    namespace: dict = {}
+    exec(parameters_cell(), namespace)  # annotations are evaluated: Optional must be imported by the cell
+    assert namespace["preset"] == "auto" and overrides_from(namespace) == {}
 
 
 def test_every_field_has_a_docstring():

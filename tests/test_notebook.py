@@ -1,32 +1,190 @@
-"""The main notebook executed for real by papermill with cpu-smoke."""
+"""The main notebook executed for real by papermill with cpu-smoke, and what it shows a reader."""
 import json
+import re
+import subprocess
+import sys
+from pathlib import Path
 
+import nbformat
 import papermill as pm
 import pytest
 
-from workbench import notebook, results
+from workbench import config, notebook, results
 from workbench.config import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK_FILES = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory):
+    """One cpu-smoke run through papermill: (run folder, executed notebook, what it printed to stdout)."""
+    out = tmp_path_factory.mktemp("runs")
+    captured = out / "stdout.txt"
+    with open(captured, "w") as f:
+        real, sys.stdout = sys.stdout, f  # execute forwards the kernel's output to sys.stdout
+        try:
+            run_dir = notebook.execute("cpu-smoke", {"steps": "3", "iters": 2}, out=out, run_id="nb")
+        finally:
+            sys.stdout = real
+    return run_dir, json.loads((run_dir / "distill_benchmark.ipynb").read_text()), captured.read_text()
+
+
+def _outputs(nb) -> list[dict]:
+    return [o for c in nb["cells"] for o in c.get("outputs", [])]
+
+
+def _text(output: dict) -> str:
+    return "".join(output.get("text", "")) + "".join(output.get("data", {}).get("text/plain", ""))
 
 
 @pytest.mark.slow
-def test_papermill_runs_the_notebook_into_the_run_folder(tmp_path):
-    run_dir = notebook.execute("cpu-smoke", {"steps": "3", "iters": 2}, out=tmp_path, run_id="nb")
-    executed = json.loads((run_dir / "distill_benchmark.ipynb").read_text())
-    injected = [c for c in executed["cells"] if "injected-parameters" in c["metadata"].get("tags", [])]
+def test_papermill_runs_the_notebook_into_the_run_folder(executed):
+    run_dir, nb, _ = executed
+    injected = [c for c in nb["cells"] if "injected-parameters" in c["metadata"].get("tags", [])]
     assert injected and "steps = 3" in "".join(injected[0]["source"])  # typed, not the string "3"
     df = results.load(run_dir)
     assert (df["cfg_steps"] == 3).all() and len(df) == 3
-    outputs = [o for c in executed["cells"] for o in c.get("outputs", [])]
-    assert sum("image/png" in o.get("data", {}) for o in outputs) == 3  # the three plots rendered inline
+    assert sum("image/png" in o.get("data", {}) for o in _outputs(nb)) == 2  # loss curves and step time
+    assert not list(run_dir.glob(".*partial*")), "the executed notebook is moved into place"
+
+
+@pytest.mark.slow
+def test_the_executed_notebook_opens_with_the_summary_table(executed):
+    """After the parameters and the run call: the versions line and one small table, no config dump, and
+    on a CPU one line instead of empty memory axes."""
+    run_dir, nb, _ = executed
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    run_call = next(i for i, c in enumerate(code) if "run_cell" in "".join(c["source"]))
+    table_cell = _text_of(code[run_call + 1])
+    assert "CPU · torch " in table_cell and "TE not installed" in table_cell
+    for column in ("status", "step ms", "× vs torch_bf16", "final loss", "eval MSE", "peak GiB"):
+        assert column in table_cell
+    all_text = "".join(_text(o) for o in _outputs(nb))
+    assert '"model": {' not in all_text and '"hidden":' not in all_text  # cfg.to_json() is gone
+    assert "Peak memory is measured on GPUs only" in all_text
+
+
+def _text_of(cell) -> str:
+    return "".join(_text(o) for o in cell.get("outputs", []))
+
+
+@pytest.mark.slow
+def test_the_runner_lines_stream_while_the_kernel_runs(executed):
+    _, _, printed = executed
+    assert "[torch_fp32] training 3 steps" in printed and "[te_fp8:delayed]" in printed
+
+
+def test_summary_table_numbers(tmp_path):
+    """Speedup is the baseline's step time over the student's; memory in GiB; three significant digits."""
+    cfg = config.from_preset("cpu-smoke")
+    results.write_json(tmp_path / "config.json", {"config": cfg.to_dict()})
+    rows = [
+        {"student": "torch_fp32", "status": "ok", "step_ms_median": 30.0, "final_train_loss": 0.123456,
+         "eval_mse": 0.5, "peak_mem_allocated_mb": 2048.0, "gpu_name": "NVIDIA H200", "compute_capability": "9.0",
+         "torch": "2.11.0", "torch_cuda": "12.8", "te_version": "2.20.2", "git_sha": "abc1234"},
+        {"student": "torch_bf16", "status": "ok", "step_ms_median": 10.0, "final_train_loss": 0.2,
+         "eval_mse": 0.25, "peak_mem_allocated_mb": 1536.0},
+        {"student": "te_fp8:delayed", "status": "skipped", "step_ms_median": None, "final_train_loss": None,
+         "eval_mse": None, "peak_mem_allocated_mb": None},
+    ]
+    results.write_csv(tmp_path / "students.csv", results.students_frame(rows))
+    t = notebook.summary_table(tmp_path)
+    assert list(t.columns) == ["status", "step ms", "× vs torch_bf16", "final loss", "eval MSE", "peak GiB"]
+    assert t.loc["torch_fp32", "× vs torch_bf16"] == pytest.approx(0.333)
+    assert t.loc["torch_bf16", "× vs torch_bf16"] == 1.0
+    assert t.loc["torch_fp32", "peak GiB"] == 2.0 and t.loc["torch_bf16", "peak GiB"] == 1.5
+    assert t.loc["torch_fp32", "final loss"] == 0.123
+    assert t.loc["te_fp8:delayed", "status"] == "skipped"
+    assert notebook.versions_line(tmp_path) == \
+        "GPU NVIDIA H200 (CC 9.0) · torch 2.11.0 · CUDA 12.8 · TE 2.20.2 · git abc1234"
+
+
+@pytest.mark.parametrize("ipynb", NOTEBOOK_FILES, ids=[p.name for p in NOTEBOOK_FILES])
+def test_papermill_help_gives_every_parameter_a_type_and_help(ipynb):
+    """What `papermill --help-notebook` prints: each parameter has a type (papermill reads it from the
+    annotation; it prints "Unknown type" without one) and a help text (the line's comment)."""
+    out = subprocess.run([sys.executable, "-m", "papermill", "--help-notebook", str(ipynb)],
+                         capture_output=True, text=True, check=True).stdout
+    listing = out.split("Parameters inferred for notebook", 1)[1].splitlines()[1:]
+    entries, current = [], None
+    for line in listing:
+        m = re.match(r"  (\w+): (.+?) \(default (.*?)\)\s*(.*)$", line)
+        if m:
+            current = [m.group(1), m.group(2), m.group(4).strip()]
+            entries.append(current)
+        elif current is not None and line.strip():
+            current[2] = (current[2] + " " + line.strip()).strip()
+    names = {e[0] for e in entries}
+    assert names == {p["name"] for p in pm.inspect_notebook(str(ipynb)).values()} and len(names) >= 3
+    for name, type_, help_ in entries:
+        assert "Unknown type" not in type_, f"{ipynb.name}: {name} has no type"
+        assert help_, f"{ipynb.name}: {name} has no help"
+    if ipynb.name == notebook.MAIN_NOTEBOOK.name:
+        assert {"preset", "out", "run_id", "hidden", "backends", "show_panel"} <= names
 
 
 def test_help_notebook_lists_the_config_fields():
     params = pm.inspect_notebook(str(notebook.MAIN_NOTEBOOK))
     assert {"preset", "hidden", "backends", "loss", "iters"} <= set(params)
     assert "residual stream" in params["hidden"]["help"]
+    assert params["hidden"]["inferred_type_name"] == "Optional[int]"
 
 
 def test_bad_parameters_fail_before_a_kernel_starts(tmp_path):
     with pytest.raises(ConfigError, match="model.hidden"):
         notebook.execute("cpu-smoke", {"hidden": 0}, out=tmp_path)
     assert not any(tmp_path.iterdir())
+
+
+def _tiny_notebook(path: Path, *sources: str) -> Path:
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "language": "python",
+                                                           "display_name": "Python 3"}})
+    nb.cells = [nbformat.v4.new_code_cell("preset = out = run_id = None", metadata={"tags": ["parameters"]}),
+                *(nbformat.v4.new_code_cell(s) for s in sources)]
+    nbformat.write(nb, path)
+    return path
+
+
+@pytest.mark.slow
+def test_a_failing_notebook_still_leaves_the_executed_copy(tmp_path):
+    nb = _tiny_notebook(tmp_path / "fails.ipynb", "print('before the failure')", "raise RuntimeError('cell failed here')")
+    with pytest.raises(pm.PapermillExecutionError, match="cell failed here"):
+        notebook.execute("cpu-smoke", out=tmp_path / "runs", run_id="r", notebook=nb, log_output=False)
+    executed = tmp_path / "runs" / "r" / "fails.ipynb"
+    assert "cell failed here" in executed.read_text()  # moved into place, showing the failure
+    assert [p.name for p in executed.parent.iterdir()] == ["fails.ipynb"]  # no temporary file left
+
+
+@pytest.mark.slow
+def test_cell_timeout_stops_a_cell_that_runs_too_long(tmp_path):
+    nb = _tiny_notebook(tmp_path / "slow.ipynb", "import time; time.sleep(60)")
+    with pytest.raises(Exception, match="(?i)timed out"):
+        notebook.execute("cpu-smoke", out=tmp_path / "runs", run_id="r", notebook=nb, cell_timeout=2,
+                         log_output=False)
+    assert (tmp_path / "runs" / "r" / "slow.ipynb").exists()
+
+
+def test_notebook_command_rejects_a_missing_notebook(tmp_path, capsys):
+    from workbench import cli
+
+    assert cli.main(["notebook", "--preset", "cpu-smoke", "--notebook", str(tmp_path / "nope.ipynb")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"workbench notebook: --notebook {tmp_path / 'nope.ipynb'}: no such file"
+
+
+def test_notebooks_are_package_data_read_through_importlib_resources():
+    from importlib import resources
+
+    for name in ("distill_benchmark.ipynb", "sweep_report.ipynb"):
+        packaged = resources.files("workbench").joinpath("notebooks", name)
+        assert packaged.read_bytes() == (ROOT / "notebooks" / name).read_bytes()
+    assert notebook.MAIN_NOTEBOOK.is_file()
+
+
+def test_default_output_is_the_repository_results_folder_in_a_checkout(monkeypatch):
+    """Jupyter runs the notebook from notebooks/: its results still go to <repo>/results (not
+    notebooks/results)."""
+    monkeypatch.chdir(ROOT / "notebooks")
+    assert notebook.checkout_root() == ROOT
+    assert notebook.default_out() == ROOT / "results"

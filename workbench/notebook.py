@@ -1,21 +1,79 @@
 """The notebook driver: what the main notebook's cells call, and papermill execution of it.
 
 `workbench notebook --preset P --set f=v` validates the config first (bad input fails before any
-work), then executes notebooks/distill_benchmark.ipynb with papermill into the run folder, so the
-executed copy sits beside the run's result files.
+work), then executes the main notebook with papermill into the run folder, so the executed copy sits
+beside the run's result files; the runner's per-student lines stream to the terminal as the kernel
+prints them.
+
+The notebooks ship inside the package (`NOTEBOOKS`, read with importlib.resources): in the repository
+`workbench/notebooks` links to the top-level `notebooks/` that people open in Jupyter or Colab, and
+the wheel carries real copies, so an installed workbench runs them from any folder.
 """
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import os
 import sys
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from workbench import config
+import pandas as pd
 
-ROOT = Path(__file__).resolve().parent.parent
-MAIN_NOTEBOOK = ROOT / "notebooks" / "distill_benchmark.ipynb"
-RUN_PARAMETERS = ("preset", "out", "run_id", "show_panel")  # the notebook's parameters besides the config fields
+from workbench import config, results
+
+NOTEBOOKS = resources.files("workbench") / "notebooks"
+MAIN_NOTEBOOK = NOTEBOOKS / "distill_benchmark.ipynb"
+NO_KERNEL = "no Jupyter kernel (ipykernel) in this environment: pip install 'te-workbench[notebook]'"
+RUN_PARAMETERS = {  # the notebook's parameters besides the config fields: name -> (annotation, default, help)
+    "preset": ("str", '"auto"', "Preset to start from: seed | cpu-smoke | large | auto (seed on a GPU, else cpu-smoke)."),
+    "out": ("Optional[str]", "None", "Parent folder of the run folder (None: results/ at the repository root in a "
+                                     "checkout, else ./results)."),
+    "run_id": ("Optional[str]", "None", "Run folder name (None: <timestamp>-<preset>)."),
+    "show_panel": ("Optional[bool]", "None", "The widget panel at the end: True shows it, False hides it, None "
+                                              "shows it unless papermill runs the notebook."),
+}
+
+
+def checkout_root() -> Path | None:
+    """The repository root when this workbench is imported from a checkout (editable install or
+    PYTHONPATH), None when it is an installed wheel."""
+    root = Path(__file__).resolve().parent.parent
+    return root if (root / "pyproject.toml").is_file() and (root / "notebooks").is_dir() else None
+
+
+def default_out() -> Path:
+    """Where runs go when no folder is given: results/ at the repository root in a checkout (Jupyter runs
+    the notebook from notebooks/, which must not collect results), else results/ in the working folder."""
+    return (checkout_root() or Path.cwd()) / "results"
+
+
+def parameters_cell() -> str:
+    """The main notebook's papermill parameters cell, generated from the config dataclasses (the one source
+    of names, types and help; scripts/sync_notebooks.py writes it into the notebook). Every parameter is
+    `name: Optional[type] = None  # help`: papermill reads the type from the annotation (not from
+    `int | None`) and the help from the comment, and a help text may not contain '=' (papermill then
+    skips the line)."""
+    docs = config.field_docs()
+    types = {f.name: str(f.type) for cls in (*config.SECTIONS.values(), config.Config) for f in dataclasses.fields(cls)}
+
+    def line(name: str, annotation: str, default: str, help_: str) -> str:
+        if not help_ or "=" in help_:
+            raise ValueError(f"{name}: papermill needs a non-empty help text without '=', got {help_!r}")
+        return f"{name}: {annotation} = {default}  # {help_}"
+
+    *run, panel = RUN_PARAMETERS
+    return "\n".join([
+        "# Papermill parameters (`papermill --help-notebook` lists them), generated from workbench/config.py:",
+        "# edit the dataclasses there and run scripts/sync_notebooks.py, not this cell.",
+        "from typing import Optional",
+        "",
+        *(line(n, *RUN_PARAMETERS[n]) for n in run),
+        "# Config overrides; None keeps the preset's value",
+        *(line(n, f"Optional[{types[n]}]", "None", docs[n]) for n in config.flat_field_names() if n != "preset"),
+        line(panel, *RUN_PARAMETERS[panel]),
+    ])
 
 
 def kernel_uses_this_python() -> None:
@@ -37,20 +95,76 @@ def run_cell(namespace: dict[str, Any]) -> Path:
 
     overrides = overrides_from(namespace)
     cfg = config.from_preset(namespace.get("preset") or "auto", **overrides)
-    print(cfg.to_json())
-    return runner.run(cfg, out=namespace.get("out") or "results", run_id=namespace.get("run_id"),
+    return runner.run(cfg, out=namespace.get("out") or default_out(), run_id=namespace.get("run_id"),
                       requested={"preset": namespace.get("preset"), **overrides})
 
 
+def _sig(x: Any, digits: int = 3) -> float | None:
+    """`x` rounded to `digits` significant digits (None for a missing value)."""
+    return None if x is None or pd.isna(x) else float(f"{x:.{digits}g}")
+
+
+def summary_table(run_dir: str | Path) -> pd.DataFrame:
+    """The run at a glance, one row per student from students.csv: status, median step time, speedup over
+    the baseline student (its step time / this one's), final train loss, eval MSE and peak allocated
+    memory in GiB (empty on a CPU: memory is measured on GPUs only). Three significant digits."""
+    df = results.load(run_dir)
+    baseline = results.load_config(run_dir).baseline
+    base = df.loc[df["student"] == baseline, "step_ms_median"]
+    base_ms = base.iloc[0] if len(base) and pd.notna(base.iloc[0]) else None
+    table = pd.DataFrame({
+        "student": df["student"],
+        "status": df["status"],
+        "step ms": df["step_ms_median"].map(_sig),
+        f"× vs {baseline}": (base_ms / df["step_ms_median"]).map(_sig) if base_ms else None,
+        "final loss": df["final_train_loss"].map(_sig),
+        "eval MSE": df["eval_mse"].map(_sig),
+        "peak GiB": (df["peak_mem_allocated_mb"] / 1024).map(_sig),
+    })
+    return table.set_index("student")
+
+
+def versions_line(run_dir: str | Path) -> str:
+    """Where the numbers come from, in one line: GPU (or CPU), torch, CUDA, TE and the git sha of the run."""
+    stamp = results.load(run_dir).iloc[0]
+
+    def known(key: str) -> str | None:
+        v = stamp.get(key)
+        return None if v is None or pd.isna(v) else str(v)
+
+    device = f"GPU {known('gpu_name')} (CC {known('compute_capability')})" if known("gpu_name") else "CPU"
+    return " · ".join([device, f"torch {known('torch')}", f"CUDA {known('torch_cuda') or 'none'}",
+                       f"TE {known('te_version') or 'not installed'}", f"git {known('git_sha') or 'unknown'}"])
+
+
+def peak_memory(run_dir: str | Path):
+    """The peak-memory plot where memory was measured (a GPU run); on a CPU one line saying so instead of
+    empty axes. Returns the figure, or None."""
+    from workbench import plots  # matplotlib in the kernel only, not in the `workbench notebook` driver
+
+    if results.load(run_dir)["peak_mem_allocated_mb"].notna().any():
+        return plots.peak_memory(run_dir)
+    print("Peak memory is measured on GPUs only (torch.cuda memory statistics); this run had none.")
+    return None
+
+
 def execute(preset: str = "auto", overrides: dict[str, Any] | None = None, out: str | Path = "results",
-            run_id: str | None = None, notebook: Path = MAIN_NOTEBOOK, progress: bool = False) -> Path:
+            run_id: str | None = None, notebook: Path | resources.abc.Traversable = MAIN_NOTEBOOK,
+            progress: bool = False, cell_timeout: int | None = None, log_output: bool = True) -> Path:
     """Execute the notebook with papermill into <out>/<run_id>/; returns the run folder.
 
-    Raises papermill.PapermillExecutionError if a cell fails (the executed notebook is still written).
+    `log_output`: the kernel's output (the runner's per-student lines) is copied to this process's
+    stdout / stderr while it runs. `cell_timeout`: seconds one cell may run (papermill's
+    execution_timeout; None: no limit). The executed notebook is written beside the results under a
+    temporary name and moved into place when papermill returns or raises, so a reader never sees a
+    truncated file and a failed run still leaves the notebook that shows the failure.
+    Raises papermill.PapermillExecutionError if a cell fails.
     """
     import papermill as pm
     from workbench import runner
 
+    if importlib.util.find_spec("ipykernel") is None:  # else papermill's "No such kernel named python3"
+        raise ModuleNotFoundError(NO_KERNEL)
     overrides = overrides or {}
     cfg = config.from_preset(preset, **overrides)  # validate before starting a kernel
     names = {config.locate(k)[1] for k in overrides}
@@ -59,11 +173,21 @@ def execute(preset: str = "auto", overrides: dict[str, Any] | None = None, out: 
     run_dir = Path(out).resolve() / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     kernel_uses_this_python()
-    pm.execute_notebook(
-        str(notebook), str(run_dir / notebook.name),
-        parameters={"preset": cfg.preset, "out": str(run_dir.parent), "run_id": run_id, **typed},
-        kernel_name="python3", language="python", progress_bar=progress, cwd=str(ROOT),
-    )
+    executed = run_dir / notebook.name
+    partial = run_dir / f".{notebook.name}.partial.ipynb"  # papermill saves after every cell
+    with resources.as_file(notebook) as source:
+        try:
+            pm.execute_notebook(
+                str(source), str(partial),
+                parameters={"preset": cfg.preset, "out": str(run_dir.parent), "run_id": run_id, **typed},
+                kernel_name="python3", language="python", progress_bar=progress,
+                log_output=log_output, stdout_file=sys.stdout if log_output else None,
+                stderr_file=sys.stderr if log_output else None, execution_timeout=cell_timeout,
+                cwd=str(checkout_root() or Path.cwd()),
+            )
+        finally:
+            if partial.exists():
+                os.replace(partial, executed)
     return run_dir
 
 
@@ -71,15 +195,22 @@ def add_arguments(p) -> None:
     from workbench.cli import add_run_arguments
 
     add_run_arguments(p)
+    p.add_argument("--notebook", type=Path, default=None, metavar="PATH",
+                   help="the notebook to execute (default: the packaged distill_benchmark.ipynb)")
 
 
 def main(args) -> int:
     import json
 
-    from workbench import results
-
     overrides = config.parse_set(args.overrides)
-    run_dir = execute(args.preset, overrides, out=args.out, run_id=args.run_id, progress=True)
+    nb = args.notebook or MAIN_NOTEBOOK
+    problem = f"--notebook {nb}: no such file" if not nb.is_file() else \
+        NO_KERNEL if importlib.util.find_spec("ipykernel") is None else None
+    if problem:
+        print(f"workbench notebook: {problem}", file=sys.stderr)
+        return 2
+    # no progress bar: the kernel's per-student lines are the progress
+    run_dir = execute(args.preset, overrides, out=args.out, run_id=args.run_id, notebook=nb)
     summary = results.load_summary(run_dir)
     summary["run_dir"] = str(run_dir)
     print(json.dumps(summary, default=str))

@@ -16,7 +16,7 @@ import datetime as _dt
 from pathlib import Path
 from typing import Any
 
-from workbench import config
+from workbench import config, notebook
 
 
 def under_papermill(namespace: dict[str, Any]) -> bool:
@@ -32,7 +32,7 @@ def maybe_show(namespace: dict[str, Any]) -> "Panel | None":
         return None
     from IPython.display import display
 
-    p = Panel(preset=namespace.get("preset") or "auto", out=Path(namespace.get("out") or "results") / "panel")
+    p = Panel(preset=namespace.get("preset") or "auto", out=Path(namespace.get("out") or notebook.default_out()) / "panel")
     display(p.widget)
     return p
 
@@ -79,8 +79,6 @@ class Panel:
     def run(self) -> list[Path]:
         from IPython.display import display
         from tqdm.auto import tqdm
-
-        from workbench import notebook
 
         self.output.clear_output()
         self.run_button.disabled = True

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import sys
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ import pandas as pd
 from workbench import results
 
 REFERENCE = "torch_bf16"
-REPORT_NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "sweep_report.ipynb"
+REPORT_NOTEBOOK = resources.files("workbench") / "notebooks" / "sweep_report.ipynb"  # package data
 RAN_OK = ("ok",)  # fallback rows ran another precision than their name says: not evidence about FP8
 _LOW_PRECISION = re.compile(r"fp8|float8|fp4", re.I)
 # config columns that name which students ran rather than what was run: not part of the match key
@@ -310,7 +311,7 @@ def run(sweep_dir: str | Path, reference: str = REFERENCE, out_dir: str | Path |
     pm.execute_notebook(str(REPORT_NOTEBOOK), str(executed),
                         parameters={"sweep_dir": str(sweep_dir), "reference": reference, "out_dir": str(out_dir)},
                         kernel_name="python3", language="python", progress_bar=progress,
-                        cwd=str(REPORT_NOTEBOOK.parent.parent))
+                        cwd=str(out_dir))
     to_html(executed, out_dir / "report.html", title=f"Sweep report: {sweep_dir.name}")
     return out_dir
 

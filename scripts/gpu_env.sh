@@ -3,7 +3,7 @@
 #   WORKBENCH_GIT_SHA=<git rev-parse --short HEAD, run here> bash scripts/gpu_....sh
 # so every env.json / result row names the code that produced it.
 # No LD_LIBRARY_PATH / CUDNN_PATH here: the workbench loads torch's cuDNN itself before TE
-# (workbench/backends/_te.py), and these scripts must see what a user sees.
+# (workbench/env/te.py), and these scripts must see what a user sees.
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore::UserWarning,ignore::FutureWarning,ignore::DeprecationWarning}"
 OUT=${OUT:-/tmp/out}

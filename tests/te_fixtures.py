@@ -47,7 +47,7 @@ SETUP = """from setuptools import setup
 setup(name={name!r}, version={version!r}, packages={packages!r}, py_modules={modules!r}, install_requires={requires!r})
 """
 
-FAKE_TE_FILES = {  # just enough of transformer_engine for workbench.backends._te.load() and the probe
+FAKE_TE_FILES = {  # just enough of transformer_engine for workbench.env.te.load() and the probe
     "transformer_engine/__init__.py": f'__version__ = "{FAKE_VERSION}"\n',
     "transformer_engine/common/__init__.py": "",
     "transformer_engine/common/recipe.py": "class DelayedScaling:\n    pass\n",

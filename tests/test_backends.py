@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from workbench import backends, config
-from workbench.backends import _te
+from workbench.env import te as _te
 from workbench.models import LayerNormMLP
 
 

@@ -16,7 +16,8 @@ except ImportError:  # Python 3.10
 import pytest
 
 from te_fixtures import machine
-from workbench import cli, doctor
+from workbench import cli
+from workbench.env import doctor
 
 # (source, error text as reported there, the diagnosis that must come first)
 REAL_ERRORS = [
@@ -106,7 +107,7 @@ def test_unrelated_text_matches_nothing():
 def test_installed_state_with_mixed_versions_and_wrong_core(tmp_path):
     env = machine(torch_cuda="13.0", torch_cuda_major=13, te_packages={
         "transformer-engine": "2.8.0", "transformer-engine-cu12": "2.8.0", "transformer-engine-torch": "2.9.0"})
-    from workbench import probe
+    from workbench.env import probe
 
     env["te_consistency"] = probe.consistency(env)
     ids = [d.id for d in doctor.check_installed(env)]
@@ -117,7 +118,7 @@ def test_installed_state_healthy_has_no_findings():
     env = machine(te_available=True, te_import_error=None, te_version="2.20.2",
                   te_packages={"transformer-engine": "2.20.2", "transformer-engine-cu12": "2.20.2",
                                "transformer-engine-torch": "2.20.2"})
-    from workbench import probe
+    from workbench.env import probe
 
     env["te_consistency"] = probe.consistency(env)
     assert doctor.check_installed(env) == []

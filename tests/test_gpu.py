@@ -3,7 +3,7 @@ trains, peak memory is measured. Run on the H200 with scripts/gpu_tests.sh; skip
 import pytest
 
 from workbench import config, results, runner
-from workbench.backends import _te
+from workbench.env import te as _te
 
 pytestmark = pytest.mark.gpu
 

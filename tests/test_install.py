@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from te_fixtures import FAKE_VERSION, build_wheelhouses, fake_nvcc, machine
-from workbench import cli, install, probe
+from workbench import cli
+from workbench.env import facts, install, probe
 
 
 def step(p: install.Plan, name: str) -> install.Step:
@@ -79,7 +80,7 @@ def test_build_env_names_this_gpu_and_sizes_jobs_to_memory():
     env = step(p, "transformer-engine").env
     assert env["NVTE_FRAMEWORK"] == "pytorch"
     assert env["NVTE_CUDA_ARCHS"] == "90"
-    assert env["MAX_JOBS"] == str(32 // install.GB_PER_BUILD_JOB)  # 64 cores, but 32 GB hold 8 jobs
+    assert env["MAX_JOBS"] == str(32 // facts.GB_PER_BUILD_JOB)  # 64 cores, but 32 GB hold 8 jobs
     assert env["CUDA_HOME"] == "/usr/local/cuda-13.0"
     assert env["CUDNN_PATH"] == CUDA13_FULL["cudnn_pip_root"]
     assert env["NVTE_PYTORCH_FORCE_BUILD"] == "TRUE"

@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from te_fixtures import fake_nvcc, machine
-from workbench import cli, probe
+from workbench import cli
+from workbench.env import probe
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -176,7 +177,7 @@ def test_cli_probe_json_includes_install_fields(capsys):
 
 def test_git_sha_override_wins_over_the_checkout(monkeypatch):
     """A copy sent to another machine may carry a stale .git: the sender's WORKBENCH_GIT_SHA wins."""
-    from workbench import probe
+    from workbench.env import probe
 
     monkeypatch.delenv("WORKBENCH_GIT_SHA", raising=False)
     here = probe._git_sha()  # this checkout's HEAD (None where git is absent)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from workbench import backends, config, distill, results, runner
-from workbench.backends import _te
+from workbench.env import te as _te
 
 TUTORIAL_SUMMARY_KEYS = {
     "gpu_name", "compute_capability", "te_available", "fp8_available", "fp8_reason", "mode",

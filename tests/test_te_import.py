@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from workbench.backends import _te
+from workbench.env import te as _te
 
 FAKE_TE = {  # what transformer_engine/pytorch/__init__.py does on import
     "segfault": "import ctypes\nctypes.string_at(0)\n",

@@ -17,11 +17,11 @@ from workbench.config import ConfigError
 
 # command -> (module, help); each module has add_arguments(parser) and main(args) -> int
 COMMANDS = {
-    "probe": ("workbench.probe", "print the environment probe (GPU, CUDA, nvcc, cuDNN, TE)"),
+    "probe": ("workbench.env.probe", "print the environment probe (GPU, CUDA, nvcc, cuDNN, TE)"),
     "run": ("workbench.cli", "run every student of a preset and write results/<run_id>/"),
     "notebook": ("workbench.notebook", "execute notebooks/distill_benchmark.ipynb with papermill"),
-    "install-te": ("workbench.install", "plan and run the Transformer Engine install"),
-    "doctor": ("workbench.doctor", "diagnose the TE install or an install/import log"),
+    "install-te": ("workbench.env.install", "plan and run the Transformer Engine install"),
+    "doctor": ("workbench.env.doctor", "diagnose the TE install or an install/import log"),
     "sweep": ("workbench.sweep", "papermill sweep over a config grid into results/sweeps/<name>/, resumable, + report"),
     "bench": ("workbench.bench", "benchmark variants (eager/compile/graphs, layouts) vs measured + datasheet peaks, + profiler cross-check"),
 }

@@ -18,8 +18,7 @@ from dataclasses import dataclass, field, fields, asdict
 from typing import Any
 
 
-class ConfigError(ValueError):
-    """A configuration value is not allowed; the message names the field and the allowed values."""
+from workbench.errors import ConfigError  # noqa: F401 - re-exported: the error of this module's validation
 
 
 @dataclass

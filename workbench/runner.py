@@ -18,7 +18,8 @@ from typing import Any
 import pandas as pd
 import torch
 
-from workbench import backends, distill, probe, results, timing
+from workbench import backends, distill, results, timing
+from workbench.env import probe
 from workbench.config import Config
 from workbench.models import Student, Teacher, reference_student
 from workbench.train import Data, Diverged, run_student
@@ -79,7 +80,7 @@ def time_teacher(cfg: Config, teacher: Teacher, data: Data, device: torch.device
 def last_install() -> dict | None:
     """The newest `workbench install-te` outcome (results/install/), so a run says how TE got here or
     why it fell back; None where install-te never ran."""
-    from workbench import install
+    from workbench.env import install
 
     o = install.last_outcome()
     if not o:

@@ -26,7 +26,7 @@ from typing import Any, ContextManager
 import torch
 from torch import nn
 
-from workbench.config import ConfigError
+from workbench.errors import ConfigError
 
 BACKENDS: dict[str, type["Backend"]] = {}
 

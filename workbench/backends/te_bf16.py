@@ -6,7 +6,8 @@ import torch
 
 from torch import nn
 
-from workbench.backends import Backend, Context, _te, amp_dtype, autocast, register, replace_modules, to_param_dtype
+from workbench.backends import Backend, Context, amp_dtype, autocast, register, replace_modules, to_param_dtype
+from workbench.env import te as _te
 from workbench.models import LayerNormMLP
 
 

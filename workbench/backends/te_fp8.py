@@ -10,7 +10,8 @@ import contextlib
 
 import torch
 
-from workbench.backends import Context, _te, autocast, register
+from workbench.backends import Context, autocast, register
+from workbench.env import te as _te
 from workbench.backends.te_bf16 import TEBF16, te_usable
 
 # recipe name -> (TE capability check, required dim multiple)

@@ -8,17 +8,18 @@
 what the installer met. `diagnose(text, env)` returns the matching rows, most specific first, with the
 fix commands filled in from the probe (this GPU's arch, torch's CUDA major, the pip cuDNN path, the TE
 version). A log nothing matches is reported as unknown, with a pointer to the full log — never guessed.
-`workbench.install` calls `diagnose` on every failed step and records the result in outcome.json.
+`workbench.env.install` calls `diagnose` on every failed step and records the result in outcome.json.
 """
 from __future__ import annotations
 
 import json
 import re
 import sys
-import unicodedata
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from workbench.env.facts import build_jobs, is_core, printable
 
 
 @dataclass(frozen=True)
@@ -170,17 +171,6 @@ KNOWN_FAILURES: tuple[Failure, ...] = (
 MAX_LINE_CHARS = 4096
 """Only this much of each log line is matched: error messages are short, while compiler command lines,
 progress bars and binary junk can be megabytes long."""
-_ESCAPE = re.compile(r"\x1b(?:\[[0-?]{0,32}[ -/]{0,8}[@-~]|\][^\x07\x1b]{0,512}(?:\x07|\x1b\\)?|[@-_]?)")
-"""ANSI/VT escape sequences (colour, cursor moves, window titles) and a lone ESC."""
-
-
-def printable(text: str) -> str:
-    """`text` without escape sequences and control or format characters (tabs and newlines stay):
-    what a log quotes is printed to a terminal, where raw ESC bytes would recolour or rewrite it."""
-    text = _ESCAPE.sub("", text)
-    return "".join(c for c in text if c in "\t\n" or unicodedata.category(c) not in ("Cc", "Cf"))
-
-
 @dataclass
 class Diagnosis:
     id: str
@@ -206,7 +196,6 @@ class _Blank(dict):
 
 def fix_context(env: dict[str, Any] | None) -> dict[str, Any]:
     """Values the fix commands are filled with; what the probe does not know stays <PLACEHOLDER>."""
-    from workbench.install import build_jobs  # install imports this module
 
     env = env or {}
     ctx: dict[str, Any] = {"python": env.get("python_executable") or sys.executable}
@@ -263,7 +252,6 @@ def check_installed(env: dict[str, Any], log_path: str | Path | None = None) -> 
     if not pkgs and not env.get("te_available"):
         error = env.get("te_import_error") or "No module named 'transformer_engine'"
         return diagnose(error, env)[:1] or [unknown(log_path, error)]
-    from workbench.install import is_core  # install imports this module
 
     failed = {c["check"]: c["detail"] for c in env.get("te_consistency") or [] if c["ok"] is False}
     by_id = {f.id: f for f in KNOWN_FAILURES}
@@ -315,7 +303,7 @@ def add_arguments(p) -> None:
 
 def main(args) -> int:
     """Exit status 0: nothing wrong found; 1: findings (or an unknown error) printed; 2: unreadable --log."""
-    from workbench import probe
+    from workbench.env import probe
 
     if args.log:
         try:  # undecodable bytes become U+FFFD: a log may hold binary junk

@@ -26,8 +26,7 @@ from typing import Any
 import torch
 from packaging.utils import canonicalize_name
 
-from workbench.doctor import printable
-from workbench.install import EXTENSION, META, is_core
+from workbench.env.facts import EXTENSION, META, is_core, printable
 
 # TE capability checks: probe key -> function name in transformer_engine.pytorch (REFERENCE §2)
 CAPABILITY_CHECKS = {"fp8": "is_fp8_available", "fp8_block_scaling": "is_fp8_block_scaling_available",
@@ -122,7 +121,7 @@ def _cudnn_headers(cuda_home: str | None) -> dict[str, Any]:
     system_header = next((p for p in system if os.path.exists(p)), None)
     # The nvidia-cudnn-cu* wheel (the one torch depends on, `nvidia.cudnn`) puts cuDNN under
     # site-packages/nvidia/cudnn. Only that folder: a CUDA 13 `nvidia/cu13` tree may hold an older
-    # cuDNN, the copy backends/_te.py keeps TE away from (9.14 next to torch's 9.19 on the H200).
+    # cuDNN, the copy env/te.py keeps TE away from (9.14 next to torch's 9.19 on the H200).
     pip_header = next((h for entry in sys.path
                        if os.path.exists(h := os.path.join(entry, "nvidia", "cudnn", "include", "cudnn.h"))), None)
     pip_pkg = _installed(lambda n: n.startswith("nvidia-cudnn-cu"))
@@ -204,7 +203,8 @@ def _cudnn_version() -> tuple[int | None, str | None]:
 def probe(attention: bool = False) -> dict[str, Any]:
     """The environment. `attention`: also ask TE which attention backend it selects here (a child process
     running one small attention forward/backward; seconds, so only `workbench probe` asks)."""
-    from workbench.backends import _te, native_bf16
+    from workbench.backends import native_bf16
+    from workbench.env import te as _te
 
     # TE first: asking torch for its cuDNN version loads cuDNN's sub-libraries, after which a TE that
     # picks another cuDNN copy fails to import (seen on the H200; _te.load also pins CUDNN_PATH).

@@ -41,23 +41,12 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidSdistFilename, InvalidWheelFilename, canonicalize_name, parse_sdist_filename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from workbench import doctor
+from workbench.env import doctor
+from workbench.env.facts import EXTENSION, META, build_jobs, core_name, is_core
 from workbench.config import ConfigError
 from workbench.results import write_json
 
-META, EXTENSION = "transformer-engine", "transformer-engine-torch"
-GB_PER_BUILD_JOB = 4
-"""Peak memory of one parallel compile job of TE's CUDA sources; an unbounded build gets Killed (TE #1249)."""
-REPO_ROOT = str(Path(__file__).resolve().parent.parent)
-
-
-def core_name(cuda_major: int) -> str:
-    return f"transformer-engine-cu{cuda_major}"
-
-
-def is_core(name: str) -> bool:
-    """A TE core package (transformer-engine-cu12 / -cu13), by canonical distribution name."""
-    return re.fullmatch(r"transformer-engine-cu\d+", name) is not None
+REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 @dataclass
@@ -202,12 +191,6 @@ def _runtime_deps(chosen: list[Dist], house: dict[str, list[Dist]]) -> tuple[lis
 
 
 # ------------------------------------------------------------------------------------------------- plan
-def build_jobs(env: dict[str, Any]) -> int:
-    """MAX_JOBS for a build here: the cores, but no more jobs than memory holds at GB_PER_BUILD_JOB each."""
-    mem = env.get("mem_available_gb") or env.get("mem_total_gb")
-    return max(1, min(int(env.get("cpu_cores") or 1), int(mem // GB_PER_BUILD_JOB) if mem else 1))
-
-
 def build_env(env: dict[str, Any], max_jobs: int | None = None, force_build: bool = False) -> dict[str, str]:
     """Environment for compiling transformer_engine_torch here (REFERENCE §3): MAX_JOBS from
     `build_jobs`; threads per job share the remaining cores among this GPU's architectures (one arch:
@@ -459,7 +442,7 @@ def _probe_fresh(python: str, target: str | None) -> dict[str, Any]:
 
 FP8_SMOKE = """
 import json, torch
-from workbench.backends import _te
+from workbench.env import te as _te
 te, recipe, why = _te.load()  # the workbench's own import path (it aligns TE's cuDNN with torch's)
 if te is None:
     raise SystemExit(why)
@@ -514,7 +497,7 @@ def install_te(env: dict[str, Any] | None = None, *, out: str | Path = "results/
 
     `env`: the probe (default: probe this machine). `plan_kwargs`: see `plan()`. Writes
     `out/<timestamp>/{probe_before,plan,probe_after,outcome}.json` and `install.log`."""
-    from workbench import probe
+    from workbench.env import probe
 
     t0 = time.perf_counter()
     env = env if env is not None else probe.probe()
@@ -625,7 +608,7 @@ def add_arguments(p) -> None:
 
 def main(args) -> int:
     """Exit status: 0 TE usable after the run, 1 install failed (fallback or old TE kept), 2 refused."""
-    from workbench import probe
+    from workbench.env import probe
 
     kwargs = dict(version=args.version, find_links=args.find_links, no_index=args.no_index,
                   build_from_source=args.build_from_source, reinstall=args.reinstall, force=args.force,

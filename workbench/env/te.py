@@ -96,7 +96,7 @@ def _child_env() -> dict[str, str]:
 CHILD = f"""
 import json, sys
 try:
-    from workbench.backends import _te
+    from workbench.env import te as _te
     _te._import_here()
     verdict = {{"ok": True, "error": ""}}
 except Exception as e:
@@ -148,7 +148,7 @@ def load() -> tuple[Any, Any, str]:
 
 ATTENTION_CHILD = f"""
 import importlib, json, torch
-from workbench.backends import _te
+from workbench.env import te as _te
 te, _ = _te._import_here()
 attn = te.DotProductAttention(num_attention_heads=4, kv_channels=64, attn_mask_type="causal",
                               qkv_format="bshd", attention_dropout=0.0).cuda()

@@ -43,27 +43,34 @@ def run_cell(namespace: dict[str, Any]) -> Path:
 
 
 def execute(preset: str = "auto", overrides: dict[str, Any] | None = None, out: str | Path = "results",
-            run_id: str | None = None, notebook: Path = MAIN_NOTEBOOK, progress: bool = False) -> Path:
+            run_id: str | None = None, notebook: Path = MAIN_NOTEBOOK, progress: bool = False,
+            cell_timeout: int | None = None) -> Path:
     """Execute the notebook with papermill into <out>/<run_id>/; returns the run folder.
 
-    Raises papermill.PapermillExecutionError if a cell fails (the executed notebook is still written).
+    The folder is created here, exclusively, to hold the executed notebook; the kernel's run takes it
+    over (results.HANDOVER_ENV). `cell_timeout`: seconds any one cell may run (None: no limit).
+    Raises papermill.PapermillExecutionError if a cell fails (the executed notebook is still written),
+    nbclient's CellTimeoutError when a cell runs past `cell_timeout`.
     """
     import papermill as pm
-    from workbench import runner
+    from workbench import results, runner
 
     overrides = overrides or {}
     cfg = config.from_preset(preset, **overrides)  # validate before starting a kernel
     names = {config.locate(k)[1] for k in overrides}
     typed = {k: v for k, v in cfg.flat().items() if k in names}  # coerced values, papermill writes them as literals
-    run_id = run_id or runner.new_run_id(cfg)
-    run_dir = Path(out).resolve() / run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = results.create_run_dir(out, run_id, runner.new_run_id(cfg))
     kernel_uses_this_python()
-    pm.execute_notebook(
-        str(notebook), str(run_dir / notebook.name),
-        parameters={"preset": cfg.preset, "out": str(run_dir.parent), "run_id": run_id, **typed},
-        kernel_name="python3", language="python", progress_bar=progress, cwd=str(ROOT),
-    )
+    os.environ[results.HANDOVER_ENV] = str(run_dir)  # the kernel inherits the environment at its start
+    try:
+        pm.execute_notebook(
+            str(notebook), str(run_dir / notebook.name),
+            parameters={"preset": cfg.preset, "out": str(run_dir.parent), "run_id": run_dir.name, **typed},
+            kernel_name="python3", language="python", progress_bar=progress, cwd=str(ROOT),
+            execution_timeout=cell_timeout,
+        )
+    finally:
+        os.environ.pop(results.HANDOVER_ENV, None)
     return run_dir
 
 

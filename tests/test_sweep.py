@@ -2,14 +2,17 @@
 a simulated kill, and a resume that runs only what is missing (then the report notebook)."""
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pandas as pd
 import pytest
 import yaml
 
-from workbench import cli, report, sweep
+from workbench import cli, report, results, sweep
 from workbench.config import ConfigError
 
 # Tiny points: a sweep point is a papermill kernel start plus a few milliseconds of training.
@@ -170,3 +173,133 @@ def test_one_worker_process_per_gpu_slot(tmp_path, monkeypatch):
     assert (summary["done"], summary["failed"]) == (2, 0)
     idx = sweep.read_index(tmp_path / "mp")
     assert set(idx["worker"].astype(str)) <= {"0", "1"} and (idx["status"] == "done").all()
+
+
+# ---- faults: the lock, a damaged index, interrupted and timed-out points -----------------------------
+LONG = {"steps": 20000, "iters": 1, "warmup": 0, "eval_batches": 1, "seq_len": 8, "batch": 1,
+        "backends": "torch_fp32", "baseline": "torch_fp32"}  # a point that runs far longer than these tests wait
+
+
+def hold_lock(sweep_dir):
+    """A real second process that holds the sweep lock (a live driver) until killed."""
+    hold = ("import sys, time; from pathlib import Path; from workbench import sweep\n"
+            "with sweep.sweep_lock(Path(sys.argv[1])):\n    print('locked', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", hold, str(sweep_dir)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def test_deleting_leftover_files_does_not_unlock_a_live_sweep(tmp_path):
+    proc = hold_lock(tmp_path)
+    try:
+        for leftover in tmp_path.glob(".*"):  # what a user cleans up as a stale lock
+            leftover.unlink()
+        with pytest.raises(ConfigError, match="being run by another process"):
+            with sweep.sweep_lock(tmp_path):
+                pass
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_report_only_is_refused_beside_a_live_driver(tmp_path, capsys):
+    (tmp_path / "live").mkdir()
+    proc = hold_lock(tmp_path / "live")
+    try:
+        rc = cli.main(["sweep", "--name", "live", "--out", str(tmp_path), "--report-only"])
+    finally:
+        proc.kill()
+        proc.wait()
+    assert rc == 2 and "being run by another process" in capsys.readouterr().err
+    assert not (tmp_path / "live" / "report").exists()
+
+
+@pytest.fixture(scope="module")
+def finished_sweep(tmp_path_factory):
+    """A sweep whose two points are complete (each a real tiny run) and whose index says so."""
+    from workbench import config, runner
+
+    root = tmp_path_factory.mktemp("sweeps")
+    spec = sweep.Spec("fin", "cpu-smoke", {**TINY, "backends": "torch_fp32,torch_bf16", "baseline": "torch_fp32"},
+                      {"hidden": [32, 48]})
+    for p in sweep.plan(spec):
+        runner.run(config.from_preset(spec.preset, **p.overrides), out=root / "fin", run_id=p.id, progress=False)
+    assert sweep.run_sweep(spec, root=root, progress=False)["skipped"] == 2
+    return spec, root
+
+
+def damage_index(path, how):
+    data = path.read_bytes()
+    path.write_bytes({"truncated": data[: data.rindex(b",")], "garbage": b"\x00\xff\xfe PK\x03\x04 not a csv\n",
+                      "empty": b""}[how])
+
+
+@pytest.mark.parametrize("how", ["truncated", "garbage", "empty"])
+def test_a_damaged_index_is_rebuilt_from_the_points_on_resume(finished_sweep, tmp_path, capsys, how):
+    spec, root = finished_sweep
+    root = shutil.copytree(root, tmp_path / "sweeps")
+    damage_index(root / "fin" / sweep.INDEX_FILE, how)
+    summary = sweep.run_sweep(spec, root=root, progress=False)
+    assert (summary["skipped"], summary["done"], summary["complete"]) == (2, 0, 2)
+    assert "rebuilt it from the points' done.json" in capsys.readouterr().err
+    idx = sweep.read_index(root / "fin")
+    assert sorted(idx["status"]) == ["done", "done"] and sorted(idx["grid_hidden"]) == [32, 48]
+
+
+@pytest.mark.slow
+def test_report_only_rebuilds_a_damaged_index(finished_sweep, tmp_path, capsys):
+    _, root = finished_sweep
+    root = shutil.copytree(root, tmp_path / "sweeps")
+    damage_index(root / "fin" / sweep.INDEX_FILE, "garbage")
+    rc = cli.main(["sweep", "--name", "fin", "--out", str(root), "--report-only", "--reference", "torch_fp32"])
+    assert rc == 0 and "rebuilt it from the points' done.json" in capsys.readouterr().err
+    assert (root / "fin" / "report" / "report.html").stat().st_size > 0
+    assert (sweep.read_index(root / "fin")["status"] == "done").all()
+
+
+def test_a_dead_drivers_running_rows_become_interrupted(finished_sweep, tmp_path):
+    spec, root = finished_sweep
+    sweep_dir = shutil.copytree(root / "fin", tmp_path / "fin")
+    points = sweep.plan(spec)
+    (sweep_dir / points[0].id / sweep.DONE_FILE).unlink()  # its driver was killed while it ran
+    index = sweep.read_index(sweep_dir)
+    index.loc[index["point"] == points[0].id, "status"] = "running"
+    index.to_csv(sweep_dir / sweep.INDEX_FILE, index=False)
+    with sweep.sweep_lock(sweep_dir):
+        sweep.Index(sweep_dir, points)
+    after = sweep.read_index(sweep_dir).set_index("point")["status"]
+    assert (after[points[0].id], after[points[1].id]) == ("interrupted", "done")
+
+
+@pytest.mark.slow
+def test_sigterm_marks_the_running_point_interrupted_and_progress_names_its_grid_values(tmp_path):
+    args = ["--name", "term", "--preset", "cpu-smoke", "--grid", "hidden=16", "--out", str(tmp_path), "--no-report"]
+    args += [a for k, v in LONG.items() for a in ("--set", f"{k}={v}")]
+    proc = subprocess.Popen([sys.executable, "-m", "workbench", "sweep", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    index = tmp_path / "term" / sweep.INDEX_FILE
+    try:
+        for _ in range(600):  # until the point is running (or the driver ended early: the asserts say why)
+            if index.exists() and "running" in index.read_text() or proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    row = sweep.read_index(tmp_path / "term").iloc[0]
+    assert row["status"] == "interrupted" and not (tmp_path / "term" / row["point"] / sweep.DONE_FILE).exists()
+    assert f"point 1/1 hidden=16 [{row['point']}] started" in err
+
+
+@pytest.mark.slow
+def test_a_cell_past_the_cell_timeout_fails_its_point_and_the_timeout_is_in_the_spec(tmp_path, capsys):
+    args = ["sweep", "--name", "slow", "--preset", "cpu-smoke", "--grid", "hidden=16", "--out", str(tmp_path),
+            "--no-report", "--cell-timeout", "1"]
+    args += [a for k, v in LONG.items() for a in ("--set", f"{k}={v}")]
+    assert cli.main(args) == 1
+    assert results.read_json(tmp_path / "slow" / sweep.SPEC_FILE)["cell_timeout"] == 1
+    row = sweep.read_index(tmp_path / "slow").iloc[0]
+    assert (row["status"], row["error_kind"]) == ("failed", "timeout")
+    assert "point 1/1 hidden=16" in capsys.readouterr().err

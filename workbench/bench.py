@@ -164,9 +164,8 @@ def run_bench(opts: BenchOptions, out: str | Path = "results/bench", run_id: str
     base_cfg = config_mod.from_preset(preset, **opts.overrides)
     variants = resolve_variants(preset, opts.variants)
     device = runner.resolve_device(base_cfg)
-    run_id = run_id or f"{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-bench-{preset}"
-    bench_dir = Path(out) / run_id
-    bench_dir.mkdir(parents=True, exist_ok=True)
+    bench_dir = results.create_run_dir(out, run_id, f"{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-bench-{preset}")
+    run_id = bench_dir.name
     t0 = time.perf_counter()
 
     _say(progress, f"[bench] peak probe on {device}")
@@ -209,8 +208,8 @@ def _run_variant(v: Variant, preset: str, opts: BenchOptions, bench_dir: Path, p
         cfg, rejected = variant_config(preset, opts.overrides, v)
     except ConfigError as e:  # the variant's own overrides are not allowed here
         rejected, cfg = [{"student": s, "status": "error", "reason": f"config rejected: {e}"} for s in v.backends], None
-    _write_rejected(bench_dir, v, rejected)
     if cfg is None:
+        _write_rejected(bench_dir, v, rejected)
         return {"status": "error", "reason": "no student of this variant passed config validation", "wall_s": 0.0}
     extra = crosscheck.profiled_block if opts.crosscheck else None
     try:
@@ -218,6 +217,7 @@ def _run_variant(v: Variant, preset: str, opts: BenchOptions, bench_dir: Path, p
             run_dir = runner.run(cfg, out=bench_dir / "runs", run_id=v.name, progress=progress,
                                  requested={"bench_variant": v.name, "preset": preset, **opts.overrides, **v.overrides})
         results.write_json(run_dir / "observations.json", _match_observations(run_dir, seen.observations))
+        _write_rejected(bench_dir, v, rejected)  # after the run: runner.run creates its folder itself, new
         return {"status": "ok", "reason": "", "wall_s": time.perf_counter() - t}
     except Exception as e:  # a failing variant is rows that say why, never the end of the bench
         reason = f"{type(e).__name__}: {e}".strip()[:2000]
@@ -311,7 +311,7 @@ def bench_rows(bench_dir: Path) -> pd.DataFrame:
     rows = []
     for run_dir in runs:
         variant = run_dir.name
-        if (run_dir / "students.csv").exists():
+        if results.is_complete(run_dir):  # a run that failed half-way is in not_run.csv
             obs = _read(run_dir / "observations.json") or {}
             for r in results.load(run_dir).to_dict("records"):
                 rows.append(_bench_row(meta, peak, variant, r, (obs.get("students") or {}).get(r["student"]),
@@ -516,7 +516,7 @@ def _fmt(x, spec: str = ".3g", suffix: str = "") -> str:
 
 
 def bench_dirs(path: str | Path) -> list[Path]:
-    return results.run_dirs(path, marker="bench.csv")
+    return results.folders_with(path, "bench.csv")
 
 
 def markdown(path: str | Path) -> str:

@@ -13,6 +13,7 @@ import importlib
 import json
 import sys
 
+from workbench import results
 from workbench.config import ConfigError
 
 # command -> (module, help); each module has add_arguments(parser) and main(args) -> int
@@ -32,14 +33,15 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a config field, e.g. --set hidden=1024 --set backends=torch_bf16,te_fp8:current")
     p.add_argument("--out", default="results", help="parent folder of the run folder")
-    p.add_argument("--run-id", default=None, help="run folder name (default: <timestamp>-<preset>)")
+    p.add_argument("--run-id", default=None,
+                   help="run folder name, new (letters, digits, . _ -; default: <timestamp>-<preset>)")
 
 
 add_arguments = add_run_arguments
 
 
 def main_run(args: argparse.Namespace) -> int:
-    from workbench import config, runner, results
+    from workbench import config, runner
 
     overrides = config.parse_set(args.overrides)
     cfg = config.from_preset(args.preset, **overrides)
@@ -65,6 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return handler(args)
+    except results.OutputError as e:  # a folder name, an output root, a folder in use: usage, not config
+        print(f"workbench {args.command}: {e}", file=sys.stderr)
+        return 2
+    except results.DamagedResults as e:
+        print(f"workbench {args.command}: {e}", file=sys.stderr)
+        return 1
     except ConfigError as e:
         print(f"workbench {args.command}: invalid configuration: {e}", file=sys.stderr)
         return 2

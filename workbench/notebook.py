@@ -153,15 +153,17 @@ def execute(preset: str = "auto", overrides: dict[str, Any] | None = None, out: 
             progress: bool = False, cell_timeout: int | None = None, log_output: bool = True) -> Path:
     """Execute the notebook with papermill into <out>/<run_id>/; returns the run folder.
 
-    `log_output`: the kernel's output (the runner's per-student lines) is copied to this process's
-    stdout / stderr while it runs. `cell_timeout`: seconds one cell may run (papermill's
-    execution_timeout; None: no limit). The executed notebook is written beside the results under a
-    temporary name and moved into place when papermill returns or raises, so a reader never sees a
-    truncated file and a failed run still leaves the notebook that shows the failure.
-    Raises papermill.PapermillExecutionError if a cell fails.
+    The folder is created here, exclusively, to hold the executed notebook; the kernel's run takes it
+    over (results.HANDOVER_ENV). `log_output`: the kernel's output (the runner's per-student lines) is
+    copied to this process's stdout / stderr while it runs. `cell_timeout`: seconds one cell may run
+    (papermill's execution_timeout; None: no limit). The executed notebook is written beside the results
+    under a temporary name and moved into place when papermill returns or raises, so a reader never sees
+    a truncated file and a failed run still leaves the notebook that shows the failure.
+    Raises papermill.PapermillExecutionError if a cell fails, nbclient's CellTimeoutError when a cell runs
+    past `cell_timeout`.
     """
     import papermill as pm
-    from workbench import runner
+    from workbench import results, runner
 
     if importlib.util.find_spec("ipykernel") is None:  # else papermill's "No such kernel named python3"
         raise ModuleNotFoundError(NO_KERNEL)
@@ -169,23 +171,23 @@ def execute(preset: str = "auto", overrides: dict[str, Any] | None = None, out: 
     cfg = config.from_preset(preset, **overrides)  # validate before starting a kernel
     names = {config.locate(k)[1] for k in overrides}
     typed = {k: v for k, v in cfg.flat().items() if k in names}  # coerced values, papermill writes them as literals
-    run_id = run_id or runner.new_run_id(cfg)
-    run_dir = Path(out).resolve() / run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = results.create_run_dir(out, run_id, runner.new_run_id(cfg))
     kernel_uses_this_python()
     executed = run_dir / notebook.name
     partial = run_dir / f".{notebook.name}.partial.ipynb"  # papermill saves after every cell
+    os.environ[results.HANDOVER_ENV] = str(run_dir)  # the kernel inherits the environment at its start
     with resources.as_file(notebook) as source:
         try:
             pm.execute_notebook(
                 str(source), str(partial),
-                parameters={"preset": cfg.preset, "out": str(run_dir.parent), "run_id": run_id, **typed},
+                parameters={"preset": cfg.preset, "out": str(run_dir.parent), "run_id": run_dir.name, **typed},
                 kernel_name="python3", language="python", progress_bar=progress,
                 log_output=log_output, stdout_file=sys.stdout if log_output else None,
                 stderr_file=sys.stderr if log_output else None, execution_timeout=cell_timeout,
                 cwd=str(checkout_root() or Path.cwd()),
             )
         finally:
+            os.environ.pop(results.HANDOVER_ENV, None)
             if partial.exists():
                 os.replace(partial, executed)
     return run_dir

@@ -1,6 +1,7 @@
 """Plots of a run, read only from its result files (students.csv, losses.csv).
 
 Each function returns a matplotlib Figure; `plot_run` saves all of them as PNG and SVG next to the data.
+They read a run before its done.json too: the runner plots a run before it marks it complete.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def _label(r) -> str:
 
 
 def loss_curves(run_dir: str | Path) -> plt.Figure:
-    df, losses = results.load(run_dir), results.load_losses(run_dir)
+    df, losses = results.load(run_dir, include_incomplete=True), results.load_losses(run_dir)
     fig, ax = plt.subplots(figsize=(9, 4.8))
     styles = ["-", "--", ":", "-."]  # matched students often overlap exactly: keep every line visible
     for i, (_, r) in enumerate(df[df["status"].isin(RAN)].iterrows()):
@@ -60,7 +61,7 @@ def _bars(ax, df: pd.DataFrame, col: str, err: tuple[str, str] | None = None) ->
 
 
 def step_time(run_dir: str | Path) -> plt.Figure:
-    df = results.load(run_dir)
+    df = results.load(run_dir, include_incomplete=True)
     fig, ax = plt.subplots(figsize=(9, 4.8))
     _bars(ax, df, "step_ms_median", ("step_ms_p20", "step_ms_p80"))
     ax.set(ylabel="student train step, ms (median; whiskers p20–p80)", title=_title(df, "Step time"))
@@ -69,7 +70,7 @@ def step_time(run_dir: str | Path) -> plt.Figure:
 
 
 def peak_memory(run_dir: str | Path) -> plt.Figure:
-    df = results.load(run_dir)
+    df = results.load(run_dir, include_incomplete=True)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
     _bars(axes[0], df, "peak_mem_allocated_mb")
     _bars(axes[1], df, "peak_mem_reserved_mb")

@@ -7,19 +7,35 @@ results/<run_id>/
   students.csv   one row per student: schema version, config, env stamp, metrics with units in names
   losses.csv     step, student, loss
   *.png / *.svg  plots (workbench.plots)
+  done.json      written last: the run is complete (loaders skip folders without it); it records the size
+                 of students.csv, so a file damaged later is named instead of read as half a row
 Every write goes to a temporary file in the same folder, then os.replace: a reader never sees half a file.
+
+Every command names its folders through `output_root`, `check_name` and `create_run_dir`: run ids and
+sweep names are single folder names (no `..`, no `/`), and a run folder is created exclusively, so two
+runs never write into one folder.
 """
 from __future__ import annotations
 
+import datetime as _dt
+import itertools
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from workbench.config import Config, ConfigError
+
 SCHEMA_VERSION = 1
+DONE_FILE = "done.json"
+HANDOVER_ENV = "WORKBENCH_RUN_DIR"
+"""A driver (`workbench notebook`, a sweep point) creates the run folder and names it here for the
+notebook kernel it starts; the kernel's `create_run_dir` takes that one folder over, once."""
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 STUDENT_COLUMNS = [  # the first columns of students.csv, in order; config and env stamp follow
     "schema_version", "run_id", "student", "backend", "recipe", "mode", "gemm_precision", "status", "reason",
@@ -86,20 +102,127 @@ def students_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     return df[first + [c for c in df.columns if c not in first]]
 
 
-def run_dirs(path: str | Path, marker: str = "students.csv") -> list[Path]:
-    """`path` itself if it is a run folder (has `marker`), else every run folder below it (sorted)."""
+# ---- folders -------------------------------------------------------------------------------------
+class OutputError(ConfigError):
+    """A folder the user named cannot be used: a bad name, an unwritable root, a folder in use."""
+
+
+class DamagedResults(ValueError):
+    """A result file that was cut short or changed after its run finished."""
+
+
+def check_name(value: str, what: str) -> str:
+    """`value` as a folder name directly below an output root (run id, sweep name), or OutputError."""
+    if not isinstance(value, str) or not _NAME.fullmatch(value) or value in (".", ".."):
+        raise OutputError(f"{what} {value!r} is not allowed: one folder name of letters, digits, '.', '_' "
+                          f"and '-', starting with a letter or digit, at most 128 characters")
+    return value
+
+
+def output_root(out: str | Path) -> Path:
+    """`out` resolved, created if missing and checked writable; OutputError (one line) otherwise."""
+    root = Path(out).expanduser().resolve()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=root).close()  # the one check that holds for root users and read-only mounts
+    except OSError as e:
+        raise OutputError(f"output folder {out}: {e.strerror or e} (it must be a folder this user can write)") from None
+    return root
+
+
+def create_run_dir(out: str | Path, run_id: str | None, auto_id: str) -> Path:
+    """A new, empty run folder <out>/<run_id>, created exclusively.
+
+    An explicit `run_id` that exists is an OutputError; the automatic `auto_id` gets a -2, -3, ... suffix
+    instead. The one exception: the folder this process was handed by its driver (HANDOVER_ENV), taken once.
+    """
+    root = output_root(out)
+    if run_id is not None:
+        path = root / check_name(run_id, "run id")
+        if os.environ.get(HANDOVER_ENV) == str(path) and path.is_dir() and not (path / "config.json").exists():
+            del os.environ[HANDOVER_ENV]  # one run per handed folder: a second run in the kernel gets its own
+            return path
+        try:
+            path.mkdir()
+        except FileExistsError:
+            raise OutputError(f"run folder {path} exists already: choose another --run-id, or leave it out "
+                              f"for a new one") from None
+        return path
+    check_name(auto_id, "run id")
+    for n in itertools.count(1):
+        path = root / (auto_id if n == 1 else f"{auto_id}-{n}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue  # another run started in the same second
+
+
+# ---- completeness --------------------------------------------------------------------------------
+def mark_complete(run_dir: str | Path, **info: Any) -> Path:
+    """Write done.json, the last file of a run: it makes the run complete and records the size of
+    students.csv, against which `load` checks it."""
+    run_dir = Path(run_dir)
+    students = run_dir / "students.csv"
+    return write_json(run_dir / DONE_FILE, {
+        "finished_at": _dt.datetime.now().isoformat(timespec="seconds"),
+        "students_csv_bytes": students.stat().st_size, "students_rows": len(pd.read_csv(students)), **info})
+
+
+def is_complete(run_dir: str | Path) -> bool:
+    return (Path(run_dir) / "students.csv").exists() and (Path(run_dir) / DONE_FILE).exists()
+
+
+def folders_with(path: str | Path, name: str) -> list[Path]:
+    """`path` itself if it holds a file `name`, else every folder below it that does (sorted)."""
     path = Path(path)
-    if (path / marker).exists():
+    if (path / name).exists():
         return [path]
-    return sorted(p.parent for p in path.rglob(marker))
+    return sorted(p.parent for p in path.rglob(name))
 
 
-def load(path: str | Path) -> pd.DataFrame:
-    """students.csv of one run, or of every run below `path`, as one DataFrame."""
-    dirs = run_dirs(path)
+def run_dirs(path: str | Path, include_incomplete: bool = False) -> list[Path]:
+    """The complete run folders at or below `path` (also the incomplete ones if asked)."""
+    return [d for d in folders_with(path, "students.csv") if include_incomplete or is_complete(d)]
+
+
+def read_students(run_dir: str | Path) -> pd.DataFrame:
+    """One run's students.csv; DamagedResults naming the file when it is cut short or unreadable."""
+    path = Path(run_dir) / "students.csv"
+    done = Path(run_dir) / DONE_FILE
+    expected = (read_json(done) if done.exists() else {}).get("students_csv_bytes")
+    size = path.stat().st_size
+    if expected is not None and size != expected:
+        raise DamagedResults(f"{path} is damaged: {size} bytes, but {DONE_FILE} recorded {expected} "
+                             f"(cut short or changed after the run finished)")
+    with open(path, "rb") as f:  # without done.json: a file the writer finished ends with a newline
+        f.seek(max(size - 1, 0))
+        if size == 0 or f.read(1) != b"\n":
+            raise DamagedResults(f"{path} is damaged: {'empty' if size == 0 else 'its last row is cut short'}")
+    try:
+        df = pd.read_csv(path)
+    except (ValueError, UnicodeDecodeError) as e:  # pandas' ParserError / EmptyDataError are ValueErrors
+        raise DamagedResults(f"{path} is damaged: {' '.join(str(e).split())[:300]}") from None
+    if "student" not in df.columns or "status" not in df.columns or df[["student", "status"]].isna().any().any():
+        raise DamagedResults(f"{path} is damaged: a row without its student or status")
+    return df
+
+
+def load(path: str | Path, include_incomplete: bool = False) -> pd.DataFrame:
+    """students.csv of one run, or of every complete run below `path`, as one DataFrame.
+
+    Incomplete runs (no done.json: interrupted, or still running) are skipped; `include_incomplete=True`
+    reads them too, with a `complete` column saying which rows come from a finished run.
+    """
+    dirs = run_dirs(path, include_incomplete)
     if not dirs:
-        raise FileNotFoundError(f"no students.csv in or below {path}")
-    return pd.concat([pd.read_csv(d / "students.csv") for d in dirs], ignore_index=True)
+        partial = run_dirs(path, include_incomplete=True)
+        why = f" (incomplete, no {DONE_FILE}: interrupted or still running: {partial[0]})" if partial else ""
+        raise FileNotFoundError(f"no complete run in or below {path}{why}")
+    frames = [read_students(d) for d in dirs]
+    if include_incomplete:
+        frames = [f.assign(complete=is_complete(d)) for f, d in zip(frames, dirs)]
+    return pd.concat(frames, ignore_index=True)
 
 
 def load_losses(run_dir: str | Path) -> pd.DataFrame:
@@ -110,7 +233,5 @@ def load_summary(run_dir: str | Path) -> dict[str, Any]:
     return read_json(Path(run_dir) / "summary.json")
 
 
-def load_config(run_dir: str | Path):
-    from workbench.config import Config
-
+def load_config(run_dir: str | Path) -> Config:
     return Config.from_dict(read_json(Path(run_dir) / "config.json")["config"])

@@ -3,7 +3,7 @@
     from workbench import config, runner
     run_dir = runner.run(config.from_preset("cpu-smoke"), out="results")
 
-Writes results/<run_id>/ (see workbench.results). A student that cannot run here becomes a row with
+Writes results/<run_id>/ (see workbench.results), done.json last. A student that cannot run here becomes a row with
 status 'skipped' and the reason; one that fails or diverges becomes an 'error' / 'diverged' row; the
 other students still run.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import gc
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -98,9 +99,9 @@ def run(cfg: Config, out: str | Path = "results", run_id: str | None = None, req
     """Run every student in `cfg.backends`; return the run folder. `out` is the parent folder."""
     cfg.validate()
     device = resolve_device(cfg)
-    run_id = run_id or new_run_id(cfg)
-    run_dir = Path(out) / run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    run_dir = results.create_run_dir(out, run_id, new_run_id(cfg))  # exclusive: never two runs in one folder
+    run_id = run_dir.name
     env = probe.probe()
     env["te_install"] = last_install()
     tdtype = teacher_dtype(cfg, device)
@@ -152,6 +153,7 @@ def run(cfg: Config, out: str | Path = "results", run_id: str | None = None, req
     from workbench import plots  # matplotlib only once there is something to plot
 
     plots.plot_run(run_dir)
+    results.mark_complete(run_dir, run_id=run_id, wall_s=round(time.monotonic() - t0, 2))  # last: the run is complete
     return run_dir
 
 

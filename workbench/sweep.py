@@ -18,24 +18,29 @@ A spec file (sweep.json, written at the start, is one too):
         - {hidden: 512, intermediate: 2048}
         - {hidden: 1024, intermediate: 4096}
 
+    cell_timeout: 3600                 # optional: seconds one notebook cell may run (--cell-timeout)
+
 results/sweeps/<name>/
   sweep.json   the spec a bare restart resumes
-  index.csv    one row per point: id, grid values, status (running/done/failed), error, wall time
-  <point>/     a run folder (workbench.results files + the executed notebook) and done.json
+  index.csv    one row per point: id, grid values, status (running/done/failed/interrupted), error, wall time
+  <point>/     a run folder (workbench.results files, done.json last, + the executed notebook)
   report/      workbench.report's CSVs, plots and report.html (written at the end)
 
-A point's id is a short hash of its resolved config. It is complete when <point>/students.csv and
-<point>/done.json exist; done.json is written only after the notebook finished, so a sweep killed at
-any moment and restarted skips exactly the complete points and reruns the others from an empty folder:
-nothing lost, nothing duplicated. A point whose notebook fails (cell error, out of memory, dead
-kernel) is recorded in index.csv with its error and the sweep goes on; a restart retries it.
+A point's id is a short hash of its resolved config. It is complete when its run is (students.csv and
+done.json, written last by the run; a point whose notebook fails after that loses its done.json), so a
+sweep killed at any moment and restarted skips exactly the complete points and reruns the others from
+an empty folder: nothing lost, nothing duplicated. A point whose notebook fails (cell error, cell
+timeout, out of memory, dead kernel) is recorded in index.csv with its error and the sweep goes on; a
+restart retries it. Points running when the driver is stopped (Ctrl-C, SIGTERM) become `interrupted`.
 Students that error or diverge inside a finished point are rows of its students.csv (status/reason)
-and are summarised in the index's `problems` column.
+and are summarised in the index's `problems` column. index.csv can always be rebuilt from the points'
+folders, and is, with a line saying so, when it is found damaged.
 """
 from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import fcntl
 import hashlib
 import itertools
 import json
@@ -51,15 +56,15 @@ from typing import Any, Iterator
 
 import pandas as pd
 import yaml
-from filelock import FileLock, Timeout
 
 from workbench import config, results
 from workbench.config import ConfigError
 
 DEFAULT_ROOT = Path("results") / "sweeps"
-SPEC_FILE, INDEX_FILE, DONE_FILE, LOCK_FILE = "sweep.json", "index.csv", "done.json", ".lock"
+SPEC_FILE, INDEX_FILE, DONE_FILE = "sweep.json", "index.csv", results.DONE_FILE
 INDEX_COLUMNS = ["point", "status", "error_kind", "error", "problems", "wall_s", "started_at",
                  "finished_at", "worker", "overrides"]
+STATUSES = ("running", "done", "failed", "interrupted")
 
 
 # ---- the spec ----------------------------------------------------------------------------------
@@ -71,20 +76,28 @@ class Spec:
     """Overrides every point gets (`--set`, `set:`)."""
     grid: dict[str, list] = field(default_factory=dict)
     """axis -> values: a config field's values, or (linked axis) dicts of field values."""
+    cell_timeout: int | None = None
+    """Seconds one notebook cell may run before its point fails as 'timeout' (None: no limit)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "preset": self.preset, "set": self.fixed, "grid": self.grid}
+        return {"name": self.name, "preset": self.preset, "set": self.fixed, "grid": self.grid,
+                "cell_timeout": self.cell_timeout}
 
     @staticmethod
     def from_dict(d: dict[str, Any], name: str | None = None) -> "Spec":
-        unknown = set(d) - {"name", "preset", "set", "grid"}
+        unknown = set(d) - {"name", "preset", "set", "grid", "cell_timeout"}
         if unknown:
-            raise ConfigError(f"sweep spec: unknown keys {sorted(unknown)}; allowed: name, preset, set, grid")
+            raise ConfigError(f"sweep spec: unknown keys {sorted(unknown)}; allowed: name, preset, set, grid, cell_timeout")
         name = name or d.get("name")
         if not name:
             raise ConfigError("sweep spec: a sweep needs a name (--name or `name:`)")
-        spec = Spec(name=str(name), preset=str(d.get("preset") or "auto"), fixed=dict(d.get("set") or {}),
-                    grid={str(k): v if isinstance(v, list) else [v] for k, v in (d.get("grid") or {}).items()})
+        timeout = d.get("cell_timeout")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int) or timeout <= 0):
+            raise ConfigError(f"sweep spec: cell_timeout must be a positive number of seconds, got {timeout!r}")
+        spec = Spec(name=results.check_name(str(name), "sweep name"), preset=str(d.get("preset") or "auto"),
+                    fixed=dict(d.get("set") or {}),
+                    grid={str(k): v if isinstance(v, list) else [v] for k, v in (d.get("grid") or {}).items()},
+                    cell_timeout=timeout)
         spec.axes()  # fail early on a malformed grid
         return spec
 
@@ -217,23 +230,51 @@ def check_spec_shape(d: Any, where: str = "sweep spec") -> dict[str, Any]:
 
 
 # ---- the index ---------------------------------------------------------------------------------
+class DamagedIndex(results.DamagedResults):
+    """index.csv cut short, garbage or empty; `Index` rebuilds it from the point folders."""
+
+
 def read_index(sweep_dir: str | Path) -> pd.DataFrame:
     path = Path(sweep_dir) / INDEX_FILE
     if not path.exists():
         return pd.DataFrame(columns=INDEX_COLUMNS)
-    return pd.read_csv(path, dtype={"point": str}, keep_default_na=False, na_values=[""])
+    data = path.read_bytes()
+    if not data.endswith(b"\n"):  # the writer always ends with a newline
+        raise DamagedIndex(f"{path} is {'empty' if not data else 'cut short'}")
+    try:
+        df = pd.read_csv(path, dtype={"point": str}, keep_default_na=False, na_values=[""])
+    except (ValueError, UnicodeDecodeError) as e:  # pandas' ParserError / EmptyDataError are ValueErrors
+        raise DamagedIndex(f"{path} is unreadable ({' '.join(str(e).split())[:200]})") from None
+    if not {"point", "status"} <= set(df.columns) or df["point"].isna().any() or not df["status"].isin(STATUSES).all():
+        raise DamagedIndex(f"{path} is garbage (no point/status columns, or rows without a point or a known status)")
+    return df
 
 
 class Index:
-    """index.csv, owned by the sweep's one driving process and rewritten atomically on every change."""
+    """index.csv, owned by the sweep's one driving process and rewritten atomically on every change.
 
-    def __init__(self, sweep_dir: Path):
+    Opened by the lock holder: a `running` row left behind is a dead driver's (now `interrupted`), a
+    complete point folder the index does not call done (killed between the two, or a damaged index)
+    is entered as done from its files."""
+
+    def __init__(self, sweep_dir: Path, points: list[Point]):
         self.path = sweep_dir / INDEX_FILE
-        df = read_index(sweep_dir)
+        try:
+            df = read_index(sweep_dir)
+        except DamagedIndex as e:
+            print(f"workbench sweep: {e}; rebuilt it from the points' {DONE_FILE}", file=sys.stderr)
+            df = pd.DataFrame(columns=INDEX_COLUMNS)
         self.rows: dict[str, dict[str, Any]] = {
             r["point"]: {k: (None if isinstance(v, float) and pd.isna(v) else v) for k, v in r.items()}
             for r in df.to_dict("records")
         }
+        for row in self.rows.values():
+            if row.get("status") == "running":
+                row.update(status="interrupted", error_kind="interrupted", error="the sweep driver stopped")
+        for p in points:
+            if results.is_complete(sweep_dir / p.id) and self.rows.get(p.id, {}).get("status") != "done":
+                self.update(p, **done_fields(sweep_dir / p.id))
+        self.write()
 
     def update(self, point: Point, **fields: Any) -> None:
         row = self.rows.setdefault(point.id, {"point": point.id})
@@ -257,8 +298,12 @@ def _now() -> str:
     return _dt.datetime.now().isoformat(timespec="seconds")
 
 
-def is_complete(point_dir: Path) -> bool:
-    return (point_dir / "students.csv").exists() and (point_dir / DONE_FILE).exists()
+def done_fields(point_dir: Path) -> dict[str, Any]:
+    """The index fields of a complete point, from its files."""
+    marker = results.read_json(point_dir / DONE_FILE)
+    problems, kind = student_problems(point_dir)
+    return {"status": "done", "error_kind": kind, "error": None, "problems": problems,
+            "wall_s": marker.get("wall_s"), "finished_at": marker.get("finished_at")}
 
 
 def planned_ids(sweep_dir: str | Path) -> set[str] | None:
@@ -273,11 +318,12 @@ def complete_points(sweep_dir: str | Path) -> list[Path]:
     sweep_dir = Path(sweep_dir)
     wanted = planned_ids(sweep_dir)
     return sorted(d for d in sweep_dir.iterdir()
-                  if d.is_dir() and is_complete(d) and (wanted is None or d.name in wanted))
+                  if d.is_dir() and results.is_complete(d) and (wanted is None or d.name in wanted))
 
 
 # ---- one point -----------------------------------------------------------------------------------
-def run_point(sweep_dir: Path, preset: str, point_id: str, overrides: dict[str, Any]) -> dict[str, Any]:
+def run_point(sweep_dir: Path, preset: str, point_id: str, overrides: dict[str, Any],
+              cell_timeout: int | None = None) -> dict[str, Any]:
     """Execute the main notebook for one point; return its index fields. Never raises for a failing
     notebook (the failure is the result); KeyboardInterrupt still stops the sweep."""
     from workbench import notebook
@@ -288,32 +334,29 @@ def run_point(sweep_dir: Path, preset: str, point_id: str, overrides: dict[str, 
     t0 = time.monotonic()
     error = None
     try:
-        notebook.execute(preset, overrides, out=sweep_dir, run_id=point_id)
-        if not (point_dir / "students.csv").exists():
-            error = ("error", "the notebook finished without writing students.csv")
+        notebook.execute(preset, overrides, out=sweep_dir, run_id=point_id, cell_timeout=cell_timeout)
+        if not results.is_complete(point_dir):
+            error = ("error", f"the notebook finished without a complete run (students.csv, {DONE_FILE})")
     except Exception as e:  # noqa: BLE001 - any failure of one point is recorded; the sweep goes on
         error = describe_failure(e)
+        (point_dir / DONE_FILE).unlink(missing_ok=True)  # a point is complete only once its notebook is
     wall_s = round(time.monotonic() - t0, 2)
     if error:
         return {"status": "failed", "error_kind": error[0], "error": error[1], "wall_s": wall_s,
                 "finished_at": _now()}
-    problems, kind = student_problems(point_dir)
-    # Last: done.json is what makes the point complete, so it must only exist after everything else.
-    results.write_json(point_dir / DONE_FILE, {"point": point_id, "finished_at": _now(), "wall_s": wall_s,
-                                              "overrides": overrides, "problems": problems,
-                                              "problem_kind": kind})
-    return {"status": "done", "error_kind": kind, "error": None, "problems": problems, "wall_s": wall_s,
-            "finished_at": _now()}
+    return {**done_fields(point_dir), "wall_s": wall_s}
 
 
 _OOM = re.compile(r"out of memory|OutOfMemoryError|can't allocate memory|Cannot allocate memory", re.I)
 
 
 def describe_failure(e: BaseException) -> tuple[str, str]:
-    """(kind, message): kind is 'oom', 'kernel_died', 'cell_error' or 'error'."""
-    from nbclient.exceptions import DeadKernelError
+    """(kind, message): kind is 'oom', 'kernel_died', 'timeout', 'cell_error' or 'error'."""
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError
     from papermill.exceptions import PapermillExecutionError
 
+    if isinstance(e, CellTimeoutError):
+        return "timeout", " ".join(f"a cell ran past the cell timeout: {e}".split())[:2000]
     if isinstance(e, PapermillExecutionError):
         msg, kind = f"{e.ename}: {e.evalue} (cell {e.exec_count})", "cell_error"
     elif isinstance(e, DeadKernelError):
@@ -330,7 +373,7 @@ def student_problems(point_dir: Path) -> tuple[str, str | None]:
     """('te_fp8:current diverged: …; torchao_float8 skipped: …', kind) for the students of a finished
     point that did not run cleanly. kind ('oom', 'diverged', 'student_error' or None; skipped students
     are not errors) makes such points filterable in the index although the point itself is complete."""
-    df = results.load(point_dir)
+    df = results.read_students(point_dir)
     bad = df[~df["status"].isin(["ok", "fallback"])]
     text = "; ".join(f"{r.student} {r.status}: {r.reason}" for r in bad.itertuples())[:2000]
     errors = bad[bad["status"].isin(["error", "diverged"])]
@@ -359,20 +402,21 @@ def worker_slots(workers: str | int) -> list[str | None]:
     return [None] if n == 1 else ids[:n]  # one worker keeps the parent's CUDA_VISIBLE_DEVICES
 
 
-def _worker(gpu: str, tasks, events, sweep_dir: str, preset: str) -> None:
+def _worker(gpu: str, tasks, events, sweep_dir: str, preset: str, cell_timeout: int | None) -> None:
     """A worker process pinned to one GPU: the kernels it starts inherit CUDA_VISIBLE_DEVICES."""
     os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     for point_id, overrides in iter(tasks.get, None):
         events.put(("start", point_id, gpu, {}))
-        events.put(("end", point_id, gpu, run_point(Path(sweep_dir), preset, point_id, overrides)))
+        events.put(("end", point_id, gpu, run_point(Path(sweep_dir), preset, point_id, overrides, cell_timeout)))
 
 
-def _execute(points: list[Point], slots: list[str | None], sweep_dir: Path, preset: str) -> Iterator[tuple]:
+def _execute(points: list[Point], slots: list[str | None], sweep_dir: Path, preset: str,
+             cell_timeout: int | None) -> Iterator[tuple]:
     """Yield ('start'|'end', point id, worker, fields) events as the points run."""
     if len(slots) == 1:  # in this process: simplest, and Ctrl-C stops it cleanly
         for p in points:
             yield "start", p.id, slots[0], {}
-            yield "end", p.id, slots[0], run_point(sweep_dir, preset, p.id, p.overrides)
+            yield "end", p.id, slots[0], run_point(sweep_dir, preset, p.id, p.overrides, cell_timeout)
         return
     import multiprocessing as mp
     import queue
@@ -381,7 +425,7 @@ def _execute(points: list[Point], slots: list[str | None], sweep_dir: Path, pres
     tasks, events = ctx.Queue(), ctx.Queue()
     for p in points:
         tasks.put((p.id, p.overrides))
-    procs = [ctx.Process(target=_worker, args=(gpu, tasks, events, str(sweep_dir), preset), daemon=True)
+    procs = [ctx.Process(target=_worker, args=(gpu, tasks, events, str(sweep_dir), preset, cell_timeout), daemon=True)
              for gpu in slots]
     for proc in procs:
         tasks.put(None)
@@ -393,7 +437,7 @@ def _execute(points: list[Point], slots: list[str | None], sweep_dir: Path, pres
                 ev = events.get(timeout=5)
             except queue.Empty:
                 if not any(proc.is_alive() for proc in procs):
-                    return  # every worker died; what did not end stays 'running' and reruns next time
+                    return  # every worker died; what did not end becomes 'interrupted' and reruns next time
                 continue
             ended += ev[0] == "end"
             yield ev
@@ -405,19 +449,33 @@ def _execute(points: list[Point], slots: list[str | None], sweep_dir: Path, pres
 
 
 # ---- the sweep -------------------------------------------------------------------------------------
+def sweep_folder(root: str | Path, name: str) -> Path:
+    """<root>/<name>: a sweep name is one folder name (results.check_name), never a path."""
+    return Path(root) / results.check_name(str(name), "sweep name")
+
+
 @contextlib.contextmanager
 def sweep_lock(sweep_dir: Path) -> Iterator[None]:
-    """Two processes driving one sweep folder would run points twice; the second one is refused. An OS
-    file lock (filelock): a killed driver's lock goes with its process, so a restart never finds a stale one."""
-    lock = FileLock(sweep_dir / LOCK_FILE)
+    """Two processes driving one sweep folder would run points twice; the second one is refused.
+
+    The lock is an OS lock (flock) on the sweep folder itself, held through an open descriptor: it
+    goes with a killed driver's process (never stale), and there is no lock file that a user could
+    delete as a leftover while a driver runs."""
+    fd = os.open(sweep_dir, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        raise ConfigError(f"sweep folder {sweep_dir} is being run by another process") from None
-    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise results.OutputError(f"sweep folder {sweep_dir} is being run by another process; wait for "
+                                      f"it to finish (or stop it), then run this again") from None
         yield
     finally:
-        lock.release()
+        os.close(fd)  # releases the lock
+
+
+def describe_point(p: Point, n: int, total: int) -> str:
+    """'point 3/10 hidden=2048 seq_len=1024 [a1b2c3d4e5]': what a progress line says is running."""
+    return " ".join([f"point {n}/{total}", *(f"{k}={_cell(v)}" for k, v in p.grid.items()), f"[{p.id}]"])
 
 
 def run_sweep(spec: Spec, root: str | Path = DEFAULT_ROOT, workers: str | int = "auto",
@@ -426,42 +484,54 @@ def run_sweep(spec: Spec, root: str | Path = DEFAULT_ROOT, workers: str | int = 
     from tqdm.auto import tqdm
 
     points = plan(spec)  # validates every point before any kernel starts
-    sweep_dir = (Path(root) / spec.name).resolve()
-    sweep_dir.mkdir(parents=True, exist_ok=True)
+    sweep_dir = sweep_folder(results.output_root(root), spec.name)
+    sweep_dir.mkdir(exist_ok=True)
     with sweep_lock(sweep_dir):
         results.write_json(sweep_dir / SPEC_FILE, spec.to_dict())
-        index = Index(sweep_dir)
-        todo = []
-        for p in points:
-            if is_complete(sweep_dir / p.id):
-                if index.rows.get(p.id, {}).get("status") != "done":  # killed between done.json and the index
-                    done = results.read_json(sweep_dir / p.id / DONE_FILE)
-                    index.update(p, status="done", error_kind=done.get("problem_kind"), error=None,
-                                 problems=done.get("problems"), wall_s=done.get("wall_s"),
-                                 finished_at=done.get("finished_at"))
-            else:
-                todo.append(p)
+        index = Index(sweep_dir, points)
+        todo = [p for p in points if not results.is_complete(sweep_dir / p.id)]
         by_id = {p.id: p for p in points}
+        position = {p.id: n for n, p in enumerate(points, 1)}
         counts = {"points": len(points), "skipped": len(points) - len(todo), "done": 0, "failed": 0}
         bar = tqdm(total=len(points), initial=counts["skipped"], desc=f"sweep {spec.name}", unit="point",
                    disable=not progress, file=sys.stderr)
+        running: set[str] = set()
         try:
-            for kind, pid, worker, fields in _execute(todo, worker_slots(workers), sweep_dir, spec.preset):
+            for kind, pid, worker, fields in _execute(todo, worker_slots(workers), sweep_dir, spec.preset,
+                                                      spec.cell_timeout):
+                line = describe_point(by_id[pid], position[pid], len(points))
                 if kind == "start":
+                    running.add(pid)
                     index.update(by_id[pid], status="running", started_at=_now(), finished_at=None,
                                  worker=worker or "", error_kind=None, error=None, problems=None, wall_s=None)
-                    bar.set_postfix_str(f"running {pid}")
+                    bar.set_postfix_str(line)
+                    if progress:
+                        bar.write(f"sweep {spec.name}: {line} started", file=sys.stderr)
                     continue
+                running.discard(pid)
                 index.update(by_id[pid], **fields)
                 counts[fields["status"]] += 1
                 if fields["status"] == "failed":
-                    bar.write(f"sweep {spec.name}: point {pid} {by_id[pid].grid} failed "
-                              f"({fields['error_kind']}): {fields['error'][:300]}")
+                    bar.write(f"sweep {spec.name}: {line} failed ({fields['error_kind']}): {fields['error'][:300]}",
+                              file=sys.stderr)
                 bar.update(1)
         finally:
             bar.close()
-    counts["complete"] = sum(is_complete(sweep_dir / p.id) for p in points)
+            for pid in running:  # the driver is stopping (Ctrl-C, SIGTERM, an error) or its workers died
+                index.update(by_id[pid], status="interrupted", error_kind="interrupted", finished_at=_now(),
+                             error="the sweep driver stopped while this point ran; a restart reruns it")
+    counts["complete"] = sum(results.is_complete(sweep_dir / p.id) for p in points)
     return {"sweep_dir": str(sweep_dir), **counts}
+
+
+def report_only(sweep_dir: Path, reference: str) -> Path:
+    """(Re)write the report of a sweep no driver is running; a damaged index is rebuilt first."""
+    from workbench import report
+
+    with sweep_lock(sweep_dir):  # a live driver's half-written points are not a report
+        stored = sweep_dir / SPEC_FILE
+        Index(sweep_dir, plan(Spec.from_dict(results.read_json(stored))) if stored.exists() else [])
+        return report.run(sweep_dir, reference=reference)
 
 
 # ---- CLI -------------------------------------------------------------------------------------------
@@ -476,6 +546,8 @@ def add_arguments(p) -> None:
     p.add_argument("--link", action="append", default=[], metavar="F1,F2",
                    help="zip these --grid axes (equal lengths) instead of multiplying, e.g. --link hidden,intermediate")
     p.add_argument("--out", default=str(DEFAULT_ROOT), help="parent folder of the sweep folder")
+    p.add_argument("--cell-timeout", type=int, default=None, metavar="SECONDS",
+                   help="a point fails ('timeout') when one notebook cell runs longer (kept in sweep.json)")
     p.add_argument("--workers", default="auto", help="'auto': one per visible GPU, one on a CPU; or a number")
     p.add_argument("--reference", default="torch_bf16", help="student the report compares with")
     p.add_argument("--no-report", action="store_true", help="skip the report notebook at the end")
@@ -485,13 +557,15 @@ def add_arguments(p) -> None:
 def spec_from_args(args) -> Spec:
     d: dict[str, Any] = load_spec_file(args.spec) if args.spec else {}
     name = args.name or d.get("name")
-    stored = Path(args.out) / str(name) / SPEC_FILE if name else None
+    stored = sweep_folder(args.out, name) / SPEC_FILE if name else None
     if not args.spec and not args.grid and stored is not None and stored.exists():
         d = load_spec_file(stored)  # a bare restart: resume the stored sweep (plus any new --set)
     elif not args.spec and not args.grid:
         raise ConfigError("give a spec file or --grid axes (or --name of an existing sweep to resume it)")
     if args.preset:
         d["preset"] = args.preset
+    if args.cell_timeout is not None:
+        d["cell_timeout"] = args.cell_timeout
     d["set"] = {**(d.get("set") or {}), **config.parse_set(args.overrides)}
     d["grid"] = {**(d.get("grid") or {}), **parse_grid_args(args.grid, args.link)}
     return Spec.from_dict(d, name=name)
@@ -507,8 +581,12 @@ def main(args) -> int:
     if args.report_only:
         if not args.name:
             raise ConfigError("--report-only needs --name (the sweep folder <out>/<name>)")
+        sweep_dir = sweep_folder(args.out, args.name)
+        if not sweep_dir.is_dir():
+            print(f"workbench sweep: no report: no sweep folder {sweep_dir}", file=sys.stderr)
+            return 1
         try:
-            out = report.run(Path(args.out) / args.name, reference=args.reference)
+            out = report_only(sweep_dir, args.reference)
         except FileNotFoundError as e:
             print(f"workbench sweep: no report: {e}", file=sys.stderr)
             return 1

@@ -1,0 +1,136 @@
+"""Run folders: names that stay below --out, output roots that cannot be written, exclusive creation,
+the done.json completion marker, and damaged result files named instead of read."""
+import os
+import shutil
+
+import pytest
+
+from workbench import bench, cli, config, notebook, results, runner, sweep
+
+TINY = {"steps": 2, "iters": 1, "warmup": 0, "eval_batches": 1, "backends": "torch_fp32", "baseline": "torch_fp32"}
+BAD_NAMES = ["../x", "../../x", "/tmp/abs", ".", "..", "grp/r1", "", "-x", "a" * 129, "sp ace"]
+
+
+def tiny_run(out, run_id=None):
+    return runner.run(config.from_preset("cpu-smoke", **TINY), out=out, run_id=run_id, progress=False)
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_names_are_one_folder_name(name):
+    with pytest.raises(results.OutputError, match="is not allowed"):
+        results.check_name(name, "run id")
+
+
+@pytest.mark.parametrize("cmd", [
+    ["run", "--preset", "cpu-smoke", "--run-id"],
+    ["notebook", "--preset", "cpu-smoke", "--run-id"],
+    ["bench", "--preset", "cpu-smoke", "--run-id"],
+    ["sweep", "--preset", "cpu-smoke", "--grid", "hidden=32", "--name"],
+    ["sweep", "--report-only", "--name"],
+])
+@pytest.mark.parametrize("name", ["../x", "/tmp/abs-escape", ".", "grp/r1"])
+def test_every_command_refuses_names_that_leave_out(tmp_path, capsys, cmd, name):
+    out = tmp_path / "out"
+    rc = cli.main([*cmd, name, "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "is not allowed" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "x").exists() and not os.path.exists("/tmp/abs-escape")
+    assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.parametrize("cmd", [
+    ["run", "--preset", "cpu-smoke"], ["notebook", "--preset", "cpu-smoke"], ["bench", "--preset", "cpu-smoke"],
+    ["sweep", "--preset", "cpu-smoke", "--grid", "hidden=32", "--name", "s"],
+])
+def test_an_output_root_that_cannot_be_written_is_one_line_and_exit_2(tmp_path, capsys, cmd):
+    a_file = tmp_path / "file"
+    a_file.write_text("not a folder")
+    for out in ("/proc/forbidden", str(a_file / "below")):
+        rc = cli.main([*cmd, "--out", out])
+        err = capsys.readouterr().err
+        assert rc == 2 and f"output folder {out}:" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_an_explicit_run_id_that_exists_is_refused_and_the_first_run_is_kept(tmp_path, capsys):
+    first = tiny_run(tmp_path, "same")
+    before = {p.name: p.read_bytes() for p in first.iterdir()}
+    with pytest.raises(results.OutputError, match="exists already"):
+        tiny_run(tmp_path, "same")
+    assert cli.main(["run", "--preset", "cpu-smoke", "--run-id", "same", "--out", str(tmp_path)]) == 2
+    assert "exists already" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in first.iterdir()} == before
+    assert list(tmp_path.iterdir()) == [first]
+
+
+def test_automatic_ids_of_one_second_get_distinct_folders(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "new_run_id", lambda cfg: "20260101-120000-cpu-smoke")  # both start in one second
+    a, b = tiny_run(tmp_path), tiny_run(tmp_path)
+    assert a != b and (a.name, b.name) == ("20260101-120000-cpu-smoke", "20260101-120000-cpu-smoke-2")
+    assert results.read_json(b / "config.json")["run_id"] == b.name
+    assert set(results.load(tmp_path)["run_id"]) == {a.name, b.name}
+
+
+def test_the_driver_hands_its_folder_to_the_kernel_once(tmp_path, monkeypatch):
+    """`workbench notebook` creates the folder; the kernel's run may take that folder, and only that one."""
+    handed = results.create_run_dir(tmp_path, "nb", "unused")
+    monkeypatch.setenv(results.HANDOVER_ENV, str(handed))
+    (tmp_path / "other").mkdir()
+    with pytest.raises(results.OutputError, match="exists already"):  # any other folder: exclusive as always
+        results.create_run_dir(tmp_path, "other", "unused")
+    assert results.create_run_dir(tmp_path, "nb", "unused") == handed  # the kernel's run
+    with pytest.raises(results.OutputError, match="exists already"):  # a second run in that kernel
+        results.create_run_dir(tmp_path, "nb", "unused")
+
+
+def test_notebook_refuses_an_existing_run_id_before_a_kernel_starts(tmp_path):
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(results.OutputError, match="exists already"):
+        notebook.execute("cpu-smoke", {}, out=tmp_path, run_id="taken")
+    assert list(tmp_path.iterdir()) == [tmp_path / "taken"] and not any((tmp_path / "taken").iterdir())
+
+
+def test_a_run_interrupted_before_its_marker_is_skipped_by_the_loaders(tmp_path, monkeypatch):
+    from workbench import plots
+
+    complete = tiny_run(tmp_path, "complete")
+    assert results.read_json(complete / results.DONE_FILE)["run_id"] == "complete"
+
+    def ctrl_c(run_dir):  # Ctrl-C after summary.json, while the plots are drawn
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(plots, "plot_run", ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        tiny_run(tmp_path, "cut")
+    cut = tmp_path / "cut"
+    assert (cut / "summary.json").exists() and not (cut / results.DONE_FILE).exists()
+    assert results.run_dirs(tmp_path) == [complete]
+    assert set(results.load(tmp_path)["run_id"]) == {"complete"}
+    flagged = results.load(tmp_path, include_incomplete=True).set_index("run_id")["complete"]
+    assert flagged["complete"].all() and not flagged["cut"].any()
+    with pytest.raises(FileNotFoundError, match="incomplete"):
+        results.load(cut)
+
+
+@pytest.mark.parametrize("damage", ["half", "last_row", "empty"])
+def test_a_damaged_students_csv_is_named(smoke_run, tmp_path, damage):
+    _, run_dir = smoke_run
+    copy = shutil.copytree(run_dir, tmp_path / "run")
+    path = copy / "students.csv"
+    data = path.read_bytes()
+    path.write_bytes({"half": data[: len(data) // 2], "last_row": data[:-40], "empty": b""}[damage])
+    with pytest.raises(results.DamagedResults, match=f"{path} is damaged"):
+        results.load(copy)
+    (copy / results.DONE_FILE).unlink()  # not finished: no recorded size, the file's own shape still tells
+    with pytest.raises(results.DamagedResults, match=f"{path} is damaged"):
+        results.load(copy, include_incomplete=True)
+
+
+def test_bench_ids_are_created_exclusively(tmp_path):
+    (tmp_path / "b").mkdir()
+    with pytest.raises(results.OutputError, match="exists already"):
+        bench.run_bench(bench.BenchOptions(preset="cpu-smoke", variants=["smoke"]), out=tmp_path, run_id="b")
+
+
+def test_sweep_names_from_spec_files_are_checked_too():
+    with pytest.raises(results.OutputError, match="sweep name '../x'"):
+        sweep.Spec.from_dict({"name": "../x", "preset": "cpu-smoke", "grid": {"hidden": [32]}})

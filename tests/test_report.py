@@ -24,6 +24,7 @@ def _rows():
                              "gemm_precision": "bf16" if student == "torch_bf16" else "fp8",
                              "reason": "" if ok else "torchao not installed", "gpu_name": "FakeGPU",
                              "step_ms_median": ms, "step_ms_p20": ms and ms * 0.95, "step_ms_p80": ms and ms * 1.05,
+                             "initial_loss": 0.7 if ok else None,
                              "final_train_loss": (0.5 if student == "torch_bf16" else 0.55) if ok else None,
                              "eval_mse": 0.5 if ok else None, "peak_mem_allocated_mb": h * (1.0 if student == "torch_bf16" else 1.1) if ok else None})
     return pd.DataFrame(rows)

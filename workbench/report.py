@@ -167,9 +167,9 @@ def crossover(df: pd.DataFrame) -> pd.DataFrame:
         skipped = ran[~ran["comparable"]]
         if len(skipped):
             row["not_counted_hidden"] = " ".join(str(h) for h in skipped["cfg_hidden"])
-            why = [f"hidden {h}: {'reference ' + rr if rr else 'own loss ' + r}"
-                   for h, r, rr in zip(skipped["cfg_hidden"], skipped["unstable_reason"], skipped["ref_unstable_reason"])]
-            row["note"] = "unstable, not counted: " + "; ".join(why)
+            why = [f"hidden {h} ({'reference' if ref_bad else 'own loss'} rose)"
+                   for h, ref_bad in zip(skipped["cfg_hidden"], skipped["ref_unstable"])]  # details: sweep.csv
+            row["note"] = "unstable, not counted: " + ", ".join(why)
         if ran.empty:
             reasons = sorted({f"{s}: {r}" for s, r in zip(g["status"], g["reason"].fillna(""))})
             row["note"] = "never ran as itself: " + "; ".join(reasons)[:300]
@@ -237,9 +237,10 @@ def headline(cross: pd.DataFrame, gpu: str, reference: str = REFERENCE) -> str:
         wins.append((-key[0], f"from hidden {first['crossover_hidden']} at {where} "
                                f"({pretty(first['student'])}, {first['speedup_at_crossover']:.2f}x)"))
     slow = cross["min_speedup_below_crossover"].dropna()
-    tail = f"; below that FP8 is up to {1 / slow.min():.1f}x slower" if len(slow) and slow.min() < 1 else ""
+    slower = f"up to {1 / slow.min():.3g}x slower" if len(slow) and slow.min() < 1 else ""
     if not wins:
-        return f"On {gpu}, no FP8 student beats {ref} at any size measured{tail.replace('; below that FP8 is', ':')}."
+        return f"On {gpu}, no FP8 student beats {ref} at any size measured" + (f" ({slower})." if slower else ".")
+    tail = f"; below that FP8 is {slower}" if slower else ""
     text = f"On {gpu}, FP8 beats {ref} " + " and ".join(w for _, w in sorted(wins))
     if never:
         text += f", but at no size measured at {' or '.join(never)}"
@@ -295,14 +296,25 @@ def sig3(v: Any) -> Any:
         return "" if math.isnan(v) else str(v)
     if v == 0 or abs(v) < 1e-3:
         return f"{v:.3g}"
-    decimals = 2 - math.floor(math.log10(abs(v)))
-    return f"{round(v, decimals):,.{max(decimals, 0)}f}"
+    v = float(f"{v:.3g}")  # round first: 0.99967 -> 1.0 -> "1.00", not "1.000"
+    return f"{v:,.{max(2 - math.floor(math.log10(abs(v))), 0)}f}"
+
+
+_TABLE_CSS = [  # long snake_case headers may wrap after an underscore; long notes wrap: the table fits the page
+    {"selector": "th", "props": "white-space: normal; max-width: 8em; vertical-align: bottom"},
+    {"selector": "td", "props": "white-space: normal; max-width: 32em"},
+]
 
 
 def table(df: pd.DataFrame, caption: str = ""):
-    """A table for the report: every row and column (never pandas' '...'), floats to 3 significant digits."""
-    return (df.style.format(sig3, na_rep="").hide(axis="index")
-            .set_caption(caption or ("none" if df.empty else "")))
+    """A table for the report: every row and column (never pandas' '...'), floats to 3 significant
+    digits, headers allowed to wrap at underscores (a zero-width space after each)."""
+    if df.empty:
+        return df.style.hide(axis="index").hide(axis="columns").set_caption(caption or "none")
+    text = [c for c in df.columns if not pd.api.types.is_numeric_dtype(df[c])]  # words left, numbers right
+    return (df.style.format(sig3, na_rep="").hide(axis="index").set_properties(subset=text, **{"text-align": "left"})
+            .format_index(lambda c: str(c).replace("_", "_\u200b"), axis=1)
+            .set_table_styles(_TABLE_CSS).set_caption(caption))
 
 
 # ---- plots (each returns a Figure; one panel per token count) -----------------------------------

@@ -122,7 +122,8 @@ def _bars(ax, df: pd.DataFrame, col: str, err: tuple[str, str] | None = None, sc
     if wide(v):
         ax.set_yscale("log")
         plain_log_axis(ax.yaxis)
-        ax.set_ylabel(f"{ax.get_ylabel()} (log scale)")
+        ax.set_ylim(top=ax.get_ylim()[1] * 1.5)  # room for the top bar's value label
+        ax.set_ylabel(f"{ax.get_ylabel()}, log scale")
     elif v.min() > 0 and v.max() - v.min() < 0.2 * v.max():
         bottom = max(0.0, v.min() - max(v.max() - v.min(), 0.05 * v.max()))
         ax.set_ylim(bottom, v.max() + 0.35 * (v.max() - bottom))  # headroom for the value labels
@@ -132,7 +133,7 @@ def _bars(ax, df: pd.DataFrame, col: str, err: tuple[str, str] | None = None, sc
 def step_time(run_dir: str | Path) -> plt.Figure:
     df = results.load(run_dir)
     fig, ax = plt.subplots(figsize=(9, 4.8))
-    ax.set_ylabel("student train step, ms (median; whiskers p20–p80)")
+    ax.set_ylabel("train step, ms\n(median; whiskers p20–p80)")
     _bars(ax, df, "step_ms_median", ("step_ms_p20", "step_ms_p80"), unit=" ms")
     ax.set_title(_title(df, "Step time"))
     fig.tight_layout()

@@ -17,17 +17,6 @@
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/te-workbench/te-workbench/blob/main/notebooks/sweep_report.ipynb)
 #
 # # Sweep report: from which model size on does FP8 win here?
-#
-# Reads one sweep folder written by `workbench sweep` (`results/sweeps/<name>/`): every student of
-# every complete point, compared with the bf16 reference student at the same config. The crossover is
-# the smallest hidden size at which an FP8 recipe's train step is faster than bf16's. Every number
-# comes from the result files; `workbench.report` does the joins, this notebook only shows them. It
-# writes `sweep.csv`, `crossover.csv`, `loss_band.csv`, `failed_points.csv` and the plots into
-# `<sweep>/report/`; `workbench.report.run` (called at the end of every sweep) executes it with
-# papermill and adds `report.html`:
-#
-#     python -m workbench sweep --name size_crossover --report-only
-#     papermill notebooks/sweep_report.ipynb out.ipynb -p sweep_dir results/sweeps/size_crossover
 
 # %%
 # Colab only (elsewhere this cell does nothing): install the workbench from its repository, leaving
@@ -46,18 +35,21 @@ reference: str = "torch_bf16"  # The student every other student is compared wit
 out_dir: Optional[str] = None  # Where the report files go (None: <sweep_dir>/report).
 
 # %%
+from IPython.display import Markdown
+
 from workbench import report
 
 df = report.load_sweep(sweep_dir, reference=reference)
 written = report.write_files(df, out_dir or report.default_out(sweep_dir), sweep_dir=sweep_dir)
-report.overview(df)
+Markdown(report.intro(df))
 
 # %% [markdown]
 # ## Crossover: smallest hidden size at which each FP8 student beats the reference
 # Empty `crossover_hidden`: slower at every size measured (or did not run as itself: see `note`).
+# Hollow markers: the student or the reference was unstable there, so that size is not counted.
 
 # %%
-report.crossover(df)
+report.table(report.crossover(df))
 
 # %%
 report.speedup_vs_size(df);
@@ -74,8 +66,29 @@ report.peak_memory_vs_size(df);
 # %%
 report.loss_band_vs_size(df);
 
+# %%
+report.table(report.loss_band(df))
+
+# %% [markdown]
+# ## Points: size, tokens and each student's status
+
+# %%
+report.table(report.overview(df))
+
 # %% [markdown]
 # ## Points that did not finish (their error; a restart of the sweep retries them)
 
 # %%
-report.failed_points(sweep_dir)
+report.table(report.failed_points(sweep_dir))
+
+# %% [markdown]
+# ## About this report
+# It reads one sweep folder written by `workbench sweep` (`results/sweeps/<name>/`): every student of
+# every complete point, compared with the reference student at the same config. Every number comes
+# from the result files; `workbench.report` does the joins, this notebook only shows them. It writes
+# `sweep.csv` (every row, with `unstable` / `comparable` flags), `crossover.csv`, `loss_band.csv`,
+# `failed_points.csv` and the plots into `<sweep>/report/`; `workbench.report.run` (called at the end
+# of every sweep) executes it with papermill and adds `report.html`:
+#
+#     python -m workbench sweep --name size_crossover --report-only
+#     papermill notebooks/sweep_report.ipynb out.ipynb -p sweep_dir results/sweeps/size_crossover

@@ -1,8 +1,10 @@
 """workbench.report on a synthetic sweep with known answers, and the main notebook's widget panel."""
+import matplotlib.colors as mcolors
+import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
-from workbench import config, report, results, sweep
+from workbench import config, plots, report, results, sweep
 
 SIZES = (512, 1024, 2048, 4096)
 
@@ -23,7 +25,10 @@ def _rows():
                              "point": f"p{h}-{seq_len}", "student": student, "status": "ok" if ok else "skipped",
                              "gemm_precision": "bf16" if student == "torch_bf16" else "fp8",
                              "reason": "" if ok else "torchao not installed", "gpu_name": "FakeGPU",
+                             "compute_capability": "9.0", "torch": "2.11.0", "torch_cuda": "13.0",
+                             "te_version": "2.20.2", "git_sha": "abc1234",
                              "step_ms_median": ms, "step_ms_p20": ms and ms * 0.95, "step_ms_p80": ms and ms * 1.05,
+                             "initial_loss": 0.7 if ok else None,
                              "final_train_loss": (0.5 if student == "torch_bf16" else 0.55) if ok else None,
                              "eval_mse": 0.5 if ok else None, "peak_mem_allocated_mb": h * (1.0 if student == "torch_bf16" else 1.1) if ok else None})
     return pd.DataFrame(rows)
@@ -85,16 +90,24 @@ def test_write_files_and_load_sweep_reads_only_complete_points(tmp_path):
     sweep_dir = tmp_path / "s"
     for point, g in rows.groupby("point"):
         results.write_csv(sweep_dir / point / "students.csv", g.drop(columns="point"))
-        results.write_json(sweep_dir / point / sweep.DONE_FILE, {"point": point})
+        results.write_json(sweep_dir / point / sweep.DONE_FILE, {"point": point, "finished_at": "2026-01-02T03:04:05"})
     (sweep_dir / "p4096-128" / sweep.DONE_FILE).unlink()  # a point killed before it finished
     points = sorted(rows["point"].unique())
     results.write_csv(sweep_dir / sweep.INDEX_FILE, pd.DataFrame({"point": points, "status": "done", "error_kind": None, "error": None}))
+    # a spike (5 x the initial loss) that the student recovers from is only in losses.csv
+    results.write_csv(sweep_dir / "p512-128" / "losses.csv", pd.DataFrame(
+        {"step": [1, 2, 3], "student": "te_fp8:current", "loss": [0.7, 3.5, 0.55]}))
     df = report.load_sweep(sweep_dir)
+    spiked = df[(df["point"] == "p512-128") & (df["student"] == "te_fp8:current")].iloc[0]
+    assert spiked["unstable"] and spiked["max_train_loss"] == 3.5
+    assert not df[df["point"] != "p512-128"]["unstable"].any()
     assert "p4096-128" not in set(df["point"]) and df["point"].nunique() == 7
     written = report.write_files(df, tmp_path / "out", sweep_dir=sweep_dir)
     for name in ("sweep.csv", "crossover.csv", "loss_band.csv", "failed_points.csv",
                  *(f"{f}.{e}" for f in report.FIGURES for e in ("png", "svg"))):
         assert written[name].stat().st_size > 0, name
+    assert "| date | 2026-01-02 03:04:05 – 2026-01-02 03:04:05 |" in report.intro(df)
+    assert pd.read_csv(written["sweep.csv"])["unstable"].sum() == 1
     cross = pd.read_csv(written["crossover.csv"]).set_index(["tokens", "student"])
     assert pd.isna(cross.loc[(1024, "te_fp8:delayed"), "crossover_hidden"])  # its winning size was not complete
     assert cross.loc[(8192, "te_fp8:delayed"), "crossover_hidden"] == 2048
@@ -114,6 +127,88 @@ def test_points_of_an_earlier_spec_are_not_mixed_into_the_report(tmp_path):
         [{"point": planned[0], "status": "done"}, {"point": planned[1], "status": "failed", "error": "boom"},
          {"point": "stale11111", "status": "running"}]))
     assert report.failed_points(sweep_dir)["point"].tolist() == [planned[1]]
+
+
+def _unstable_reference_rows():
+    """At 1024 tokens te_fp8:delayed wins only at hidden 4096, where the bf16 reference's loss rose 0.7 -> 2.0."""
+    rows = _rows()
+    bad = (rows["student"] == "torch_bf16") & (rows["cfg_seq_len"] == 128) & (rows["cfg_hidden"] == 4096)
+    rows.loc[bad, "final_train_loss"] = 2.0
+    return report.add_derived(rows)
+
+
+def test_a_reference_whose_loss_rose_is_unstable_and_no_fp8_win_counts_against_it():
+    df = _unstable_reference_rows()
+    ref = df[(df["student"] == "torch_bf16") & df["unstable"]]
+    assert len(ref) == 1 and "final loss 2.00 > initial 0.700" in ref["unstable_reason"].iloc[0]
+    fake_win = df[(df["student"] == "te_fp8:delayed") & (df["tokens"] == 1024) & (df["cfg_hidden"] == 4096)].iloc[0]
+    assert fake_win["ref_unstable"] and not fake_win["comparable"] and fake_win["speedup_vs_ref"] > 1
+    c = report.crossover(df).set_index(["tokens", "student"])
+    assert pd.isna(c.loc[(1024, "te_fp8:delayed"), "crossover_hidden"])  # the only "win" is not counted
+    assert c.loc[(1024, "te_fp8:delayed"), "not_counted_hidden"] == "4096"
+    assert "reference rose" in c.loc[(1024, "te_fp8:delayed"), "note"]
+    assert c.loc[(8192, "te_fp8:delayed"), "crossover_hidden"] == 2048  # a stable reference still counts
+    band = report.loss_band(df)
+    assert 4096 not in set(band[band["tokens"] == 1024]["cfg_hidden"])
+
+
+def test_a_loss_spike_makes_a_student_unstable_even_if_it_ends_lower():
+    rows = _rows().assign(max_train_loss=0.9)
+    rows.loc[rows["student"] == "te_fp8:current", "max_train_loss"] = 1.5  # > 2 x 0.7
+    df = report.add_derived(rows)
+    cur = df[df["student"] == "te_fp8:current"]
+    assert cur["unstable"].all() and cur["unstable_reason"].str.contains("step loss 1.50 > 2x initial").all()
+    assert not df[df["student"] == "torch_bf16"]["unstable"].any()
+
+
+def test_plots_draw_unstable_points_hollow_and_each_student_in_its_colour():
+    df = _unstable_reference_rows()
+    for name, fn in report.FIGURES.items():
+        fig = fn(df)
+        for ax in fig.axes:
+            for line in ax.get_lines():
+                if line.get_label() in set(df["student"]):
+                    assert mcolors.to_rgba(line.get_color()) == mcolors.to_rgba(plots.student_color(line.get_label())), name
+        hollow = [ln for ax in fig.axes for ln in ax.get_lines() if ln.get_markerfacecolor() == "white" and len(ln.get_xdata())]
+        assert hollow, f"{name}: the unstable size is not drawn hollow"
+        assert any("unstable" in t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()), name
+        plt.close(fig)
+    mem = report.peak_memory_vs_size(df).axes[0]
+    fig = mem.figure
+    fig.canvas.draw()
+    assert "GiB" in mem.get_ylabel() and not any("$" in t.get_text() for t in mem.get_yticklabels())
+    plt.close(fig)
+
+
+def test_crossover_csv_has_its_header_when_no_fp8_student_ran(tmp_path):
+    df = report.add_derived(_rows().query("student == 'torch_bf16'"))
+    written = report.write_files(df, tmp_path)
+    cross = pd.read_csv(written["crossover.csv"])
+    assert cross.empty and {"tokens", "student", "crossover_hidden", "note"} <= set(cross.columns)
+    assert "no FP8 student ran" in report.headline(report.crossover(df), "FakeGPU")
+
+
+def test_headline_environment_and_definitions_open_the_report(df):
+    text = report.intro(df)
+    first = text.splitlines()[0]
+    assert first == ("**On FakeGPU, FP8 beats torch bf16 from hidden 2048 at 8,192 tokens/step (TE FP8 (delayed), 1.25x) "
+                     "and from hidden 4096 at 1,024 tokens/step (TE FP8 (delayed), 1.25x); "
+                     "below that FP8 is up to 1.25x slower.**")
+    for want in ("FakeGPU (compute capability 9.0)", "| torch | 2.11.0 |", "| CUDA (torch) | 13.0 |",
+                 "| Transformer Engine | 2.20.2 |", "| git sha | abc1234 |", "| date |",
+                 "**speedup**", "**crossover**", "**loss band**", "**unstable**"):
+        assert want in text, want
+    never = report.crossover(df[~((df["tokens"] == 1024) & (df["cfg_hidden"] == 4096))])
+    assert "but at no size measured at 1,024 tokens/step" in report.headline(never, "FakeGPU")
+
+
+def test_report_tables_show_every_row_to_three_significant_digits():
+    big = pd.DataFrame({"point": [f"p{i}" for i in range(300)], "peak_mem_mb": 36_838.1, "ratio": 0.99967,
+                        "hidden": 8192})
+    html = report.table(big).to_html()
+    assert html.count("<tr>") == 301 and "..." not in html and "…" not in html
+    assert "36,800" in html and ">1.00<" in html and "8192" in html and "e+" not in html
+    assert "none" in report.table(big.iloc[:0]).to_html()
 
 
 # ---- the widget panel (its several-size view is the report's plots) ------------------------------

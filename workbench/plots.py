@@ -1,18 +1,70 @@
 """Plots of a run, read only from its result files (students.csv, losses.csv).
 
 Each function returns a matplotlib Figure; `plot_run` saves all of them as PNG and SVG next to the data.
+Every figure here and in workbench.report draws a student in `student_color(spec)`, so a student keeps
+its colour from one plot to the next and from one run to the next; axes use `plain_log_axis` and GiB.
 They read a run before its done.json too: the runner plots a run before it marks it complete.
 """
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
 import matplotlib.pyplot as plt  # headless machines get Agg by default; notebooks keep inline
 import pandas as pd
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from workbench import results
 
 RAN = ("ok", "fallback", "diverged")
+
+# One colour per student spec. Keyed by spec (never by plotting order), so torchao is the same green in
+# every figure of every run. Families share a hue (TE FP8 reds/oranges, torchao greens, torch greys/blues);
+# tests/test_plots.py checks that every spec of backends.all_specs() has its own entry here.
+STUDENT_COLORS = {
+    "torch_fp32": "#7f7f7f", "torch_bf16": "#1f77b4", "torch_fp16": "#17becf",
+    "te_bf16": "#9467bd",
+    "te_fp8:delayed": "#ff7f0e", "te_fp8:delayed_e4m3": "#ffbb78", "te_fp8:current": "#d62728",
+    "te_fp8:block": "#8c564b", "te_fp8:mxfp8": "#e377c2", "te_fp8:nvfp4": "#bcbd22",
+    "torchao_float8:tensorwise": "#2ca02c", "torchao_float8:rowwise": "#98df8a",
+}
+_OTHER_COLORS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354")
+GIB = 1024.0  # MiB per GiB: result files keep MiB (peak_mem_*_mb), figures show GiB
+
+
+def student_color(spec: str) -> str:
+    """The colour of a student in every figure; specs not in the table get one from a checksum of
+    the name, the same in every process (Python's hash() is salted per process)."""
+    return STUDENT_COLORS.get(spec) or _OTHER_COLORS[zlib.crc32(spec.encode()) % len(_OTHER_COLORS)]
+
+
+def _plain(v: float, _pos=None) -> str:
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:g}"
+
+
+def plain_log_axis(axis) -> None:
+    """Log scale whose ticks read as plain numbers (20, 50, 100, 0.5), never as 10^x or 2x10^1."""
+    axis.set_major_locator(LogLocator(base=10, subs=(1, 2, 3, 5)))
+    axis.set_major_formatter(FuncFormatter(_plain))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def wide(values, ratio: float = 5.0) -> bool:
+    """A range wide enough that a linear axis would flatten the small values (fp32 vs FP8 steps)."""
+    v = pd.Series(values, dtype=float).dropna()
+    v = v[v > 0]
+    return len(v) > 1 and v.max() / v.min() > ratio
+
+
+def nothing_to_plot(ax, why: str) -> None:
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes, wrap=True)
+
+
+def _no_student_ran(df: pd.DataFrame) -> str:
+    states = ", ".join(f"{s}: {st}" for s, st in zip(df["student"], df["status"]))
+    return f"nothing to plot: no student produced this number\n({states})"
 
 
 def _title(df: pd.DataFrame, what: str) -> str:
@@ -29,42 +81,62 @@ def loss_curves(run_dir: str | Path) -> plt.Figure:
     df, losses = results.load(run_dir, include_incomplete=True), results.load_losses(run_dir)
     fig, ax = plt.subplots(figsize=(9, 4.8))
     styles = ["-", "--", ":", "-."]  # matched students often overlap exactly: keep every line visible
-    for i, (_, r) in enumerate(df[df["status"].isin(RAN)].iterrows()):
+    ran = df[df["status"].isin(RAN) & df["student"].isin(losses["student"])]
+    for i, (_, r) in enumerate(ran.iterrows()):
         s = losses[losses["student"] == r["student"]]
-        ax.plot(s["step"], s["loss"], marker=".", ls=styles[i % len(styles)], label=_label(r))
+        ax.plot(s["step"], s["loss"], marker=".", ls=styles[i % len(styles)], label=_label(r),
+                color=student_color(r["student"]))
     ax.set(xlabel="training step", ylabel=f"train loss ({df['cfg_loss'].iloc[0]}, fp32)", title=_title(df, "Distillation loss"))
+    if ran.empty:
+        nothing_to_plot(ax, _no_student_ran(df))
+        fig.tight_layout()
+        return fig
     finite = losses["loss"][losses["loss"] > 0]
     if len(finite) and finite.max() / finite.min() > 20:  # a diverging student: log scale keeps the rest readable
         ax.set_yscale("log")
+        plain_log_axis(ax.yaxis)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
 
 
-def _bars(ax, df: pd.DataFrame, col: str, err: tuple[str, str] | None = None) -> None:
+def _bars(ax, df: pd.DataFrame, col: str, err: tuple[str, str] | None = None, scale: float = 1.0,
+          unit: str = "", unknown: str = "") -> None:
+    """One bar per student that produced `col` (divided by `scale`), its value written on it.
+    A wide range gets a log axis; a narrow one (differences under a fifth of the value) an axis
+    that starts near the smallest bar, said in the axis label, so 17.7 and 19.3 GiB do not look equal."""
     d = df[df["status"].isin(RAN)].dropna(subset=[col])
-    labels = [_label(r) for _, r in d.iterrows()]
+    if d.empty:  # e.g. memory on a CPU run, or every student diverged: unknown is shown as unknown, not as 0
+        nothing_to_plot(ax, unknown or _no_student_ran(df))
+        return
+    v = d[col].astype(float) / scale
     kw = {}
     if err:
-        lo, hi = d[col] - d[err[0]], d[err[1]] - d[col]
+        lo, hi = v - d[err[0]] / scale, d[err[1]] / scale - v
         kw = {"yerr": [lo.clip(lower=0).values, hi.clip(lower=0).values], "capsize": 4}
-    bars = ax.bar(labels, d[col].values, **kw)
-    ax.bar_label(bars, fmt=lambda v: f"{v:,.0f}" if v >= 100 else f"{v:.3g}", fontsize=8)
+    bars = ax.bar([_label(r) for _, r in d.iterrows()], v.values, color=[student_color(s) for s in d["student"]],
+                  hatch=["//" if s == "fallback" else None for s in d["status"]], **kw)
+    ax.bar_label(bars, labels=[f"{_plain(float(f'{x:.3g}'))}{unit}" for x in v], fontsize=8, padding=2)
     ax.tick_params(axis="x", rotation=25, labelsize=8)
     ax.grid(True, axis="y", alpha=0.3)
-    if d.empty:  # e.g. memory on a CPU run: unknown is shown as unknown, not as a zero bar
-        ax.set_xticks([])
-        ax.set_yticks([])
-        ax.text(0.5, 0.5, f"{col}: unknown here\n(torch tracks peak memory on CUDA devices only)",
-                ha="center", va="center", transform=ax.transAxes)
+    if wide(v):
+        ax.set_yscale("log")
+        plain_log_axis(ax.yaxis)
+        ax.set_ylim(top=ax.get_ylim()[1] * 1.5)  # room for the top bar's value label
+        ax.set_ylabel(f"{ax.get_ylabel()}, log scale")
+    elif v.min() > 0 and v.max() - v.min() < 0.2 * v.max():
+        bottom = max(0.0, v.min() - max(v.max() - v.min(), 0.05 * v.max()))
+        ax.set_ylim(bottom, v.max() + 0.35 * (v.max() - bottom))  # headroom for the value labels
+        ax.set_ylabel(f"{ax.get_ylabel()}\n(axis starts at {_plain(float(f'{bottom:.3g}'))}, not 0)")
 
 
 def step_time(run_dir: str | Path) -> plt.Figure:
     df = results.load(run_dir, include_incomplete=True)
     fig, ax = plt.subplots(figsize=(9, 4.8))
-    _bars(ax, df, "step_ms_median", ("step_ms_p20", "step_ms_p80"))
-    ax.set(ylabel="student train step, ms (median; whiskers p20–p80)", title=_title(df, "Step time"))
+    ax.set_ylabel("train step, ms\n(median; whiskers p20–p80)")
+    _bars(ax, df, "step_ms_median", ("step_ms_p20", "step_ms_p80"), unit=" ms")
+    ax.set_title(_title(df, "Step time"))
     fig.tight_layout()
     return fig
 
@@ -72,10 +144,11 @@ def step_time(run_dir: str | Path) -> plt.Figure:
 def peak_memory(run_dir: str | Path) -> plt.Figure:
     df = results.load(run_dir, include_incomplete=True)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
-    _bars(axes[0], df, "peak_mem_allocated_mb")
-    _bars(axes[1], df, "peak_mem_reserved_mb")
-    axes[0].set(ylabel="MiB", title="peak allocated (timed loop)")
-    axes[1].set(ylabel="MiB", title="peak reserved (timed loop)")
+    cpu = "unknown here\n(torch tracks peak memory on CUDA devices only)"
+    for ax, col, what in ((axes[0], "peak_mem_allocated_mb", "allocated"), (axes[1], "peak_mem_reserved_mb", "reserved")):
+        ax.set(ylabel="GiB", title=f"peak {what} (timed loop)")
+        ran = df["status"].isin(["ok", "fallback"]).any()  # else: say that no student ran, not "CPU"
+        _bars(ax, df, col, scale=GIB, unit=" GiB", unknown=f"{col}: {cpu}" if ran else "")
     fig.suptitle(_title(df, "Peak memory"), fontsize=10)
     fig.tight_layout()
     return fig
@@ -120,14 +193,15 @@ def bench_step_time(bench_dir: str | Path) -> plt.Figure:
     d = _bench_frame(bench_dir)
     fig, ax = plt.subplots(figsize=(10, 0.32 * max(len(d), 4) + 1.5))
     if d.empty:
-        ax.text(0.5, 0.5, "no student ran", ha="center", transform=ax.transAxes)
+        nothing_to_plot(ax, "nothing to plot: no student ran")
     else:
         lo = (d["step_ms_median"] - d["step_ms_p20"]).clip(lower=0)
         hi = (d["step_ms_p80"] - d["step_ms_median"]).clip(lower=0)
         bars = ax.barh(d["label"], d["step_ms_median"], xerr=[lo.values, hi.values], capsize=3,
-                       color=[_PRECISION_COLORS.get(p, "grey") for p in d["precision"]])
+                       color=[student_color(s) for s in d["student"]])
         ax.bar_label(bars, fmt="%.3g", fontsize=7, padding=3)
         ax.set_xscale("log")
+        plain_log_axis(ax.xaxis)
     ax.set(xlabel="student train step, ms (median; whiskers p20–p80; log scale)",
            title=_bench_title(d, "Step time per backend"))
     ax.tick_params(axis="y", labelsize=7)
@@ -136,26 +210,30 @@ def bench_step_time(bench_dir: str | Path) -> plt.Figure:
     return fig
 
 
-_PRECISION_COLORS = {"fp32": "tab:gray", "bf16": "tab:blue", "fp16": "tab:cyan", "fp8": "tab:orange"}
-
-
 def bench_pct_of_peak(bench_dir: str | Path) -> plt.Figure:
-    """Achieved TFLOP/s as % of the matmul peak measured in the same run and of the datasheet peak."""
+    """Achieved TFLOP/s as % of the matmul peak measured in the same run (solid) and of the datasheet
+    peak (hatched), each bar in its student's colour."""
     d = _bench_frame(bench_dir)
     fig, ax = plt.subplots(figsize=(10, 0.32 * max(len(d), 4) + 1.5))
     y = range(len(d))
     h = 0.4
-    for off, col, name in ((-h / 2, "pct_of_measured_peak", "% of matmul peak measured in this run"),
-                           (h / 2, "pct_of_datasheet_peak", "% of datasheet peak")):
+    colors = [student_color(s) for s in d["student"]]
+    for off, col, name, hatch in ((-h / 2, "pct_of_measured_peak", "% of matmul peak measured in this run", None),
+                                  (h / 2, "pct_of_datasheet_peak", "% of datasheet peak", "//")):
         vals = d[col].astype(float) if col in d else pd.Series(dtype=float)
-        bars = ax.barh([i + off for i in y], vals.fillna(0).values, height=h, label=name)
+        bars = ax.barh([i + off for i in y], vals.fillna(0).values, height=h, label=name, color=colors,
+                       hatch=hatch, edgecolor="white" if hatch else None)
         ax.bar_label(bars, labels=["unknown" if pd.isna(v) else f"{v:.0f}" for v in vals], fontsize=7, padding=3)
     ax.set_yticks(list(y), d["label"].tolist() if len(d) else [])
     ax.tick_params(axis="y", labelsize=7)
     ax.set(xlabel="% of peak of the student's GEMM precision (fp32 / bf16 / fp8)",
            title=_bench_title(d, "Achieved TFLOP/s vs the ceiling"))
     ax.grid(True, axis="x", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=2)  # off the bars (fp32 reaches ~100%)
+    if d.empty:
+        nothing_to_plot(ax, "nothing to plot: no student ran")
+    else:  # legend swatches in grey: the colour says the student, solid/hatched says which peak
+        for patch in ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=2).get_patches():
+            patch.set_facecolor("lightgrey")
     fig.tight_layout()
     return fig
 

@@ -12,11 +12,14 @@ reference student's numbers at the same config (`ref_step_ms_median`, …) with 
 `speedup_vs_ref` (reference step time / this step time: > 1 is faster), `final_loss_ratio_vs_ref`,
 `eval_mse_ratio_vs_ref` and `peak_mem_ratio_vs_ref`. The reference is matched on every config
 column except the student list, so it works for one run per point (all students in one run) and for
-sweeps with backends as a grid axis. `run` executes notebooks/sweep_report.ipynb with papermill and
+sweeps with backends as a grid axis. A row whose loss rose (`unstable`, with `unstable_reason`), or
+whose reference's did (`ref_unstable`), is not `comparable`: the crossover never counts it as a win
+and the plots draw it hollow. `run` executes notebooks/sweep_report.ipynb with papermill and
 converts it to report.html with nbconvert; the notebook calls `write_files` (CSVs and plots).
 """
 from __future__ import annotations
 
+import math
 import re
 import sys
 from importlib import resources
@@ -24,9 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
+from matplotlib.lines import Line2D
 
-from workbench import results
+from workbench import plots, results
 
 REFERENCE = "torch_bf16"
 REPORT_NOTEBOOK = resources.files("workbench") / "notebooks" / "sweep_report.ipynb"  # package data
@@ -34,7 +39,10 @@ RAN_OK = ("ok",)  # fallback rows ran another precision than their name says: no
 _LOW_PRECISION = re.compile(r"fp8|float8|fp4", re.I)
 # config columns that name which students ran rather than what was run: not part of the match key
 _NOT_KEY = {"cfg_backends", "cfg_baseline"}
-REF_COLUMNS = ("step_ms_median", "final_train_loss", "eval_mse", "peak_mem_allocated_mb")
+REF_COLUMNS = ("step_ms_median", "final_train_loss", "eval_mse", "peak_mem_allocated_mb", "unstable", "unstable_reason")
+# A student is unstable when its final train loss is above its initial loss, or any step's loss is
+# above SPIKE x the initial loss (e.g. bf16 at hidden 8192 / 8192 tokens on the H200: 0.72 -> 2.0).
+SPIKE = 2.0
 
 
 def low_precision(df: pd.DataFrame) -> pd.Series:
@@ -61,19 +69,48 @@ def load_sweep(path: str | Path, reference: str = REFERENCE) -> pd.DataFrame:
     dirs = point_dirs(path)
     if not dirs:
         raise FileNotFoundError(f"no complete sweep point (students.csv + done.json) in {path}")
-    frames = [pd.read_csv(d / "students.csv").assign(point=d.name) for d in dirs]
-    return add_derived(pd.concat(frames, ignore_index=True), reference)
+    return add_derived(pd.concat([_point_frame(d) for d in dirs], ignore_index=True), reference)
+
+
+def _point_frame(d: Path) -> pd.DataFrame:
+    """A point's students.csv, plus each student's highest step loss (losses.csv: for `unstable`) and
+    when the point finished (done.json: the report's date)."""
+    from workbench import sweep
+
+    df = pd.read_csv(d / "students.csv").assign(point=d.name)
+    if (d / "losses.csv").exists():
+        peak = pd.read_csv(d / "losses.csv").groupby("student")["loss"].max().rename("max_train_loss")
+        df = df.drop(columns="max_train_loss", errors="ignore").merge(peak, left_on="student", right_index=True, how="left")
+    if (d / sweep.DONE_FILE).exists():
+        df["finished_at"] = results.read_json(d / sweep.DONE_FILE).get("finished_at")
+    return df
+
+
+def stability(df: pd.DataFrame) -> pd.DataFrame:
+    """`unstable` and `unstable_reason` per row: final loss above initial, or a step above SPIKE x initial."""
+    losses = df.reindex(columns=["initial_loss", "final_train_loss", "max_train_loss"]).astype(float)  # absent: unknown
+    init, final, peak = losses["initial_loss"], losses["final_train_loss"], losses["max_train_loss"]
+    rose, spiked = final > init, peak > SPIKE * init
+    reason = [("; ".join(([f"final loss {sig3(f)} > initial {sig3(i)}"] if r else [])
+                         + ([f"a step loss {sig3(p)} > {SPIKE:g}x initial {sig3(i)}"] if sp else [])))
+              for i, f, p, r, sp in zip(init, final, peak, rose, spiked)]
+    return pd.DataFrame({"unstable": rose | spiked, "unstable_reason": reason}, index=df.index)
 
 
 def add_derived(df: pd.DataFrame, reference: str = REFERENCE) -> pd.DataFrame:
     df = df.copy()
     df["tokens"] = df["cfg_batch"] * df["cfg_seq_len"]
     df["size_label"] = [f"{h}/{i}" for h, i in zip(df["cfg_hidden"], df["cfg_intermediate"])]
+    df[["unstable", "unstable_reason"]] = stability(df)
     key = [c for c in df.columns if c.startswith("cfg_") and c not in _NOT_KEY]
     ref = df[(df["student"] == reference) & df["status"].isin(RAN_OK)]
     ref = ref[key + list(REF_COLUMNS)].drop_duplicates(subset=key, keep="last")
     ref = ref.rename(columns={c: f"ref_{c}" for c in REF_COLUMNS})
     df = df.drop(columns=[f"ref_{c}" for c in REF_COLUMNS], errors="ignore").merge(ref, on=key, how="left")
+    df["ref_unstable"] = df["ref_unstable"].eq(True)  # no reference at this config: nothing to flag
+    df["ref_unstable_reason"] = df["ref_unstable_reason"].fillna("")
+    # a speedup or loss ratio against a student whose loss rose is no evidence: never counted as a win
+    df["comparable"] = df["status"].isin(RAN_OK) & ~df["unstable"] & ~df["ref_unstable"]
     df["speedup_vs_ref"] = df["ref_step_ms_median"] / df["step_ms_median"]
     df["final_loss_ratio_vs_ref"] = df["final_train_loss"] / df["ref_final_train_loss"]
     df["eval_mse_ratio_vs_ref"] = df["eval_mse"] / df["ref_eval_mse"]
@@ -94,61 +131,191 @@ def failed_points(sweep_dir: str | Path) -> pd.DataFrame:
 
 
 def overview(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per point: its size, tokens, GPU, and each student's status."""
-    status = df.pivot_table(index="point", columns="student", values="status", aggfunc="first")
-    first = df.groupby("point")[["cfg_hidden", "cfg_intermediate", "tokens", "gpu_name", "cfg_preset"]].first()
-    return first.join(status).sort_values(["tokens", "cfg_hidden"])
+    """One row per point: its size, tokens and each student's status ('ok, unstable' where its loss rose)."""
+    status = df["status"].where(~df["unstable"], df["status"] + ", unstable")
+    table = df.assign(status=status).pivot_table(index="point", columns="student", values="status", aggfunc="first")
+    first = df.groupby("point")[["cfg_hidden", "cfg_intermediate", "tokens"]].first()
+    return first.join(table).sort_values(["tokens", "cfg_hidden"]).reset_index()
 
 
 # ---- the crossover ------------------------------------------------------------------------------
+def _other_axes(df: pd.DataFrame) -> list[str]:
+    """Swept config columns besides size and tokens (layers, layout, ...): each value gets its own
+    crossover, never one merged over them."""
+    size_axes = {"cfg_hidden", "cfg_intermediate", "cfg_batch", "cfg_seq_len"} | _NOT_KEY
+    return [c for c in df.columns if c.startswith("cfg_") and c not in size_axes and df[c].nunique(dropna=False) > 1]
+
+
+CROSSOVER_COLUMNS = ["student", "reference", "sizes_measured", "crossover_hidden", "crossover_intermediate",
+                     "speedup_at_crossover", "faster_at_all_larger_sizes", "max_speedup", "hidden_at_max_speedup",
+                     "speedup_at_largest", "min_speedup_below_crossover", "not_counted_hidden", "note"]
+
+
 def crossover(df: pd.DataFrame) -> pd.DataFrame:
     """Per token count and low-precision student: the smallest hidden size at which its step is faster
     than the reference's (`crossover_hidden`; empty where it never is), whether it stays faster at
-    every larger size measured, and its speedups. Reads the derived columns of `load_sweep`."""
+    every larger size measured, its speedups, and its worst speedup below the crossover. Sizes where
+    the student or the reference was unstable are left out of all of these (`not_counted_hidden`).
+    Reads the derived columns of `load_sweep`. No FP8 row: the columns with no rows."""
+    other = _other_axes(df)
     rows: list[dict[str, Any]] = []
-    # any other swept axis (layers, layout, param dtype, ...) gets its own crossover, never a merged one
-    size_axes = {"cfg_hidden", "cfg_intermediate", "cfg_batch", "cfg_seq_len"} | _NOT_KEY
-    other = [c for c in df.columns if c.startswith("cfg_") and c not in size_axes and df[c].nunique(dropna=False) > 1]
     for key, g in df[low_precision(df)].groupby(["tokens", *other, "student"]):
-        tokens, student = key[0], key[-1]
         g = g.sort_values("cfg_hidden")
         ran = g[g["status"].isin(RAN_OK) & g["speedup_vs_ref"].notna()]
-        row: dict[str, Any] = {"tokens": tokens, **dict(zip(other, key[1:-1])), "student": student,
-                               "reference": g["reference"].iloc[0],
-                               "sizes_measured": len(ran), "crossover_hidden": None,
-                               "crossover_intermediate": None, "speedup_at_crossover": None,
-                               "faster_at_all_larger_sizes": None, "max_speedup": None,
-                               "hidden_at_max_speedup": None, "speedup_at_largest": None, "note": ""}
+        counted = ran[ran["comparable"]]
+        row: dict[str, Any] = {"tokens": key[0], **dict(zip(other, key[1:-1])), "student": key[-1],
+                               "reference": g["reference"].iloc[0], "sizes_measured": len(ran), "note": ""}
+        skipped = ran[~ran["comparable"]]
+        if len(skipped):
+            row["not_counted_hidden"] = " ".join(str(h) for h in skipped["cfg_hidden"])
+            why = [f"hidden {h} ({'reference' if ref_bad else 'own loss'} rose)"
+                   for h, ref_bad in zip(skipped["cfg_hidden"], skipped["ref_unstable"])]  # details: sweep.csv
+            row["note"] = "unstable, not counted: " + ", ".join(why)
         if ran.empty:
             reasons = sorted({f"{s}: {r}" for s, r in zip(g["status"], g["reason"].fillna(""))})
             row["note"] = "never ran as itself: " + "; ".join(reasons)[:300]
-            rows.append(row)
-            continue
-        wins = ran[ran["speedup_vs_ref"] > 1]
-        best = ran.loc[ran["speedup_vs_ref"].idxmax()]
-        row.update(max_speedup=best["speedup_vs_ref"], hidden_at_max_speedup=best["cfg_hidden"],
-                   speedup_at_largest=ran["speedup_vs_ref"].iloc[-1])
-        if len(wins):
-            first = wins.iloc[0]
-            row.update(crossover_hidden=first["cfg_hidden"], crossover_intermediate=first["cfg_intermediate"],
-                       speedup_at_crossover=first["speedup_vs_ref"],
-                       faster_at_all_larger_sizes=bool((ran[ran["cfg_hidden"] >= first["cfg_hidden"]]
-                                                        ["speedup_vs_ref"] > 1).all()))
+        elif counted.empty:
+            row["note"] = "no stable size to compare; " + row["note"]
         else:
-            row["note"] = f"slower than {row['reference']} at every size measured"
+            best = counted.loc[counted["speedup_vs_ref"].idxmax()]
+            row.update(max_speedup=best["speedup_vs_ref"], hidden_at_max_speedup=best["cfg_hidden"],
+                       speedup_at_largest=counted["speedup_vs_ref"].iloc[-1])
+            wins = counted[counted["speedup_vs_ref"] > 1]
+            below = counted
+            if len(wins):
+                first = wins.iloc[0]
+                below = counted[counted["cfg_hidden"] < first["cfg_hidden"]]
+                row.update(crossover_hidden=first["cfg_hidden"], crossover_intermediate=first["cfg_intermediate"],
+                           speedup_at_crossover=first["speedup_vs_ref"],
+                           faster_at_all_larger_sizes=bool((counted[counted["cfg_hidden"] >= first["cfg_hidden"]]
+                                                            ["speedup_vs_ref"] > 1).all()))
+            else:
+                row["note"] = "; ".join(filter(None, [f"slower than {row['reference']} at every size measured", row["note"]]))
+            if len(below):
+                row["min_speedup_below_crossover"] = below["speedup_vs_ref"].min()
         rows.append(row)
-    out = pd.DataFrame(rows)
+    out = pd.DataFrame(rows, columns=["tokens", *other, *CROSSOVER_COLUMNS])
     for c in ("crossover_hidden", "crossover_intermediate", "hidden_at_max_speedup"):
-        if c in out:
-            out[c] = out[c].astype("Int64")  # sizes are integers; missing stays empty, never a fake size
+        out[c] = out[c].astype("Int64")  # sizes are integers; missing stays empty, never a fake size
     return out
 
 
 def loss_band(df: pd.DataFrame) -> pd.DataFrame:
-    """Per token count and size: min / max over the low-precision students of final loss / reference loss."""
-    d = df[low_precision(df) & df["status"].isin(RAN_OK)].dropna(subset=["final_loss_ratio_vs_ref"])
+    """Per token count and size: min / max over the low-precision students of final loss / reference
+    loss, over the comparable rows only (a ratio to a loss that rose says nothing about FP8)."""
+    d = df[low_precision(df) & df["comparable"]].dropna(subset=["final_loss_ratio_vs_ref"])
     g = d.groupby(["tokens", "cfg_hidden"])["final_loss_ratio_vs_ref"]
     return g.agg(loss_ratio_min="min", loss_ratio_max="max", students="count").reset_index()
+
+
+# ---- the words at the top of the report --------------------------------------------------------
+_NAMES = {"te_fp8": "TE FP8", "te_bf16": "TE bf16", "torch_bf16": "torch bf16", "torch_fp16": "torch fp16",
+          "torch_fp32": "torch fp32", "torchao_float8": "torchao float8"}
+
+
+def pretty(spec: str) -> str:
+    """'te_fp8:delayed' -> 'TE FP8 (delayed)': the student as a reader says it."""
+    name, _, recipe = spec.partition(":")
+    return f"{_NAMES.get(name, name)} ({recipe})" if recipe else _NAMES.get(name, name)
+
+
+def headline(cross: pd.DataFrame, gpu: str, reference: str = REFERENCE) -> str:
+    """One sentence from crossover.csv: from which size FP8 beats the reference at each token count
+    (the earliest student there, with its speedup), and how much slower FP8 is below that."""
+    ref = pretty(reference)
+    if cross.empty or cross["sizes_measured"].fillna(0).eq(0).all():
+        return f"On {gpu}, no FP8 student ran as itself, so there is no crossover with {ref} to report."
+    groups = [c for c in cross.columns if c not in CROSSOVER_COLUMNS]  # tokens and any other swept axis
+    wins, never = [], []
+    for key, g in cross.groupby(groups, sort=False):
+        key = key if isinstance(key, tuple) else (key,)
+        where = ", ".join([f"{int(key[0]):,} tokens/step"] + [f"{c.removeprefix('cfg_')} {v}" for c, v in zip(groups[1:], key[1:])])
+        w = g.dropna(subset=["crossover_hidden"])
+        if w.empty:
+            never.append(where)
+            continue
+        first = w.sort_values(["crossover_hidden", "speedup_at_crossover"], ascending=[True, False]).iloc[0]
+        wins.append((-key[0], f"from hidden {first['crossover_hidden']} at {where} "
+                               f"({pretty(first['student'])}, {first['speedup_at_crossover']:.2f}x)"))
+    slow = cross["min_speedup_below_crossover"].dropna()
+    slower = f"up to {1 / slow.min():.3g}x slower" if len(slow) and slow.min() < 1 else ""
+    if not wins:
+        return f"On {gpu}, no FP8 student beats {ref} at any size measured" + (f" ({slower})." if slower else ".")
+    tail = f"; below that FP8 is {slower}" if slower else ""
+    text = f"On {gpu}, FP8 beats {ref} " + " and ".join(w for _, w in sorted(wins))
+    if never:
+        text += f", but at no size measured at {' or '.join(never)}"
+    return text + tail + "."
+
+
+def environment(df: pd.DataFrame) -> dict[str, str]:
+    """What the numbers were measured on, from the rows' env stamp (every distinct value, so a sweep
+    resumed on another machine or commit says so) and the points' finish times."""
+    def values(col: str) -> str:
+        v = df[col].dropna().astype(str).unique() if col in df else []
+        return ", ".join(sorted(v)) or "unknown"
+
+    done = df["finished_at"].dropna() if "finished_at" in df else pd.Series(dtype=str)
+    gpu = values("gpu_name") if values("gpu_name") != "unknown" else "CPU"
+    return {"GPU": f"{gpu} (compute capability {values('compute_capability')})", "torch": values("torch"),
+            "CUDA (torch)": values("torch_cuda"), "Transformer Engine": values("te_version"),
+            "git sha": values("git_sha"),
+            "date": f"{done.min()} – {done.max()}".replace("T", " ") if len(done) else "unknown",
+            "points": str(df["point"].nunique()) if "point" in df else "unknown"}
+
+
+DEFINITIONS = {
+    "speedup": "the reference's median train-step time / the student's (timed loop, same config); > 1 is faster.",
+    "crossover": "per token count, the smallest hidden size at which an FP8 student's speedup is > 1.",
+    "loss band": "per size, the lowest to highest final train loss of the FP8 students divided by the "
+                 "reference's final train loss; 1 = the same loss.",
+    "unstable": f"a student whose final train loss is above its initial loss, or whose loss at any step is "
+                f"above {SPIKE:g}x its initial loss. A size where the student or the reference is unstable "
+                f"is not counted in the crossover or the loss band, and is drawn hollow.",
+}
+
+
+def intro(df: pd.DataFrame) -> str:
+    """The report's opening, as Markdown: the headline, any unstable reference, the environment, the definitions."""
+    env = environment(df)
+    reference = df["reference"].iloc[0]
+    lines = [f"**{headline(crossover(df), env['GPU'].split(' (')[0], reference)}**", ""]
+    bad = df[(df["student"] == reference) & df["unstable"]]
+    for _, r in bad.iterrows():
+        lines.append(f"- Not counted: at hidden {r['cfg_hidden']} / {r['tokens']:,} tokens the {pretty(reference)} "
+                     f"reference is unstable ({r['unstable_reason']}), so FP8's speedup and loss ratio there are no evidence.")
+    lines += ["", "| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in env.items()] + [""]
+    lines += [f"- **{k}**: {v}" for k, v in DEFINITIONS.items()]
+    return "\n".join(lines)
+
+
+def sig3(v: Any) -> Any:
+    """A float to 3 significant digits without exponents (36,800 rather than 3.68e+04); others unchanged."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (float, np.floating)):
+        return v
+    if not math.isfinite(v):
+        return "" if math.isnan(v) else str(v)
+    if v == 0 or abs(v) < 1e-3:
+        return f"{v:.3g}"
+    v = float(f"{v:.3g}")  # round first: 0.99967 -> 1.0 -> "1.00", not "1.000"
+    return f"{v:,.{max(2 - math.floor(math.log10(abs(v))), 0)}f}"
+
+
+_TABLE_CSS = [  # long snake_case headers may wrap after an underscore; long notes wrap: the table fits the page
+    {"selector": "th", "props": "white-space: normal; max-width: 8em; vertical-align: bottom"},
+    {"selector": "td", "props": "white-space: normal; max-width: 32em"},
+]
+
+
+def table(df: pd.DataFrame, caption: str = ""):
+    """A table for the report: every row and column (never pandas' '...'), floats to 3 significant
+    digits, headers allowed to wrap at underscores (a zero-width space after each)."""
+    if df.empty:
+        return df.style.hide(axis="index").hide(axis="columns").set_caption(caption or "none")
+    text = [c for c in df.columns if not pd.api.types.is_numeric_dtype(df[c])]  # words left, numbers right
+    return (df.style.format(sig3, na_rep="").hide(axis="index").set_properties(subset=text, **{"text-align": "left"})
+            .format_index(lambda c: str(c).replace("_", "_\u200b"), axis=1)
+            .set_table_styles(_TABLE_CSS).set_caption(caption))
 
 
 # ---- plots (each returns a Figure; one panel per token count) -----------------------------------
@@ -174,77 +341,120 @@ def _unknown(ax, col: str) -> None:
     ax.text(0.5, 0.5, f"{col}: unknown here", ha="center", va="center", transform=ax.transAxes)
 
 
+def _hollow(ax, g: pd.DataFrame, x: str, y: str, color: str) -> bool:
+    """Redraw the rows that are not comparable (unstable student or reference) as hollow markers."""
+    bad = g[~g["comparable"]]
+    ax.plot(bad[x], bad[y], ls="none", marker="o", markersize=9, mfc="white", mec=color, mew=2, zorder=3)
+    return len(bad) > 0
+
+
+def _legend(ax, hollow: bool) -> None:
+    handles, _ = ax.get_legend_handles_labels()
+    if hollow:
+        handles.append(Line2D([], [], ls="none", marker="o", mfc="white", mec="black", mew=2,
+                              label="hollow: student or reference unstable, not counted"))
+    ax.legend(handles=handles, fontsize=8)
+
+
 def speedup_vs_size(df: pd.DataFrame) -> plt.Figure:
-    """Speedup of every student over the reference vs hidden size; stars mark each FP8 crossover."""
+    """Speedup of every student over the reference vs hidden size; stars mark each FP8 crossover,
+    hollow markers the sizes where the student or the reference was unstable (not counted)."""
     ref = df["reference"].iloc[0]
     fig, panels = _panels(df, f"Train-step speedup vs {ref} (> 1: faster), stars: crossover")
     cross = crossover(df)
     for ax, tokens in panels:
         d = df[(df["tokens"] == tokens) & (df["student"] != ref) & df["status"].isin(RAN_OK)].dropna(subset=["speedup_vs_ref"])
+        hollow = False
         for student, g in d.groupby("student"):
-            line, = ax.plot(g["cfg_hidden"], g["speedup_vs_ref"], marker="o", label=student)
-            c = cross[(cross["tokens"] == tokens) & (cross["student"] == student)] if len(cross) else cross
+            color = plots.student_color(student)
+            ax.plot(g["cfg_hidden"], g["speedup_vs_ref"], marker="o", label=student, color=color)
+            hollow |= _hollow(ax, g, "cfg_hidden", "speedup_vs_ref", color)
+            c = cross[(cross["tokens"] == tokens) & (cross["student"] == student)]
             if len(c) and pd.notna(c["crossover_hidden"].iloc[0]):
                 ax.plot(c["crossover_hidden"].iloc[0], c["speedup_at_crossover"].iloc[0], marker="*",
-                        markersize=16, color=line.get_color(), markeredgecolor="black")
+                        markersize=16, color=color, markeredgecolor="black")
         ax.axhline(1.0, color="black", lw=1, ls="--")
         ax.set(title=f"{tokens} tokens / step", ylabel=f"{ref} step ms / student step ms")
         _size_axis(ax, df)
         if d.empty:
             _unknown(ax, "speedup")
         else:
-            ax.legend(fontsize=8)
+            _legend(ax, hollow)
     fig.tight_layout()
     return fig
 
 
 def _metric_vs_size(df: pd.DataFrame, col: str, title: str, ylabel: str, unknown: str,
-                    whiskers: tuple[str, str] | None = None) -> plt.Figure:
-    """One line per student of `col` against hidden size, a panel per token count (log y)."""
+                    whiskers: tuple[str, str] | None = None, scale: float = 1.0) -> plt.Figure:
+    """One line per student of `col` / `scale` against hidden size, a panel per token count (log y,
+    plain tick labels); unstable rows hollow."""
     fig, panels = _panels(df, title)
     for ax, tokens in panels:
         d = df[(df["tokens"] == tokens) & df["status"].isin(RAN_OK)].dropna(subset=[col])
+        hollow = False
         for student, g in d.groupby("student"):
+            g = g.assign(_y=g[col] / scale)
             err = None
             if whiskers:
                 lo, hi = whiskers
-                err = [(g[col] - g[lo]).clip(lower=0), (g[hi] - g[col]).clip(lower=0)]
-            ax.errorbar(g["cfg_hidden"], g[col], yerr=err, marker="o", capsize=3, label=student)
+                err = [(g["_y"] - g[lo] / scale).clip(lower=0), (g[hi] / scale - g["_y"]).clip(lower=0)]
+            color = plots.student_color(student)
+            ax.errorbar(g["cfg_hidden"], g["_y"], yerr=err, marker="o", capsize=3, label=student, color=color)
+            hollow |= _hollow(ax, g, "cfg_hidden", "_y", color)
         ax.set_yscale("log")
+        plots.plain_log_axis(ax.yaxis)
         ax.set(title=f"{tokens} tokens / step", ylabel=ylabel)
         _size_axis(ax, df)
-        ax.legend(fontsize=8) if not d.empty else _unknown(ax, unknown)
+        _legend(ax, hollow) if not d.empty else _unknown(ax, unknown)
     fig.tight_layout()
     return fig
 
 
 def step_time_vs_size(df: pd.DataFrame) -> plt.Figure:
-    return _metric_vs_size(df, "step_ms_median", "Student train step (median; whiskers p20–p80)", "ms",
+    return _metric_vs_size(df, "step_ms_median", "Student train step (median; whiskers p20–p80)", "ms (log scale)",
                            "step time", whiskers=("step_ms_p20", "step_ms_p80"))
 
 
 def peak_memory_vs_size(df: pd.DataFrame) -> plt.Figure:
-    return _metric_vs_size(df, "peak_mem_allocated_mb", "Peak allocated memory in the timed loop", "MiB",
-                           "peak memory (CUDA only)")
+    return _metric_vs_size(df, "peak_mem_allocated_mb", "Peak allocated memory in the timed loop", "GiB (log scale)",
+                           "peak memory (CUDA only)", scale=plots.GIB)
 
 
 def loss_band_vs_size(df: pd.DataFrame) -> plt.Figure:
-    """Final train loss of each FP8 student over the reference's; the band spans the FP8 students."""
+    """Final train loss of each FP8 student over the reference's; the band spans the FP8 students at
+    the comparable sizes; hollow markers where the student or the reference was unstable."""
     ref = df["reference"].iloc[0]
     fig, panels = _panels(df, f"FP8-vs-{ref} loss band (final train loss ratio; 1 = same loss)")
     band = loss_band(df)
+    # the (shared) axis spans the comparable ratios: one against a diverged reference (0.27 "better")
+    # must not squash the band; such a point sits hollow on the axis edge with its value beside it
+    lo, hi = min(1.0, band["loss_ratio_min"].min()), max(1.0, band["loss_ratio_max"].max())
+    lo, hi = lo - 0.15 * (hi - lo) - 0.02, hi + 0.15 * (hi - lo) + 0.02
     for ax, tokens in panels:
         b = band[band["tokens"] == tokens]
         if len(b):
             ax.fill_between(b["cfg_hidden"], b["loss_ratio_min"], b["loss_ratio_max"], alpha=0.2, color="grey",
                             label="FP8 min–max")
         d = df[(df["tokens"] == tokens) & low_precision(df) & df["status"].isin(RAN_OK)]
-        for student, g in d.dropna(subset=["final_loss_ratio_vs_ref"]).groupby("student"):
-            ax.plot(g["cfg_hidden"], g["final_loss_ratio_vs_ref"], marker="o", label=student)
+        d = d.dropna(subset=["final_loss_ratio_vs_ref"])
+        hollow = False
+        for student, g in d.groupby("student"):
+            color = plots.student_color(student)
+            ok = g[g["comparable"]]
+            ax.plot(ok["cfg_hidden"], ok["final_loss_ratio_vs_ref"], marker="o", label=student, color=color)
+            inset = 0.04 * (hi - lo)
+            bad = g[~g["comparable"]].assign(y=lambda b: b["final_loss_ratio_vs_ref"].clip(lo + inset, hi - inset))
+            hollow |= _hollow(ax, bad, "cfg_hidden", "y", color)
+            for x, y, v in zip(bad["cfg_hidden"], bad["y"], bad["final_loss_ratio_vs_ref"]):
+                if v != y:
+                    ax.annotate(f"{v:.2f} (off scale)", (x, y), textcoords="offset points", xytext=(-10, 0),
+                                ha="right", va="center", fontsize=8, color=color,
+                                bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": color, "lw": 0.5})
+        ax.set_ylim(lo, hi)
         ax.axhline(1.0, color="black", lw=1, ls="--")
         ax.set(title=f"{tokens} tokens / step", ylabel=f"final loss / {ref} final loss")
         _size_axis(ax, df)
-        ax.legend(fontsize=8) if len(b) else _unknown(ax, "FP8 loss ratio (no FP8 student ran)")
+        _legend(ax, hollow) if len(d) else _unknown(ax, "FP8 loss ratio (no FP8 student ran)")
     fig.tight_layout()
     return fig
 

@@ -97,9 +97,10 @@ def read_json(path: Path) -> Any:
 
 
 def students_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """Every STUDENT_COLUMNS column first, also when no student produced it (all diverged or skipped:
+    empty, never missing), then the config and env stamp."""
     df = pd.DataFrame(rows)
-    first = [c for c in STUDENT_COLUMNS if c in df.columns]
-    return df[first + [c for c in df.columns if c not in first]]
+    return df.reindex(columns=STUDENT_COLUMNS + [c for c in df.columns if c not in STUDENT_COLUMNS])
 
 
 # ---- folders -------------------------------------------------------------------------------------

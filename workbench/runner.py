@@ -229,7 +229,8 @@ def summarize(cfg: Config, env: dict, df: pd.DataFrame, run_id: str, device, tdt
         }
         for r in (_row(df, s) for s in df[(df["backend"] == "te_fp8") & (df["status"] == "ok")]["student"])
     }
-    init = ran["initial_loss"].dropna().astype(float)
+    # a diverged student measured its initial loss before training: it still says whether init matched
+    init = df[df["status"].isin(["ok", "fallback", "diverged"])]["initial_loss"].dropna().astype(float)
     spread = float((init.max() - init.min()) / abs(init.mean())) if len(init) else None
     return {
         # the tutorial's keys
@@ -249,4 +250,5 @@ def summarize(cfg: Config, env: dict, df: pd.DataFrame, run_id: str, device, tdt
         "bf16_reference_student": bf16_ref, "fp8_vs_bf16": fp8_vs_bf16,
         "te_install": env.get("te_install"),
         "students": {r["student"]: {"status": r["status"], "reason": r["reason"]} for r in df.to_dict("records")},
+        "students_with_metrics": len(ran),  # 0: a complete run in which every student diverged, failed or was skipped
     }

@@ -1,0 +1,102 @@
+"""workbench.plots: one colour per student everywhere, readable axes, and runs with nothing to plot."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib.colors as mcolors
+import matplotlib.pyplot as plt
+import pandas as pd
+import pytest
+
+from workbench import backends, plots, results
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_every_known_student_has_its_own_fixed_colour():
+    specs = backends.all_specs()
+    assert set(specs) <= set(plots.STUDENT_COLORS), "add the new spec to plots.STUDENT_COLORS"
+    assert len({plots.STUDENT_COLORS[s] for s in specs}) == len(specs)
+
+
+def test_an_unknown_student_gets_the_same_colour_in_every_process():
+    code = "from workbench import plots; print(plots.student_color('my_backend:recipe'))"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    seen = {subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONHASHSEED": seed}, capture_output=True,
+                           text=True, check=True).stdout.strip() for seed in ("1", "2")}
+    assert seen == {plots.student_color("my_backend:recipe")}
+
+
+def _run_dir(tmp_path, rows):
+    """A fake GPU run's result files (the numbers of the H200 runs that made the plots unreadable)."""
+    base = {"cfg_loss": "mse", "cfg_preset": "seed", "cfg_hidden": 1024, "cfg_batch": 8, "cfg_seq_len": 1024,
+            "gpu_name": "FakeGPU", "status": "ok"}
+    df = results.students_frame([{**base, **r} for r in rows])
+    results.write_csv(tmp_path / "students.csv", df)
+    losses = [{"step": i, "student": r["student"], "loss": 1.0 / i} for r in rows for i in (1, 2, 3)]
+    results.write_csv(tmp_path / "losses.csv", pd.DataFrame(losses))
+    return tmp_path
+
+
+def _tick_texts(axis):
+    plt.gcf().canvas.draw()
+    return [t.get_text() for t in axis.get_ticklabels() if t.get_text()]
+
+
+def test_run_plots_colour_by_student_read_log_and_memory_axes_plainly(tmp_path):
+    rows = [{"student": "torch_fp32", "step_ms_median": 416.0, "peak_mem_allocated_mb": 19_300.0, "peak_mem_reserved_mb": 20_000.0},
+            {"student": "torch_bf16", "step_ms_median": 46.0, "peak_mem_allocated_mb": 18_000.0, "peak_mem_reserved_mb": 19_000.0},
+            {"student": "torchao_float8:tensorwise", "step_ms_median": 31.0, "peak_mem_allocated_mb": 17_700.0, "peak_mem_reserved_mb": 18_500.0}]
+    for r in rows:
+        r.update(step_ms_p20=r["step_ms_median"] * 0.9, step_ms_p80=r["step_ms_median"] * 1.1)
+    run = _run_dir(tmp_path, rows)
+    want = {r["student"]: mcolors.to_rgba(plots.student_color(r["student"])) for r in rows}
+
+    loss = plots.loss_curves(run).axes[0]
+    assert {ln.get_label(): mcolors.to_rgba(ln.get_color()) for ln in loss.get_lines()} == want
+
+    step = plots.step_time(run).axes[0]
+    assert [mcolors.to_rgba(b.get_facecolor()) for b in step.patches] == list(want.values())
+    assert step.get_yscale() == "log"  # 416 ms must not flatten 31-46 ms
+    labels = _tick_texts(step.yaxis)
+    assert labels and not any("$" in t or "e+" in t for t in labels), labels  # plain numbers, no 10^x
+    assert [t.get_text() for t in step.texts] == ["416 ms", "46 ms", "31 ms"]  # value on every bar
+
+    mem = plots.peak_memory(run).axes[0]
+    assert "GiB" in mem.get_ylabel() and mem.get_ylim()[0] > 0  # 17.3 vs 18.8 GiB do not look equal
+    assert [t.get_text() for t in mem.texts] == ["18.8 GiB", "17.6 GiB", "17.3 GiB"]
+    assert not any("e+" in t for t in _tick_texts(mem.yaxis))
+    plt.close("all")
+
+
+def test_bench_bars_take_the_student_colour(tmp_path):
+    pd.DataFrame([{"variant": v, "student": s, "precision": "bf16", "status": "ok", "step_ms_median": ms,
+                   "step_ms_p20": ms, "step_ms_p80": ms, "pct_of_measured_peak": 50.0, "pct_of_datasheet_peak": 40.0}
+                  for v, s, ms in (("eager", "torch_bf16", 10.0), ("eager", "te_fp8:delayed", 8.0))]
+                 ).to_csv(tmp_path / "bench.csv", index=False)
+    for fig in plots.plot_bench(tmp_path, close=False).values():
+        colors = [mcolors.to_rgba(b.get_facecolor()) for b in fig.axes[0].patches][:2]
+        assert colors == [mcolors.to_rgba(plots.student_color(s)) for s in ("torch_bf16", "te_fp8:delayed")]
+    plt.close("all")
+
+
+@pytest.mark.parametrize("overrides, status", [
+    (["lr=1e12"], "diverged"),  # every student's loss goes non-finite
+    (["device=cpu", "backends=torch_fp16", "baseline=torch_fp16"], "skipped"),  # fp16 + grad scaler is GPU-only
+])
+def test_a_run_where_no_student_produced_metrics_is_complete(tmp_path, overrides, status):
+    cmd = [sys.executable, "-m", "workbench", "run", "--preset", "cpu-smoke", "--out", str(tmp_path), "--run-id", "r"]
+    for o in overrides:
+        cmd += ["--set", o]
+    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    run = tmp_path / "r"
+    df = results.load(run)
+    assert set(df["status"]) == {status} and "step_ms_median" in df and df["step_ms_median"].isna().all()
+    summary = results.load_summary(run)
+    assert summary["students_with_metrics"] == 0 and summary["baseline_median_step_ms"] is None
+    assert json.loads(p.stdout.strip().splitlines()[-1])["run_dir"] == str(run)
+    for name in plots.PLOTS:
+        assert (run / f"{name}.png").stat().st_size > 0, name

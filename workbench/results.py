@@ -6,6 +6,7 @@ results/<run_id>/
   summary.json   the tutorial's summary keys and more (FP8/bf16 loss ratios, teacher time)
   students.csv   one row per student: schema version, config, env stamp, metrics with units in names
   losses.csv     step, student, loss
+  profile-<student>.json, profile-teacher.json   with bench.profile: the profiled block (workbench.crosscheck)
   *.png / *.svg  plots (workbench.plots)
 Every write goes to a temporary file in the same folder, then os.replace: a reader never sees half a file.
 """

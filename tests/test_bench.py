@@ -1,15 +1,19 @@
-"""workbench bench on a CPU: FLOP counter, datasheet table, noise/observe hooks, targets, Markdown,
-and a real `workbench bench --preset cpu-smoke` writing its files. No timing assertions: only that
+"""workbench bench on a CPU: FLOP counter, datasheet table, repeats and profiler figures, targets, Markdown,
+the committed H200 benches read back, and a real `workbench bench --preset cpu-smoke` writing its files. No timing assertions: only that
 numbers exist where they can and are null, with a reason, where they cannot."""
 import json
+import shutil
 import types
+from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 
-from workbench import bench, config, crosscheck, flops, hardware, timing
+from workbench import bench, config, crosscheck, flops, hardware, results, timing
 from workbench.cli import main as cli_main
+
+REFERENCE = Path(__file__).resolve().parent.parent / "results" / "reference" / "h200"
 
 
 # ---- FLOP counter ---------------------------------------------------------------------------------
@@ -63,7 +67,7 @@ def test_peak_lookups_read_peak_json_shape():
     assert hardware.datasheet_tflops({"datasheet": None}, "bf16") is None
 
 
-# ---- noise and observation hooks ------------------------------------------------------------------
+# ---- repeats and the profiled block --------------------------------------------------------------
 def test_repeat_medians_spread():
     medians = iter([10.0, 10.1, 9.9])
     stats = timing.repeat_medians(lambda: timing.Timing([next(medians)]), 3)
@@ -71,23 +75,6 @@ def test_repeat_medians_spread():
     assert stats.median_ms == 10.0
     assert stats.spread_pct == pytest.approx(2.0)
     assert timing.RepeatStats([5.0]).spread_pct is None
-
-
-def test_observe_repeats_without_changing_the_returned_timing():
-    calls = []
-    t_plain = timing.measure(lambda: calls.append(1), 1, 4, timing.CpuClock())
-    n_plain = len(calls)
-    calls.clear()
-    extra_seen = []
-    with timing.observe(repeats=3, extra_block=lambda block: extra_seen.append(len(block().times_ms)) or {"x": 1}) as seen:
-        t = timing.measure(lambda: calls.append(1), 1, 4, timing.CpuClock())
-    assert len(t.times_ms) == len(t_plain.times_ms) == 4 and n_plain == 5
-    assert len(calls) == 5 + 2 * 4 + 4  # the run's own block, 2 repeats, 1 extra block
-    (obs,) = seen.observations
-    assert obs.median_ms == t.median and obs.noise.medians_ms[0] == t.median and len(obs.noise.medians_ms) == 3
-    assert obs.to_dict()["x"] == 1 and extra_seen == [4]
-    timing.measure(lambda: None, 0, 1, timing.CpuClock())  # outside observe(): nothing recorded
-    assert len(seen.observations) == 1
 
 
 def test_profiled_block_degrades_on_cpu():
@@ -205,7 +192,7 @@ FILES = ["peak.json", "bench.json", "bench.csv", "crosscheck.json", "targets.jso
 
 def test_bench_cpu_smoke_writes_its_files(tmp_path, capsys):
     rc = cli_main(["bench", "--preset", "cpu-smoke", "--set", "steps=2", "--set", "warmup=1", "--set", "iters=2",
-                   "--set", "eval_batches=1", "--repeats", "2", "--out", str(tmp_path), "--run-id", "b"])
+                   "--set", "eval_batches=1", "--repeats", "3", "--out", str(tmp_path), "--run-id", "b"])
     assert rc == 0
     d = tmp_path / "b"
     for name in FILES:
@@ -223,7 +210,7 @@ def test_bench_cpu_smoke_writes_its_files(tmp_path, capsys):
     assert set(df["student"]) == set(bench.VARIANTS["smoke"].backends) and set(df["variant"]) == {"smoke"}
     ran = df[df["status"].isin(["ok", "fallback"])]
     assert len(ran) and ran["step_ms_median"].notna().all() and ran["median_spread_pct"].notna().all()
-    assert (ran["repeats"] == 2).all() and ran["profiled_step_ms_median"].notna().all()
+    assert (ran["repeats"] == 3).all() and ran["profiled_step_ms_median"].notna().all()
     assert ran["kernel_ms_per_step"].isna().all()  # no GPU: no kernel time, never a made-up one
     assert ran["pct_of_datasheet_peak"].isna().all() and ran["speedup_vs_tutorial"].isna().all()
     assert df["gpu_name"].notna().all() if torch.cuda.is_available() else df["gpu_name"].isna().all()
@@ -234,8 +221,49 @@ def test_bench_cpu_smoke_writes_its_files(tmp_path, capsys):
     tg = {t["id"]: t for t in json.loads((d / "targets.json").read_text())["targets"]}
     assert set(tg) == {t.id for t in bench.TARGETS}
     assert tg["P2"]["pass"] is None and tg["P4"]["achieved"] is not None
-    assert (d / "runs" / "smoke" / "observations.json").exists()
+
+    # each student's own row carries its repeats and profiler sums; bench.csv and observations.json are read
+    # from the rows and the profile files, nothing is matched by value
+    run_dir = d / "runs" / "smoke"
+    students = results.load(run_dir).set_index("student")
+    obs = json.loads((run_dir / "observations.json").read_text())
+    for r in ran.to_dict("records"):
+        own = students.loc[r["student"]]
+        medians = json.loads(own["step_ms_repeat_medians"])
+        assert own["step_ms_repeats"] == 3 and len(medians) == 3
+        assert r["median_spread_pct"] == pytest.approx(own["step_ms_repeat_spread_pct"])
+        assert r["profiled_step_ms_median"] == pytest.approx(own["profiled_step_ms_median"])
+        assert crosscheck.profile_path(run_dir, r["student"]).exists()
+        assert obs["students"][r["student"]]["repeat_medians_ms"] == pytest.approx(medians)
+    assert obs["teacher"]["repeats"] == 3 and obs["teacher"]["profiler_reason"]
+    measured = json.loads((run_dir / "config.json").read_text())["config"]["bench"]
+    assert measured["repeats"] == 3 and measured["profile"] is True  # the run's own config says how it was measured
 
     # the Markdown is rebuilt from the files alone
     assert cli_main(["bench", "--markdown", str(tmp_path)]) == 0
     assert "### `cpu-smoke` preset" in capsys.readouterr().out
+
+
+def test_bench_takes_repeats_and_profile_from_its_flags(capsys):
+    assert cli_main(["bench", "--preset", "cpu-smoke", "--set", "repeats=5"]) == 2
+    assert "drop --set repeats/profile" in capsys.readouterr().err
+    assert cli_main(["bench", "--preset", "cpu-smoke", "--repeats", "0"]) == 2
+    assert "bench.repeats must be a positive integer, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bench_dir", ["bench/seed", "bench/large", "bench-profile/seed", "bench-profile/large"])
+def test_committed_benches_read_back_the_same(bench_dir, tmp_path):
+    """H200 benches written before the rows carried repeats and profiler sums: their observations.json is
+    still what bench.csv and crosscheck.json are rebuilt from, to the same numbers."""
+    d = shutil.copytree(REFERENCE / bench_dir, tmp_path / "b")
+    before = pd.read_csv(d / "bench.csv")
+    cc = json.loads((d / "crosscheck.json").read_text())
+    df = bench.bench_rows(d)
+    cols = ["repeats", "median_spread_pct", "teacher_median_spread_pct", "profiled_step_ms_median",
+            "kernel_ms_per_step", "gpu_busy_ms_per_step", "kernels_per_step", "kernel_to_event_ratio"]
+    pd.testing.assert_frame_equal(df[["variant", "student"] + cols].astype({c: float for c in cols}),
+                                  before[["variant", "student"] + cols].astype({c: float for c in cols}))
+    assert df["repeats"].notna().any() and df["kernel_ms_per_step"].notna().any()
+    assert bench.crosscheck_report(df, cc["preset"], d)["headline"] == cc["headline"]
+    if bench_dir.startswith("bench-profile"):  # benches with the per-kernel breakdown: it is found too
+        assert cc["headline"]["top_kernels"] and cc["headline"]["kernel_categories_ms_per_step"]

@@ -7,13 +7,16 @@
 
 A *variant* is a set of config overrides (eager / compile / graphs, layout, parameter dtype, fused
 optimizer) and the students worth running under it; the catalogue is data (VARIANTS). Each variant is
-one `runner.run` into OUT/<run_id>/runs/<variant>/, observed by `timing.observe` for the noise repeats
-(P4) and one profiled block (cross-check). A student the config rejects (e.g. a backend file not in this
+one `runner.run` into OUT/<run_id>/runs/<variant>/ with the config's `repeats` (the noise figure, P4)
+and `profile` (one profiled block per timed region, the cross-check) set from --repeats and
+--no-crosscheck: each student's row carries its repeat medians and profiler sums, its per-kernel
+detail is in profile-<student>.json. A student the config rejects (e.g. a backend file not in this
 checkout) or a variant whose run fails becomes an 'error' row with the reason; the bench goes on.
 
 OUT/<run_id>/ holds
   peak.json        matmul peaks measured in this run (bf16/fp16/fp32/FP8) + datasheet entry with sources
-  runs/<variant>/  what `run` writes, plus observations.json (repeat medians, profiler sums per timed region)
+  runs/<variant>/  what `run` writes (with profile-*.json), plus observations.json: per timed region (teacher,
+                   each student) the repeat medians and the profiled block, gathered from those files
   bench.csv        one row per (variant, student), units in the column names (see COLUMNS)
   crosscheck.json  event-timed median vs torch.profiler kernel-time sum per row; headline at `large`
   targets.json     P1-P4 of issue 4: target, best achieved, by which row, pass (null = not evaluated here)
@@ -29,6 +32,7 @@ import datetime as _dt
 import gc
 import json
 import math
+import statistics
 import sys
 import time
 import traceback
@@ -123,6 +127,7 @@ class BenchOptions:
     repeats: int = 3
     """Timed blocks per region for the noise figure (P4); the first is the run's own measurement."""
     crosscheck: bool = True
+    """One more block per region under torch.profiler (the config's `profile`)."""
     budget_s: float | None = None
     """Skip the variants not yet started once this many seconds have passed (rows say so)."""
 
@@ -160,8 +165,10 @@ def run_bench(opts: BenchOptions, out: str | Path = "results/bench", run_id: str
     for key in opts.overrides:
         if config_mod.locate(key)[1] in ("backends", "baseline"):
             raise ConfigError("bench takes its students from the variants (--variants); drop --set backends/baseline")
+        if config_mod.locate(key)[1] in ("repeats", "profile"):
+            raise ConfigError("bench sets repeats and profile from --repeats and --no-crosscheck; drop --set repeats/profile")
     preset = config_mod.default_preset_name() if opts.preset == "auto" else opts.preset
-    base_cfg = config_mod.from_preset(preset, **opts.overrides)
+    base_cfg = config_mod.from_preset(preset, **opts.overrides, repeats=opts.repeats, profile=opts.crosscheck)
     variants = resolve_variants(preset, opts.variants)
     device = runner.resolve_device(base_cfg)
     bench_dir = results.create_run_dir(out, run_id, f"{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-bench-{preset}")
@@ -201,22 +208,22 @@ def run_bench(opts: BenchOptions, out: str | Path = "results/bench", run_id: str
 
 
 def _run_variant(v: Variant, preset: str, opts: BenchOptions, bench_dir: Path, progress: bool) -> dict[str, Any]:
-    from workbench import runner, timing  # torch-heavy: imported when a bench really runs
+    from workbench import runner  # torch-heavy: imported when a bench really runs
 
     t = time.perf_counter()
+    measured = {"repeats": opts.repeats, "profile": opts.crosscheck}
     try:
-        cfg, rejected = variant_config(preset, opts.overrides, v)
+        cfg, rejected = variant_config(preset, {**opts.overrides, **measured}, v)
     except ConfigError as e:  # the variant's own overrides are not allowed here
         rejected, cfg = [{"student": s, "status": "error", "reason": f"config rejected: {e}"} for s in v.backends], None
     if cfg is None:
         _write_rejected(bench_dir, v, rejected)
         return {"status": "error", "reason": "no student of this variant passed config validation", "wall_s": 0.0}
-    extra = crosscheck.profiled_block if opts.crosscheck else None
     try:
-        with timing.observe(repeats=opts.repeats, extra_block=extra) as seen:
-            run_dir = runner.run(cfg, out=bench_dir / "runs", run_id=v.name, progress=progress,
-                                 requested={"bench_variant": v.name, "preset": preset, **opts.overrides, **v.overrides})
-        results.write_json(run_dir / "observations.json", _match_observations(run_dir, seen.observations))
+        run_dir = runner.run(cfg, out=bench_dir / "runs", run_id=v.name, progress=progress,
+                             requested={"bench_variant": v.name, "preset": preset, **opts.overrides, **measured,
+                                        **v.overrides})
+        results.write_json(run_dir / "observations.json", observations(run_dir))
         _write_rejected(bench_dir, v, rejected)  # after the run: runner.run creates its folder itself, new
         return {"status": "ok", "reason": "", "wall_s": time.perf_counter() - t}
     except Exception as e:  # a failing variant is rows that say why, never the end of the bench
@@ -234,32 +241,33 @@ def _write_rejected(bench_dir: Path, v: Variant, rows: list[dict]) -> None:
         results.write_csv(path, pd.DataFrame(rows, columns=["student", "status", "reason"]))
 
 
-def _match_observations(run_dir: Path, observations) -> dict[str, Any]:
-    """Tie each observed timed region to the row that reports its median (teacher or a student).
+def observations(run_dir: Path, rows: list[dict] | None = None) -> dict[str, Any]:
+    """observations.json of one run: per timed region (the teacher, each student) its repeat medians and
+    profiled block, in the shape earlier benches wrote. Read from the rows' own cells and the profile
+    files; a run written before rows carried them keeps the observations.json it has."""
+    rows = results.load(run_dir).to_dict("records") if rows is None else rows
+    old = _read(Path(run_dir) / "observations.json") or {}
+    old_students = old.get("students") or {}
+    return {
+        "teacher": _region(run_dir, rows[0], "teacher_ms", "teacher", old.get("teacher")) if rows else None,
+        "students": {r["student"]: _region(run_dir, r, "step_ms", r["student"], old_students.get(r["student"]))
+                     for r in rows},
+        "unmatched": old.get("unmatched") or [],  # earlier files' regions no row claimed; none since rows carry them
+    }
 
-    runner.run times the teacher first, then each student in order; matching on the reported median
-    (not on position) keeps this right when a student is skipped or fails before its timed region.
-    """
-    df = results.load(run_dir)
-    unused = list(range(len(observations)))
-    out: dict[str, Any] = {"teacher": None, "students": {}}
 
-    def take(ms) -> dict | None:
-        if ms is None or (isinstance(ms, float) and math.isnan(ms)):
-            return None
-        for i in unused:
-            m = observations[i].median_ms
-            if m is not None and math.isclose(m, float(ms), rel_tol=1e-9, abs_tol=1e-12):
-                unused.remove(i)
-                return observations[i].to_dict()
+def _region(run_dir: Path, r: dict, prefix: str, who: str, old: dict | None) -> dict | None:
+    """One timed region from row `r`'s `<prefix>_*` cells and run_dir/profile-<who>.json."""
+    if f"{prefix}_repeats" not in r:  # a run from before the rows carried repeats: its observations.json
+        return old
+    median = _num(r.get(f"{prefix}_median"))
+    if median is None:  # skipped, failed or diverged before its timed region
         return None
-
-    if len(df):
-        out["teacher"] = take(df["teacher_ms_median"].iloc[0])
-    for _, r in df.iterrows():
-        out["students"][r["student"]] = take(r.get("step_ms_median"))
-    out["unmatched"] = [observations[i].to_dict() for i in unused]
-    return out
+    medians = json.loads(r[f"{prefix}_repeat_medians"])
+    profile = _read(crosscheck.profile_path(run_dir, who)) or {}
+    return {"median_ms": median, "iters": _int(r.get("cfg_iters")), "repeats": len(medians),
+            "repeat_medians_ms": medians, "median_of_medians_ms": statistics.median(medians) if medians else None,
+            "median_spread_pct": _num(r.get(f"{prefix}_repeat_spread_pct")), **profile}
 
 
 # ---- aggregation (files in, files out) -----------------------------------------------------------
@@ -269,6 +277,11 @@ def _num(x) -> float | None:
     except (TypeError, ValueError):
         return None
     return None if math.isnan(f) else f
+
+
+def _int(x) -> int | None:
+    f = _num(x)
+    return None if f is None else int(f)
 
 
 def _precision_of(spec: str) -> str | None:
@@ -301,7 +314,8 @@ def shape_is_preset(preset: str, row: dict[str, Any]) -> bool:
 
 
 def bench_rows(bench_dir: Path) -> pd.DataFrame:
-    """bench.csv's rows, from peak.json and runs/<variant>/{students.csv, observations.json, not_run.csv}."""
+    """bench.csv's rows, from peak.json and runs/<variant>/{students.csv, profile-*.json, not_run.csv}
+    (observations.json for variants run before the rows carried the repeats)."""
     bench_dir = Path(bench_dir)
     meta = _read(bench_dir / "bench.json") or {}
     peak = _read(bench_dir / "peak.json") or {}
@@ -312,10 +326,11 @@ def bench_rows(bench_dir: Path) -> pd.DataFrame:
     for run_dir in runs:
         variant = run_dir.name
         if results.is_complete(run_dir):  # a run that failed half-way is in not_run.csv
-            obs = _read(run_dir / "observations.json") or {}
-            for r in results.load(run_dir).to_dict("records"):
-                rows.append(_bench_row(meta, peak, variant, r, (obs.get("students") or {}).get(r["student"]),
-                                       obs.get("teacher"), run_dir.relative_to(bench_dir)))
+            students = results.load(run_dir).to_dict("records")
+            obs = observations(run_dir, students)
+            for r in students:
+                rows.append(_bench_row(meta, peak, variant, r, obs["students"][r["student"]], obs["teacher"],
+                                       run_dir.relative_to(bench_dir)))
         if (run_dir / "not_run.csv").exists():
             for r in pd.read_csv(run_dir / "not_run.csv").to_dict("records"):
                 name, _, recipe = str(r["student"]).partition(":")
@@ -378,16 +393,17 @@ def _bench_row(meta, peak, variant, r, obs, teacher_obs, run_dir) -> dict[str, A
 
 def _kernel_breakdown(bench_dir: Path | None, row: dict) -> dict[str, Any]:
     """The profiled block's kernel categories / top kernels for one row (empty when not recorded)."""
-    path = bench_dir / "runs" / str(row["variant"]) / "observations.json" if bench_dir else None
-    if path is None or not path.exists():
+    run_dir = bench_dir / "runs" / str(row["variant"]) if bench_dir else None
+    if run_dir is None or not (run_dir / "students.csv").exists():
         return {}
-    obs = (json.loads(path.read_text()).get("students") or {}).get(row["student"]) or {}
-    return {k: obs[k] for k in ("kernel_categories_ms_per_step", "top_kernels") if k in obs}
+    obs = observations(run_dir)["students"].get(row["student"]) or {}
+    return {k: obs[k] for k in crosscheck.DETAIL if k in obs}
 
 
 def crosscheck_report(df: pd.DataFrame, preset: str | None, bench_dir: Path | None = None) -> dict[str, Any]:
     """crosscheck.json: per row, the event-timed median vs the kernel-time sum; headline = the P2 row,
-    with its kernel-time breakdown (categories, top kernels) from the variant's observations.json."""
+    with its kernel-time breakdown (categories, top kernels) from its profile file (observations.json
+    for earlier benches)."""
     ran = df[df["status"].isin(["ok", "fallback"])]
     rows = []
     for r in ran.to_dict("records"):

@@ -68,6 +68,12 @@ class BenchConfig:
     """torch.compile the PyTorch students (TE modules are not compiled: dynamo skips them)."""
     graphs: bool = False
     """Capture the student's train step in a CUDA graph (GPU only; capture time reported apart)."""
+    repeats: int = 1
+    """Timed blocks of `iters` steps per measured region (students and teacher); the first is reported,
+    every block's median and their spread go to the row (`step_ms_repeat_spread_pct`)."""
+    profile: bool = False
+    """One more timed block under torch.profiler per region: kernel-time sums in the student's row, the
+    per-kernel breakdown in profile-<student>.json (on a CPU: CPU activity only, no kernel time)."""
 
 
 @dataclass
@@ -159,6 +165,7 @@ class Config:
         if b.warmup < 0:
             raise ConfigError(f"bench.warmup must be >= 0, got {b.warmup!r}")
         _positive("bench.iters", b.iters)
+        _positive("bench.repeats", b.repeats)
         _choice("distill.loss", d.loss, LOSSES)
         _choice("distill.teacher_precision", d.teacher_precision, TEACHER_PRECISIONS)
         _choice("device", self.device, DEVICES)

@@ -8,8 +8,9 @@ the GPU busy time (union of the intervals): on the H200 eager TE / torch steps o
 several streams, so the plain sum exceeds the wall time (measured: 26.0 ms summed vs 23.6 ms busy for a
 24.1 ms TE FP8 step at `large`); the sum is kept too.
 
-`profiled_block(block)` is the `extra_block` of `timing.observe`: it runs one more timed block of the
-already warmed-up step under torch.profiler and returns per-step figures:
+`profiled_block(block)` is what `timing.measure(profile=True)` runs: one more timed block of the
+already warmed-up step under torch.profiler, returning per-step figures (SUMMARY, the row's cells, then
+DETAIL, which goes to the student's own profile file, `profile_path`):
 
   profiled_step_ms_median  event-timed median of the profiled block (profiler overhead included)
   kernel_ms_per_step       sum of GPU activity (kernels, memcpy, memset) / steps
@@ -23,14 +24,17 @@ On a CPU the profiler still runs (CPU activity only); the GPU figures are None w
 """
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from workbench.timing import Timing
-
 TOLERANCE = 0.10  # issue 4: at P2, kernel-time sum and event-timed median agree within 10%
 TOP_KERNELS = 12
+SUMMARY = ("profiled_step_ms_median", "kernel_ms_per_step", "gpu_busy_ms_per_step", "kernels_per_step",
+           "profiler_reason")
+DETAIL = ("kernel_categories_ms_per_step", "top_kernels")
 
 # First match wins; patterns are lower-case substrings of CUDA kernel names as the profiler reports them
 # (cuBLAS / cuBLASLt / CUTLASS GEMMs, TE's cast/transpose/amax kernels, Triton kernels from torch.compile).
@@ -102,8 +106,9 @@ def _union_us(intervals: list[tuple[str, float, float]]) -> float:
     return total + ((cur_e - cur_s) if cur_e is not None else 0.0)
 
 
-def profiled_block(block: Callable[[], Timing]) -> dict[str, Any]:
-    """Run `block` (one timed block of a warmed-up step) under torch.profiler; per-step sums."""
+def profiled_block(block: Callable[[], Any]) -> dict[str, Any]:
+    """Run `block` (one timed block of a warmed-up step, returning a timing.Timing) under
+    torch.profiler; per-step sums."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = torch.cuda.is_available()
@@ -129,6 +134,11 @@ def profiled_block(block: Callable[[], Timing]) -> dict[str, Any]:
     except Exception as e:  # the cross-check is evidence, not a reason to lose the run
         out["profiler_reason"] = f"{type(e).__name__}: {e}"[:500]
     return out
+
+
+def profile_path(run_dir: str | Path, who: str) -> Path:
+    """run_dir/profile-<who>.json: the profiled block of one student (its spec) or of the teacher."""
+    return Path(run_dir) / f"profile-{re.sub(r'[^A-Za-z0-9_.-]', '-', who)}.json"
 
 
 def agrees(r: float | None, tolerance: float = TOLERANCE) -> bool | None:

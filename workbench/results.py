@@ -6,6 +6,7 @@ results/<run_id>/
   summary.json   the tutorial's summary keys and more (FP8/bf16 loss ratios, teacher time)
   students.csv   one row per student: schema version, config, env stamp, metrics with units in names
   losses.csv     step, student, loss
+  profile-<student>.json, profile-teacher.json   with bench.profile: the profiled block (workbench.crosscheck)
   *.png / *.svg  plots (workbench.plots)
   done.json      written last: the run is complete (loaders skip folders without it); it records the size
                  of students.csv, so a file damaged later is named instead of read as half a row

@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from workbench import backends, distill, results, timing
+from workbench import backends, crosscheck, distill, results, timing
 from workbench.env import probe
 from workbench.config import Config
 from workbench.models import Student, Teacher, reference_student
@@ -67,15 +67,24 @@ def make_data(cfg: Config, teacher: Teacher, device: torch.device, dtype) -> Dat
                 eval=batches(cfg.train.eval_batches))
 
 
-def time_teacher(cfg: Config, teacher: Teacher, data: Data, device: torch.device, dtype) -> float | None:
-    """Median teacher forward per batch, measured on its own (it is never part of a student step)."""
+def time_teacher(cfg: Config, teacher: Teacher, data: Data, device: torch.device, dtype) -> tuple[dict, dict | None]:
+    """The teacher forward per batch, measured on its own (it is never part of a student step): its row
+    cells (median; repeat medians and spread) and, with cfg.bench.profile, the profiled block's record."""
     tokens = data.bench[0][0]
 
     def fwd():
         with torch.no_grad(), backends.autocast(device, dtype):
             teacher(tokens)
 
-    return timing.measure(fwd, cfg.bench.warmup, cfg.bench.iters, timing.clock_for(device)).median
+    t = timing.measure(fwd, cfg.bench.warmup, cfg.bench.iters, timing.clock_for(device),
+                       repeats=cfg.bench.repeats, profile=cfg.bench.profile)
+    return {"teacher_ms_median": t.median, **t.repeat_summary("teacher_ms")}, t.profile
+
+
+def _write_profile(run_dir: Path, who: str, record: dict | None) -> None:
+    """A profiled block's whole record (per-kernel detail included) as run_dir/profile-<who>.json."""
+    if record is not None:
+        results.write_json(crosscheck.profile_path(run_dir, who), record)
 
 
 def last_install() -> dict | None:
@@ -117,7 +126,8 @@ def run(cfg: Config, out: str | Path = "results", run_id: str | None = None, req
     # The one torch model every student is a converted copy of (matched init by construction)
     reference = reference_student(cfg.model, Student(cfg.model).state_dict())
     data = make_data(cfg, teacher, device, tdtype)
-    teacher_ms = time_teacher(cfg, teacher, data, device, tdtype)
+    teacher_cells, teacher_profile = time_teacher(cfg, teacher, data, device, tdtype)
+    _write_profile(run_dir, "teacher", teacher_profile)
     ctx = backends.Context(device=device, cfg=cfg)
 
     stamp = {k: env.get(k) for k in results.ENV_STAMP}
@@ -126,6 +136,7 @@ def run(cfg: Config, out: str | Path = "results", run_id: str | None = None, req
     data_sums = data.fingerprint()
     for spec in cfg.backends:
         row, losses = _one_student(spec, cfg, ctx, reference, data, device, progress)
+        _write_profile(run_dir, spec, row.pop("profile", None))
         if not torch.equal(data.fingerprint(), data_sums):
             # Its own numbers may be fine, but what the other students see would not be the same data:
             # flag it and rebuild the batches (deterministic from the seed) for the students after it.
@@ -134,7 +145,7 @@ def run(cfg: Config, out: str | Path = "results", run_id: str | None = None, req
             _say(progress, f"[{spec}] changed the shared batches; rebuilding them")
             data = None  # free the damaged copy first: at the large sizes the batches take GBs
             data = make_data(cfg, teacher, device, tdtype)
-        row.update({"schema_version": results.SCHEMA_VERSION, "run_id": run_id, "teacher_ms_median": teacher_ms})
+        row.update({"schema_version": results.SCHEMA_VERSION, "run_id": run_id, **teacher_cells})
         row.update({f"cfg_{k}": v for k, v in flat_cfg.items()})
         row.update(stamp)
         rows.append(row)

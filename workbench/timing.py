@@ -4,15 +4,23 @@ Rules (REFERENCE §4): warm-up steps run untimed; the device is synchronized bef
 (so queued work such as teacher targets or warm-up is not counted) and after it; on CUDA each step is
 bracketed by CUDA events recorded on the stream, on CPU by perf_counter. Peak-memory counters are reset
 right before the timed region. Median, p20, p80 and mean are reported, per-step times kept.
+
+What else a measurement does is the caller's config (BenchConfig.repeats, .profile), passed to
+`measure()`: more timed blocks of the same warmed-up step for the noise figure (how much the median
+moves between measurements), and one block under torch.profiler for the kernel-time cross-check. Both
+run after the reported block, so they never change its times or memory peaks.
 """
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 import torch
+
+from workbench import crosscheck
 
 
 class CpuClock:
@@ -47,8 +55,38 @@ def clock_for(device: torch.device):
 
 
 @dataclass
+class RepeatStats:
+    """Medians of `n` back-to-back timed blocks and how far they spread (how much the median moves
+    between measurements of the same step)."""
+
+    medians_ms: list[float]
+
+    @property
+    def median_ms(self) -> float | None:
+        return float(np.median(self.medians_ms)) if self.medians_ms else None
+
+    @property
+    def spread_pct(self) -> float | None:
+        """(max - min) / median of the block medians, in percent; None with fewer than 2 blocks."""
+        m = self.median_ms
+        if len(self.medians_ms) < 2 or not m:
+            return None
+        return (max(self.medians_ms) - min(self.medians_ms)) / m * 100.0
+
+
+def repeat_medians(block: Callable[[], "Timing"], n: int) -> RepeatStats:
+    """Run `block` (one timed measurement returning a Timing) `n` times; keep each median."""
+    return RepeatStats([m for m in (block().median for _ in range(n)) if m is not None])
+
+
+@dataclass
 class Timing:
     times_ms: list[float] = field(default_factory=list)
+    """The first timed block's per-step times: the figures a row reports."""
+    repeats: RepeatStats = field(default_factory=lambda: RepeatStats([]))
+    """Median of every timed block of `measure(repeats=n)`, the first block's included."""
+    profile: dict[str, Any] | None = None
+    """`crosscheck.profiled_block` of one more block under torch.profiler (`measure(profile=True)`)."""
 
     def stat(self, q: float) -> float | None:
         return float(np.percentile(self.times_ms, q)) if self.times_ms else None
@@ -73,13 +111,25 @@ class Timing:
         return {f"{prefix}_median": self.median, f"{prefix}_p20": self.p20,
                 f"{prefix}_p80": self.p80, f"{prefix}_mean": self.mean}
 
+    def repeat_summary(self, prefix: str) -> dict[str, Any]:
+        """Row cells of the repeated blocks; the medians as a JSON list (one cell of a CSV row)."""
+        return {f"{prefix}_repeats": len(self.repeats.medians_ms),
+                f"{prefix}_repeat_medians": json.dumps(self.repeats.medians_ms),
+                f"{prefix}_repeat_spread_pct": self.repeats.spread_pct}
+
 
 def measure(step: Callable[[], Any], warmup: int, iters: int, clock, before_timed: Callable[[], None] | None = None,
-            after_timed: Callable[[], None] | None = None) -> Timing:
+            after_timed: Callable[[], None] | None = None, repeats: int = 1, profile: bool = False) -> Timing:
     """Run `step` warmup + iters times; time only the last `iters`, each on its own.
 
     `before_timed` runs after the warm-up sync (reset peak-memory stats there); `after_timed` right after
-    the timed block's final sync and before anything else touches the device (read the peaks there)."""
+    the timed block's final sync and before anything else touches the device (read the peaks there).
+    Then, on the already warmed-up step: `repeats - 1` more timed blocks (each one's median goes to
+    `.repeats`, the noise figure) and, with `profile`, one more block under torch.profiler
+    (`.profile`, see workbench.crosscheck). The returned times and the peaks are the first block's:
+    the extra blocks only cost time."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     for _ in range(warmup):
         step()
     clock.sync()  # drain warm-up and anything queued before: it must not land in the first timed step
@@ -88,8 +138,10 @@ def measure(step: Callable[[], Any], warmup: int, iters: int, clock, before_time
     t = _timed_block(step, iters, clock)
     if after_timed is not None:
         after_timed()
-    if _OBSERVER is not None:  # only inside `observe()` (workbench bench); never changes `t`
-        _OBSERVER.after_measure(step, iters, clock, t)
+    more = repeat_medians(lambda: _timed_block(step, iters, clock), repeats - 1)
+    t.repeats = RepeatStats(([t.median] if t.median is not None else []) + more.medians_ms)
+    if profile:
+        t.profile = crosscheck.profiled_block(lambda: _timed_block(step, iters, clock))
     return t
 
 
@@ -120,103 +172,3 @@ def peak_memory_mb(device: torch.device) -> tuple[float | None, float | None]:
         return None, None
     mib = 1024 ** 2
     return torch.cuda.max_memory_allocated(device) / mib, torch.cuda.max_memory_reserved(device) / mib
-
-
-# ---- noise and observation (workbench bench) -------------------------------------------------
-# The bench needs two things from every timed region without changing how a run times it: repeated
-# medians (target P4: how much does the median move between measurements?) and one extra block run
-# under the profiler (the kernel-time cross-check). `observe()` collects both from every `measure()`
-# call made while it is active -- including the ones inside runner.run / train.run_student -- by
-# running the same warmed-up `step` again *after* the returned timing was taken. The run's own numbers
-# (step_ms_median, peak memory) are untouched; the extra blocks only cost time.
-
-
-@dataclass
-class RepeatStats:
-    """Medians of `n` back-to-back timed blocks and how far they spread."""
-
-    medians_ms: list[float]
-
-    @property
-    def median_ms(self) -> float | None:
-        return float(np.median(self.medians_ms)) if self.medians_ms else None
-
-    @property
-    def spread_pct(self) -> float | None:
-        """(max - min) / median of the block medians, in percent; None with fewer than 2 blocks."""
-        m = self.median_ms
-        if len(self.medians_ms) < 2 or not m:
-            return None
-        return (max(self.medians_ms) - min(self.medians_ms)) / m * 100.0
-
-    def summary(self) -> dict[str, Any]:
-        return {"repeats": len(self.medians_ms), "repeat_medians_ms": list(self.medians_ms),
-                "median_of_medians_ms": self.median_ms, "median_spread_pct": self.spread_pct}
-
-
-def repeat_medians(block: Callable[[], Timing], n: int) -> RepeatStats:
-    """Run `block` (one timed measurement returning a Timing) `n` times; keep each median."""
-    return RepeatStats([m for m in (block().median for _ in range(n)) if m is not None])
-
-
-@dataclass
-class Observation:
-    """What `observe()` saw of one `measure()` call."""
-
-    median_ms: float | None  # the median measure() returned (matches the row that reports it)
-    iters: int
-    noise: RepeatStats  # the returned block first, then the repeats
-    extra: dict[str, Any] = field(default_factory=dict)  # what `extra_block` returned
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"median_ms": self.median_ms, "iters": self.iters, **self.noise.summary(), **self.extra}
-
-
-class _Observer:
-    def __init__(self, repeats: int, extra_block):
-        self.repeats, self.extra_block = repeats, extra_block
-        self.observations: list[Observation] = []
-
-    def after_measure(self, step, iters: int, clock, first: Timing) -> None:
-        def block() -> Timing:
-            return _timed_block(step, iters, clock)
-
-        more = repeat_medians(block, self.repeats - 1)  # none when repeats is 1
-        noise = RepeatStats(([first.median] if first.median is not None else []) + more.medians_ms)
-        extra = self.extra_block(block) if self.extra_block is not None else {}
-        self.observations.append(Observation(first.median, iters, noise, extra))
-
-
-_OBSERVER: _Observer | None = None
-
-
-class observe:
-    """Context manager: while active, every `measure()` also runs `repeats - 1` more timed blocks of
-    the same step (noise), then `extra_block(block)` if given (e.g. one block under torch.profiler).
-
-        with timing.observe(repeats=3) as seen:
-            runner.run(cfg, ...)
-        seen.observations  # one Observation per measure() call, in call order
-
-    Not reentrant: the bench observes one run at a time.
-    """
-
-    def __init__(self, repeats: int = 1, extra_block: Callable[[Callable[[], Timing]], dict] | None = None):
-        if repeats < 1:
-            raise ValueError(f"repeats must be >= 1, got {repeats}")
-        self._observer = _Observer(repeats, extra_block)
-
-    @property
-    def observations(self) -> list[Observation]:
-        return self._observer.observations
-
-    def __enter__(self) -> "observe":
-        global _OBSERVER
-        if _OBSERVER is not None:
-            raise RuntimeError("timing.observe() is already active")
-        _OBSERVER = self._observer
-        return self
-
-    def __exit__(self, *exc) -> None:
-        global _OBSERVER
-        _OBSERVER = None

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from workbench import distill, flops, timing
+from workbench import crosscheck, distill, flops, timing
 from workbench.backends import Backend
 from workbench.models import Student
 
@@ -174,6 +174,8 @@ def run_student(backend: Backend, cfg, reference: torch.nn.Module, data: Data, d
     """Train, evaluate and time one student, a `backend` conversion of the `reference` model. Returns
     (metrics, per-step losses). The backend's StepPolicy says how its step runs (compiled, graphed, scaled).
 
+    The metrics are row cells, except `profile` (with cfg.bench.profile): the profiled block's whole
+    record, per-kernel detail included, for the student's own profile file.
     Raises Diverged (with the losses so far in .losses) on a non-finite loss.
     """
     # What is already allocated before this student exists (teacher, data, cached targets): the same for
@@ -232,12 +234,16 @@ def run_student(backend: Backend, cfg, reference: torch.nn.Module, data: Data, d
     peaks: list = []
     t = timing.measure(timed_step, cfg.bench.warmup, cfg.bench.iters, clock,
                        before_timed=lambda: timing.reset_peak_memory(device),
-                       after_timed=lambda: peaks.extend(timing.peak_memory_mb(device)))
+                       after_timed=lambda: peaks.extend(timing.peak_memory_mb(device)),
+                       repeats=cfg.bench.repeats, profile=cfg.bench.profile)
     alloc, reserved = peaks
     train_flops = flops.tokens_per_step(cfg.model) * reference.train_flops_per_token()  # the model's own count
+    if t.profile is not None:  # the summary in the row; the whole record (per-kernel detail) under "profile"
+        metrics.update({k: t.profile.get(k) for k in crosscheck.SUMMARY}, profile=t.profile)
     metrics.update(
         {
             **t.summary("step_ms"),
+            **t.repeat_summary("step_ms"),
             "tokens_per_s": flops.tokens_per_step(cfg.model) / (t.median * 1e-3) if t.median else None,
             "tflops": flops.tflops(train_flops, t.median),
             "peak_mem_allocated_mb": alloc, "peak_mem_reserved_mb": reserved,

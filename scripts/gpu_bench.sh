@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue-4 benchmark on the H200: `workbench bench` at the seed preset and at the large preset, every
+# The benchmark on the H200: `workbench bench` at the seed preset and at the large preset, every
 # default variant (eager / compile / graphs x layout x param dtype; see `python -m workbench bench --list`),
 # with the matmul peak probe, the profiler cross-check and noise repeats. Budgeted to finish in < 8 min:
 # a variant not started once its preset's budget is spent becomes 'skipped' rows (the files say so).

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue-2 evidence on the GPU machine: the seed and large presets with TE (bf16 and FP8 recipes) and
+# Matched-student evidence on the GPU machine: the seed and large presets with TE (bf16 and FP8 recipes) and
 # the torch fp32/bf16 paths. Run from the repo root after `bash .gpu/install.sh`; writes $OUT/core.tar.gz.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue-3 evidence on the GPU machine: workbench install-te / doctor for real, offline, from the TE 2.20.2
+# Install evidence on the GPU machine: workbench install-te / doctor for real, offline, from the TE 2.20.2
 # wheelhouse. Run from the repository root of the copy on that machine, WITHOUT .gpu/install.sh first
 # (this script is the installer under test); the device call needs carry: [".gpu"]:
 #     bash scripts/gpu_install_check.sh

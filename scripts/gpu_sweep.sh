@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue-5 evidence on the H200: the size_crossover sweep (hidden 512..8192 with intermediate = 4 x hidden,
+# Crossover evidence on the H200: the size_crossover sweep (hidden 512..8192 with intermediate = 4 x hidden,
 # x 1024 / 8192 tokens per step, students bf16 / TE FP8 delayed / TE FP8 current / torchao tensorwise),
 # then its report. Run from the repo root of the copy on the GPU machine:
 #     bash .gpu/install.sh && bash scripts/gpu_sweep.sh

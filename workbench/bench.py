@@ -1,9 +1,9 @@
-"""`workbench bench`: every backend's best path, side by side, against the hardware's ceiling (issue 4).
+"""`workbench bench`: every backend's best path, side by side, against the hardware's ceiling.
 
     python -m workbench bench --preset large --out results/bench --run-id large
     python -m workbench bench --preset seed --variants eager,graphs-fused-bf16 --out results/bench
     python -m workbench bench --list                                  # the variant catalogue
-    python -m workbench bench --markdown results/bench [--readme README.md]   # tables from the files
+    python -m workbench bench --markdown results/bench [--readme PATH]   # tables from the files
 
 A *variant* is a set of config overrides (eager / compile / graphs, layout, parameter dtype, fused
 optimizer) and the students worth running under it; the catalogue is data (VARIANTS). Each variant is
@@ -19,7 +19,7 @@ OUT/<run_id>/ holds
                    each student) the repeat medians and the profiled block, gathered from those files
   bench.csv        one row per (variant, student), units in the column names (see COLUMNS)
   crosscheck.json  event-timed median vs torch.profiler kernel-time sum per row; headline at `large`
-  targets.json     P1-P4 of issue 4: target, best achieved, by which row, pass (null = not evaluated here)
+  targets.json     the P1-P4 speed targets (TARGETS): goal, best achieved, by which row, pass (null = not judged here)
   bench.json       what was asked, variant status and wall time, environment
   bench.md         the Markdown tables (`--markdown` renders the same from any folder of benches)
   step_time_by_backend.png/.svg, pct_of_peak.png/.svg
@@ -519,7 +519,7 @@ def aggregate(bench_dir: str | Path) -> pd.DataFrame:
     results.write_csv(bench_dir / "bench.csv", df)
     results.write_json(bench_dir / "crosscheck.json", crosscheck_report(df, preset, bench_dir))
     results.write_json(bench_dir / "targets.json", {"schema_version": results.SCHEMA_VERSION, "preset": preset,
-                                                     "source": "issue 4", "targets": evaluate_targets(df, preset)})
+                                                     "source": "workbench.bench.TARGETS", "targets": evaluate_targets(df, preset)})
     results.write_bytes(bench_dir / "bench.md", markdown(bench_dir).encode())
     plots.plot_bench(bench_dir)
     return df
@@ -612,7 +612,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--markdown", metavar="DIR", default=None,
                    help="print the Markdown tables of every bench.csv in or below DIR and exit")
     p.add_argument("--readme", metavar="PATH", default=None,
-                   help="with --markdown: write the tables between the bench markers of PATH (README.md)")
+                   help="with --markdown: write the tables between the bench markers of PATH (the H200 README)")
     p.add_argument("--aggregate", metavar="DIR", default=None,
                    help="rebuild bench.csv, targets.json, crosscheck.json, bench.md and plots of DIR from its files")
 

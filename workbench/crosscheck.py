@@ -2,7 +2,7 @@
 
 CUDA events bracket each step on the stream, so they include every gap where the GPU waits for the CPU
 to launch the next kernel. The profiler's kernel-time sum counts only the time kernels run. At a
-GEMM-bound size (the `large` preset) the two should agree within 10% (issue 4); at the tutorial's size
+GEMM-bound size (the `large` preset) the two should agree within 10% (target P2); at the tutorial's size
 the ratio kernel/event shows how launch-bound a path is -- the evidence for CUDA graphs. The ratio uses
 the GPU busy time (union of the intervals): on the H200 eager TE / torch steps overlap kernels on
 several streams, so the plain sum exceeds the wall time (measured: 26.0 ms summed vs 23.6 ms busy for a
@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import torch
 
-TOLERANCE = 0.10  # issue 4: at P2, kernel-time sum and event-timed median agree within 10%
+TOLERANCE = 0.10  # target P2: at a GEMM-bound size, kernel time and event-timed median agree within 10%
 TOP_KERNELS = 12
 SUMMARY = ("profiled_step_ms_median", "kernel_ms_per_step", "gpu_busy_ms_per_step", "kernels_per_step",
            "profiler_reason")
@@ -81,7 +81,7 @@ def _gpu_intervals(prof) -> list[tuple[str, float, float]]:
     if results is not None:  # raw kineto events: no tree building, and every device event is there
         for e in results.events():
             # GPU-side user annotations (e.g. "Optimizer.step#AdamW.step") span kernels that are also
-            # reported on their own: counting both doubled the optimizer's time in an H200 profile.
+            # reported on their own: counting both would double the optimizer's time.
             if getattr(e, "is_user_annotation", lambda: False)():
                 continue
             if e.device_type() == torch.autograd.DeviceType.CUDA:

@@ -245,7 +245,7 @@ def observations(run_dir: Path, rows: list[dict] | None = None) -> dict[str, Any
     """observations.json of one run: per timed region (the teacher, each student) its repeat medians and
     profiled block, in the shape earlier benches wrote. Read from the rows' own cells and the profile
     files; a run written before rows carried them keeps the observations.json it has."""
-    rows = results.load(run_dir).to_dict("records") if rows is None else rows
+    rows = results.load(run_dir, include_incomplete=True).to_dict("records") if rows is None else rows
     old = _read(Path(run_dir) / "observations.json") or {}
     old_students = old.get("students") or {}
     return {
@@ -325,8 +325,10 @@ def bench_rows(bench_dir: Path) -> pd.DataFrame:
     rows = []
     for run_dir in runs:
         variant = run_dir.name
-        if results.is_complete(run_dir):  # a run that failed half-way is in not_run.csv
-            students = results.load(run_dir).to_dict("records")
+        # students.csv is written whole once every student ran (a run that failed before is in not_run.csv);
+        # benches from before runs had a done.json marker are read the same way
+        if (run_dir / "students.csv").exists():
+            students = results.load(run_dir, include_incomplete=True).to_dict("records")
             obs = observations(run_dir, students)
             for r in students:
                 rows.append(_bench_row(meta, peak, variant, r, obs["students"][r["student"]], obs["teacher"],

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
 
-from workbench import plots, results
+from workbench import plots, results, sweep_plan
 
 REFERENCE = "torch_bf16"
 REPORT_NOTEBOOK = resources.files("workbench") / "notebooks" / "sweep_report.ipynb"  # package data
@@ -56,11 +56,9 @@ def low_precision(df: pd.DataFrame) -> pd.Series:
 # ---- loading -----------------------------------------------------------------------------------
 def point_dirs(path: str | Path) -> list[Path]:
     """The complete points of a sweep folder; any other folder: every run below it (e.g. panel runs)."""
-    from workbench import sweep
-
     path = Path(path)
-    if (path / sweep.SPEC_FILE).exists() or (path / sweep.INDEX_FILE).exists():
-        return sweep.complete_points(path)
+    if (path / sweep_plan.SPEC_FILE).exists() or (path / sweep_plan.INDEX_FILE).exists():
+        return sweep_plan.complete_points(path)
     return results.run_dirs(path)
 
 
@@ -75,14 +73,12 @@ def load_sweep(path: str | Path, reference: str = REFERENCE) -> pd.DataFrame:
 def _point_frame(d: Path) -> pd.DataFrame:
     """A point's students.csv, plus each student's highest step loss (losses.csv: for `unstable`) and
     when the point finished (done.json: the report's date)."""
-    from workbench import sweep
-
     df = pd.read_csv(d / "students.csv").assign(point=d.name)
     if (d / "losses.csv").exists():
         peak = pd.read_csv(d / "losses.csv").groupby("student")["loss"].max().rename("max_train_loss")
         df = df.drop(columns="max_train_loss", errors="ignore").merge(peak, left_on="student", right_index=True, how="left")
-    if (d / sweep.DONE_FILE).exists():
-        df["finished_at"] = results.read_json(d / sweep.DONE_FILE).get("finished_at")
+    if (d / sweep_plan.DONE_FILE).exists():
+        df["finished_at"] = results.read_json(d / sweep_plan.DONE_FILE).get("finished_at")
     return df
 
 
@@ -121,10 +117,8 @@ def add_derived(df: pd.DataFrame, reference: str = REFERENCE) -> pd.DataFrame:
 
 def failed_points(sweep_dir: str | Path) -> pd.DataFrame:
     """Points whose notebook did not finish (from index.csv), with their error."""
-    from workbench import sweep
-
-    idx = sweep.read_index(sweep_dir)
-    wanted = sweep.planned_ids(sweep_dir)  # rows of an earlier spec's points are history, not failures
+    idx = sweep_plan.read_index(sweep_dir)
+    wanted = sweep_plan.planned_ids(sweep_dir)  # rows of an earlier spec's points are history, not failures
     bad = idx[(idx["status"] != "done") & (idx["point"].isin(wanted) if wanted is not None else True)]
     cols = ["point", "status", "error_kind", "error"] + [c for c in idx.columns if c.startswith("grid_")]
     return bad[[c for c in cols if c in bad.columns]].reset_index(drop=True)

@@ -74,7 +74,7 @@ def test_profile_is_one_more_block_under_the_profiler_on_cpu():
     t = timing.measure(lambda: calls.append(sum(range(1000))), 1, 3, timing.CpuClock(), profile=True)
     assert len(calls) == 1 + 3 + 3 and len(t.times_ms) == 3  # warm-up, the reported block, the profiled one
     assert t.profile["profiled_step_ms_median"] is not None
-    assert t.profile["kernel_ms_per_step"] is None and "no CUDA device" in t.profile["profiler_reason"]
+    assert t.profile["kernel_ms_per_step"] is None and t.profile["profiler_reason"]  # CPU work: no kernel time, and why
 
 
 def test_no_module_level_observer():
@@ -86,16 +86,16 @@ def test_no_module_level_observer():
 
 def test_cpu_run_writes_repeats_and_profile_into_each_students_row(tmp_path):
     cfg = config.from_preset("cpu-smoke", steps=2, warmup=1, iters=2, eval_batches=1, repeats=3, profile=True,
-                             backends="torch_fp32,torch_bf16,te_fp8:delayed", baseline="torch_fp32")
+                             backends="torch_fp32,te_fp8:delayed", baseline="torch_fp32", device="cpu")
     run_dir = runner.run(cfg, out=tmp_path, run_id="r", progress=False)
     df = results.load(run_dir)
     ran = df[df["status"].isin(["ok", "fallback"])]
-    assert len(ran) >= 2
+    assert len(ran) >= 1
     for r in ran.to_dict("records"):
         medians = json.loads(r["step_ms_repeat_medians"])
         assert r["step_ms_repeats"] == 3 and len(medians) == 3 and medians[0] == pytest.approx(r["step_ms_median"])
         assert pd.notna(r["step_ms_repeat_spread_pct"]) and pd.notna(r["profiled_step_ms_median"])
-        assert "no CUDA device" in r["profiler_reason"]  # on a CPU: no kernel time, and the row says why
+        assert pd.isna(r["kernel_ms_per_step"]) and r["profiler_reason"]  # on a CPU: no kernel time, and why
         record = json.loads(crosscheck.profile_path(run_dir, r["student"]).read_text())
         assert record["profiled_step_ms_median"] == pytest.approx(r["profiled_step_ms_median"])
         assert len(json.loads(r["teacher_ms_repeat_medians"])) == 3 and pd.notna(r["teacher_ms_repeat_spread_pct"])

@@ -89,6 +89,7 @@ def test_summary_table_numbers(tmp_path):
          "eval_mse": None, "peak_mem_allocated_mb": None},
     ]
     results.write_csv(tmp_path / "students.csv", results.students_frame(rows))
+    results.mark_complete(tmp_path)
     t = notebook.summary_table(tmp_path)
     assert list(t.columns) == ["status", "step ms", "× vs torch_bf16", "final loss", "eval MSE", "peak GiB"]
     assert t.loc["torch_fp32", "× vs torch_bf16"] == pytest.approx(0.333)

@@ -6,6 +6,7 @@
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 R=$(mktemp -d)/graphed
+mkdir -p "$R"
 BACKENDS="torch_bf16,te_bf16,te_fp8:delayed,te_fp8:delayed_e4m3,te_fp8:current,te_fp8:block"
 for preset in seed large; do
   python3 -m workbench run --preset "$preset" --out "$R" --run-id "$preset" --set backends="$BACKENDS" \

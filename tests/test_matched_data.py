@@ -87,6 +87,10 @@ def test_a_t4_takes_the_fp16_path_everywhere(t4):
     assert runner.teacher_dtype(config.from_preset("seed"), cuda) is None  # fp32 teacher, not emulated bf16
     ok, why = backends.make("torch_bf16").availability(backends.Context(cuda, config.from_preset("seed")))
     assert not ok and "no bf16" in why and "torch_fp16" in why
+    from workbench import hardware
+
+    fn, _, reason = hardware._mm_fn("bf16", 64, cuda)  # no bf16 peak is measured on emulation
+    assert fn is None and "no bf16" in reason
 
 
 def test_an_ampere_or_newer_gpu_keeps_bf16(monkeypatch):

@@ -5,7 +5,8 @@ import pandas as pd
 import pytest
 import torch
 
-from workbench import backends, config, distill, results, runner
+from workbench import backends, config, results, runner
+from workbench.train import objectives
 from workbench.env import te as _te
 
 TUTORIAL_SUMMARY_KEYS = {
@@ -84,13 +85,13 @@ def test_losses_are_fp32_and_backward_works_with_bf16_predictions():
     pred = torch.randn(4, 8, dtype=torch.bfloat16, requires_grad=True)
     target = torch.randn(4, 8)
     for kind in ("mse", "cosine"):
-        loss = distill.loss(kind, pred, distill.Targets(target))
+        loss = objectives.loss(kind, pred, objectives.Targets(target))
         assert loss.dtype == torch.float32
         loss.backward()  # the tutorial's "Found dtype Float but expected BFloat16" must not happen
     hidden = [torch.randn(4, 8, dtype=torch.bfloat16, requires_grad=True)]
-    loss = distill.loss("hidden", (pred, hidden), distill.Targets(target, [torch.randn(4, 8)]))
+    loss = objectives.loss("hidden", (pred, hidden), objectives.Targets(target, [torch.randn(4, 8)]))
     assert loss.dtype == torch.float32
-    assert loss.item() > distill.mse(pred, target).item()  # hidden-state term adds to the output term
+    assert loss.item() > objectives.mse(pred, target).item()  # hidden-state term adds to the output term
 
 
 @pytest.mark.parametrize("loss", ["cosine", "hidden"])

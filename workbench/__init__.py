@@ -1,7 +1,8 @@
 """TE distillation & benchmarking workbench.
 
 Pipeline, one module per concern:
-  probe / install / doctor -> config -> models -> backends/ -> distill, train -> timing, flops
+  env/ (probe, install, doctor, TE import) -> config -> models/ -> backends/ -> train/ (objectives, loop)
+  -> timing, flops
   -> runner (one run) -> results (files) -> plots -> notebook (papermill driver) -> cli
 """
 __version__ = "0.1.0"

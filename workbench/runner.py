@@ -19,11 +19,11 @@ from typing import Any
 import pandas as pd
 import torch
 
-from workbench import backends, crosscheck, distill, results, timing
+from workbench import backends, crosscheck, results, timing
 from workbench.env import probe
 from workbench.config import Config
 from workbench.models import Student, Teacher, reference_student
-from workbench.train import Data, Diverged, run_student
+from workbench.train import Data, Diverged, objectives, run_student
 
 BF16_REFERENCES = ("te_bf16", "torch_bf16")  # the "bf16 student" FP8 losses are compared with
 
@@ -51,7 +51,7 @@ def make_data(cfg: Config, teacher: Teacher, device: torch.device, dtype) -> Dat
     """Random-token batches from a seeded generator and the teacher's targets, computed once."""
     m = cfg.model
     gen = torch.Generator().manual_seed(cfg.train.seed + 1)
-    want_hidden = distill.needs_hidden(cfg.distill.loss)
+    want_hidden = objectives.needs_hidden(cfg.distill.loss)
 
     def batches(n: int):
         out = []
@@ -60,7 +60,7 @@ def make_data(cfg: Config, teacher: Teacher, device: torch.device, dtype) -> Dat
             with torch.no_grad(), backends.autocast(device, dtype):
                 y = teacher(tokens, return_hidden=want_hidden)
             out_t, hidden = y if want_hidden else (y, None)
-            out.append((tokens, distill.Targets(out_t.float(), [h.float() for h in hidden] if hidden else None)))
+            out.append((tokens, objectives.Targets(out_t.float(), [h.float() for h in hidden] if hidden else None)))
         return out
 
     return Data(train=batches(cfg.train.steps), bench=batches(cfg.bench.warmup + cfg.bench.iters),

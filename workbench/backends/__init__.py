@@ -179,7 +179,7 @@ def make(spec: str) -> Backend:
 @functools.lru_cache(maxsize=1)
 def _load_all() -> None:
     """Import every backend file of this package; each registers itself. Files starting with '_' are
-    helpers (e.g. _te.py), not backends. Discovery from the files is what makes a backend one file."""
+    private helpers, not backends. Discovery from the files is what makes a backend one file."""
     for mod in pkgutil.iter_modules(__path__):
         if not mod.name.startswith("_"):
             importlib.import_module(f"{__name__}.{mod.name}")

@@ -14,8 +14,9 @@ from typing import Any, Callable
 
 import torch
 
-from workbench import crosscheck, distill, flops, timing
+from workbench import crosscheck, flops, timing
 from workbench.backends import Backend
+from workbench.train import objectives
 from workbench.models import Student
 
 
@@ -23,9 +24,9 @@ from workbench.models import Student
 class Data:
     """Token batches (on the device) and their teacher targets, shared by all students."""
 
-    train: list[tuple[torch.Tensor, distill.Targets]]
-    bench: list[tuple[torch.Tensor, distill.Targets]]
-    eval: list[tuple[torch.Tensor, distill.Targets]]
+    train: list[tuple[torch.Tensor, objectives.Targets]]
+    bench: list[tuple[torch.Tensor, objectives.Targets]]
+    eval: list[tuple[torch.Tensor, objectives.Targets]]
 
     def fingerprint(self) -> torch.Tensor:
         """Checksums of every batch's tokens and targets. Students share these tensors, so one that
@@ -43,15 +44,15 @@ class Diverged(RuntimeError):
 
 
 def make_step(model: torch.nn.Module, opt: torch.optim.Optimizer, backend: Backend, loss_kind: str,
-              scaler: Any = None) -> Callable[[torch.Tensor, distill.Targets], torch.Tensor]:
+              scaler: Any = None) -> Callable[[torch.Tensor, objectives.Targets], torch.Tensor]:
     """One optimizer step; returns the (fp32) loss tensor without synchronizing."""
-    want_hidden = distill.needs_hidden(loss_kind)
+    want_hidden = objectives.needs_hidden(loss_kind)
 
-    def step(tokens: torch.Tensor, targets: distill.Targets) -> torch.Tensor:
+    def step(tokens: torch.Tensor, targets: objectives.Targets) -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
         with backend.forward_context():  # wraps the forward only (TE: autocast must not wrap backward)
             out = model(tokens, return_hidden=True) if want_hidden else model(tokens)
-        loss = distill.loss(loss_kind, out, targets)
+        loss = objectives.loss(loss_kind, out, targets)
         if scaler is not None:
             scaler.scale(loss).backward()
             scaler.step(opt)
@@ -88,7 +89,7 @@ def _sync_time(fn, device: torch.device) -> tuple[Any, float]:
 
 
 def capture_step(model: torch.nn.Module, fwd: torch.nn.Module, opt: torch.optim.Optimizer, backend: Backend,
-                 loss_kind: str, batch: tuple[torch.Tensor, distill.Targets], warmup: int = 3):
+                 loss_kind: str, batch: tuple[torch.Tensor, objectives.Targets], warmup: int = 3):
     """Capture forward, loss, backward and optimizer step in one CUDA graph; return a replaying step.
 
     The warm-up iterations that capture needs really update the weights, so weights and optimizer
@@ -96,7 +97,7 @@ def capture_step(model: torch.nn.Module, fwd: torch.nn.Module, opt: torch.optim.
     """
     tokens, targets = batch
     s_tokens = tokens.clone()
-    s_targets = distill.Targets(targets.out.clone(), [h.clone() for h in targets.hidden] if targets.hidden else None)
+    s_targets = objectives.Targets(targets.out.clone(), [h.clone() for h in targets.hidden] if targets.hidden else None)
     snapshot = {k: v.detach().clone() for k, v in model.state_dict().items() if torch.is_tensor(v)}
     eager = make_step(fwd, opt, backend, loss_kind)
     side = torch.cuda.Stream()
@@ -109,8 +110,8 @@ def capture_step(model: torch.nn.Module, fwd: torch.nn.Module, opt: torch.optim.
     opt.zero_grad(set_to_none=True)  # grads are then allocated (not accumulated) inside the graph
     with torch.cuda.graph(graph):
         with backend.forward_context():
-            out = fwd(s_tokens, return_hidden=True) if distill.needs_hidden(loss_kind) else fwd(s_tokens)
-        s_loss = distill.loss(loss_kind, out, s_targets)
+            out = fwd(s_tokens, return_hidden=True) if objectives.needs_hidden(loss_kind) else fwd(s_tokens)
+        s_loss = objectives.loss(loss_kind, out, s_targets)
         s_loss.backward()
         opt.step()
     with torch.no_grad():
@@ -120,7 +121,7 @@ def capture_step(model: torch.nn.Module, fwd: torch.nn.Module, opt: torch.optim.
                 if torch.is_tensor(v):
                     v.zero_()
 
-    def step(tokens: torch.Tensor, targets: distill.Targets) -> torch.Tensor:
+    def step(tokens: torch.Tensor, targets: objectives.Targets) -> torch.Tensor:
         s_tokens.copy_(tokens)
         s_targets.out.copy_(targets.out)
         for h, t in zip(s_targets.hidden or [], targets.hidden or []):
@@ -136,12 +137,12 @@ def _compile_now(fwd, opt, backend: Backend, loss_kind: str, batch) -> None:
     compile_ms) and not in training step 1; the gradients are dropped, the weights are untouched."""
     tokens, targets = batch
     with backend.forward_context():
-        out = fwd(tokens, return_hidden=True) if distill.needs_hidden(loss_kind) else fwd(tokens)
-    distill.loss(loss_kind, out, targets).backward()
+        out = fwd(tokens, return_hidden=True) if objectives.needs_hidden(loss_kind) else fwd(tokens)
+    objectives.loss(loss_kind, out, targets).backward()
     opt.zero_grad(set_to_none=True)
 
 
-def initial_loss(model: torch.nn.Module, cfg, batch: tuple[torch.Tensor, distill.Targets]) -> float:
+def initial_loss(model: torch.nn.Module, cfg, batch: tuple[torch.Tensor, objectives.Targets]) -> float:
     """fp32 output-MSE of the student's *starting weights*, evaluated by the torch reference model.
 
     Backend arithmetic (bf16, FP8) differs by design; this isolates whether the weights are the same,
@@ -153,7 +154,7 @@ def initial_loss(model: torch.nn.Module, cfg, batch: tuple[torch.Tensor, distill
     ref = ref.to_empty(device=tokens.device)
     ref.load_state_dict({k: v.float() for k, v in model.to_reference_state().items()})
     with torch.no_grad():
-        return float(distill.mse(ref(tokens), targets.out))
+        return float(objectives.mse(ref(tokens), targets.out))
 
 
 @torch.no_grad()
@@ -164,7 +165,7 @@ def evaluate(model: torch.nn.Module, backend: Backend, batches) -> float:
     for tokens, targets in batches:
         with backend.forward_context():
             pred = model(tokens)
-        vals.append(float(distill.mse(pred, targets.out)))
+        vals.append(float(objectives.mse(pred, targets.out)))
     model.train()
     return sum(vals) / len(vals)
 

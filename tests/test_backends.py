@@ -170,3 +170,27 @@ def test_the_step_policy_is_the_backends_answer():
     p = fp16.policy(seed, cuda)
     assert p.grad_scaler and p.graph is None and any("not graph-safe" in n for n in p.notes)
     assert backends.make("torch_fp32").policy(seed, torch.device("cpu")).graph is None  # no GPU, no graph
+
+
+class FakeRecipes:
+    """Stands in for transformer_engine.common.recipe: records what a recipe was built with."""
+
+    class Format:
+        HYBRID, E4M3 = "HYBRID", "E4M3"
+
+    class DelayedScaling(dict):
+        def __init__(self, **kw):
+            super().__init__(kw)
+
+
+def test_te_delayed_scaling_takes_its_history_from_the_config(monkeypatch):
+    from workbench.backends import te_fp8
+
+    monkeypatch.setattr(_te, "load", lambda: (FakeTEModules, FakeRecipes, ""))
+    cfg = config.from_preset("cpu-smoke", te_amax_history_len=1024, te_amax_compute_algo="most_recent")
+    b = backends.make("te_fp8:delayed")
+    monkeypatch.setattr(te_fp8.TEBF16, "build", lambda self, reference, cfg, device: torch.nn.Identity())
+    b.build(None, cfg, torch.device("cpu"))
+    assert b.fp8_recipe == {"margin": 0, "fp8_format": "HYBRID", "amax_history_len": 1024, "amax_compute_algo": "most_recent"}
+    with pytest.raises(config.ConfigError, match="options.te_amax_compute_algo"):
+        config.from_preset("cpu-smoke", te_amax_compute_algo="min")

@@ -406,7 +406,7 @@ def crosscheck_report(df: pd.DataFrame, preset: str | None, bench_dir: Path | No
     """crosscheck.json: per row, the event-timed median vs the kernel-time sum; headline = the P2 row,
     with its kernel-time breakdown (categories, top kernels) from its profile file (observations.json
     for earlier benches)."""
-    ran = df[df["status"].isin(["ok", "fallback"])]
+    ran = results.ran(df)
     rows = []
     for r in ran.to_dict("records"):
         rat = _num(r.get("kernel_to_event_ratio"))
@@ -464,7 +464,7 @@ def evaluate_targets(df: pd.DataFrame, preset: str | None) -> list[dict[str, Any
     """targets.json: every target with its best achieved figure here, who achieved it, and pass/fail.
 
     pass is None where the target does not apply to this preset/shape or nothing ran to measure it."""
-    ran = df[df["status"].isin(["ok", "fallback"])].copy()
+    ran = results.ran(df).copy()
     same_shape = bool(len(ran)) and shape_is_preset(preset, ran.iloc[0].to_dict())
     out = []
     for t in TARGETS:
@@ -548,7 +548,7 @@ def markdown(path: str | Path) -> str:
 
 def _markdown_one(d: Path, df: pd.DataFrame) -> str:
     first = df.iloc[0].to_dict() if len(df) else {}
-    ran = df[df["status"].isin(["ok", "fallback"])].sort_values("step_ms_median")
+    ran = results.ran(df).sort_values("step_ms_median")
     peak = _read(d / "peak.json") or {}
     meas = {p: hardware.measured_tflops(peak, p) for p in hardware.PRECISIONS}
     gpu = first.get("gpu_name") if isinstance(first.get("gpu_name"), str) else "CPU"
@@ -569,7 +569,7 @@ def _markdown_one(d: Path, df: pd.DataFrame) -> str:
                      f"| {_fmt(r['speedup_vs_tutorial'], '.2f')} | {_fmt(r['median_spread_pct'], '.1f')} "
                      f"| {_fmt(r['kernel_to_event_ratio'], '.2f')} | {_fmt(r['capture_ms'], '.0f')} "
                      f"| {_fmt(r['compile_ms'], '.0f')} |")
-    not_ran = df[~df["status"].isin(["ok", "fallback"])]
+    not_ran = df[~df["status"].isin(results.RAN)]
     if len(not_ran):
         lines.append("\nNot run here: " + "; ".join(
             f"{r['variant']} / `{r['student']}` ({r['status']}: {str(r['reason'])[:120]})" for r in not_ran.to_dict("records")))

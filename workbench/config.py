@@ -86,6 +86,17 @@ class DistillConfig:
     'bf16' or 'fp16'."""
 
 
+@dataclass
+class BackendOptions:
+    """Knobs of one precision backend beyond its recipe name (the recipe picks the scheme; these tune it)."""
+
+    te_amax_history_len: int = 16
+    """TE delayed scaling: steps of amax history the FP8 scale is computed from (TE's default is 1024;
+    its tutorials use 16)."""
+    te_amax_compute_algo: str = "max"
+    """TE delayed scaling: 'max' or 'most_recent' over the amax history."""
+
+
 DEFAULT_BACKENDS = ("torch_fp32", "torch_bf16", "te_bf16", "te_fp8:delayed", "te_fp8:current")
 
 
@@ -95,6 +106,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
+    options: BackendOptions = field(default_factory=BackendOptions)
     backends: list[str] = field(default_factory=lambda: list(DEFAULT_BACKENDS))
     """Students to compare, as 'backend' or 'backend:recipe' (see `workbench.backends.BACKENDS`)."""
     baseline: str = "torch_bf16"
@@ -168,6 +180,8 @@ class Config:
         _positive("bench.repeats", b.repeats)
         _choice("distill.loss", d.loss, LOSSES)
         _choice("distill.teacher_precision", d.teacher_precision, TEACHER_PRECISIONS)
+        _positive("options.te_amax_history_len", self.options.te_amax_history_len)
+        _choice("options.te_amax_compute_algo", self.options.te_amax_compute_algo, AMAX_ALGOS)
         _choice("device", self.device, DEVICES)
         if not self.backends:
             raise ConfigError("backends must list at least one student")
@@ -183,11 +197,13 @@ class Config:
 
 
 LAYOUTS = ("separate", "fused")
+AMAX_ALGOS = ("max", "most_recent")
 PARAM_DTYPES = ("fp32", "bf16")
 LOSSES = ("mse", "cosine", "hidden")
 TEACHER_PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 DEVICES = ("auto", "cuda", "cpu")
-SECTIONS = {"model": ModelConfig, "train": TrainConfig, "bench": BenchConfig, "distill": DistillConfig}
+SECTIONS = {"model": ModelConfig, "train": TrainConfig, "bench": BenchConfig, "distill": DistillConfig,
+            "options": BackendOptions}
 
 
 def _positive(name: str, value: Any) -> None:

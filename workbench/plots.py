@@ -16,7 +16,6 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from workbench import results
 
-RAN = ("ok", "fallback", "diverged")
 
 # One colour per student spec. Keyed by spec (never by plotting order), so torchao is the same green in
 # every figure of every run. Families share a hue (TE FP8 reds/oranges, torchao greens, torch greys/blues);
@@ -81,7 +80,7 @@ def loss_curves(run_dir: str | Path) -> plt.Figure:
     df, losses = results.load(run_dir, include_incomplete=True), results.load_losses(run_dir)
     fig, ax = plt.subplots(figsize=(9, 4.8))
     styles = ["-", "--", ":", "-."]  # matched students often overlap exactly: keep every line visible
-    ran = df[df["status"].isin(RAN) & df["student"].isin(losses["student"])]
+    ran = df[df["status"].isin(results.STARTED) & df["student"].isin(losses["student"])]
     for i, (_, r) in enumerate(ran.iterrows()):
         s = losses[losses["student"] == r["student"]]
         ax.plot(s["step"], s["loss"], marker=".", ls=styles[i % len(styles)], label=_label(r),
@@ -106,7 +105,7 @@ def _bars(ax, df: pd.DataFrame, col: str, err: tuple[str, str] | None = None, sc
     """One bar per student that produced `col` (divided by `scale`), its value written on it.
     A wide range gets a log axis; a narrow one (differences under a fifth of the value) an axis
     that starts near the smallest bar, said in the axis label, so 17.7 and 19.3 GiB do not look equal."""
-    d = df[df["status"].isin(RAN)].dropna(subset=[col])
+    d = df[df["status"].isin(results.STARTED)].dropna(subset=[col])
     if d.empty:  # e.g. memory on a CPU run, or every student diverged: unknown is shown as unknown, not as 0
         nothing_to_plot(ax, unknown or _no_student_ran(df))
         return
@@ -147,7 +146,7 @@ def peak_memory(run_dir: str | Path) -> plt.Figure:
     cpu = "unknown here\n(torch tracks peak memory on CUDA devices only)"
     for ax, col, what in ((axes[0], "peak_mem_allocated_mb", "allocated"), (axes[1], "peak_mem_reserved_mb", "reserved")):
         ax.set(ylabel="GiB", title=f"peak {what} (timed loop)")
-        ran = df["status"].isin(["ok", "fallback"]).any()  # else: say that no student ran, not "CPU"
+        ran = df["status"].isin(results.RAN).any()  # else: say that no student ran, not "CPU"
         _bars(ax, df, col, scale=GIB, unit=" GiB", unknown=f"{col}: {cpu}" if ran else "")
     fig.suptitle(_title(df, "Peak memory"), fontsize=10)
     fig.tight_layout()
@@ -176,7 +175,7 @@ def plot_run(run_dir: str | Path, close: bool = True) -> dict[str, plt.Figure]:
 # ---- bench (workbench.bench): read only bench.csv --------------------------------------------------
 def _bench_frame(bench_dir: str | Path) -> pd.DataFrame:
     df = pd.read_csv(Path(bench_dir) / "bench.csv")
-    d = df[df["status"].isin(RAN)].dropna(subset=["step_ms_median"]).sort_values("step_ms_median", ascending=False)
+    d = df[df["status"].isin(results.STARTED)].dropna(subset=["step_ms_median"]).sort_values("step_ms_median", ascending=False)
     return d.assign(label=d["variant"] + " / " + d["student"])
 
 

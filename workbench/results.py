@@ -47,6 +47,18 @@ STUDENT_COLUMNS = [  # the first columns of students.csv, in order; config and e
 ]
 ENV_STAMP = ["gpu_name", "compute_capability", "torch", "torch_cuda", "te_version", "git_sha"]
 
+# The vocabulary of a row. A *student* is one entry of `backends` (its spec, 'backend:recipe'); it *ran*
+# when it trained and was timed ('ok', or 'fallback': PyTorch autocast ran in place of an unusable TE, and
+# the reason says so); it *started* when its initial state was measured, which a 'diverged' student was.
+# 'skipped' (cannot run here) and 'error' (failed) students have no metrics.
+RAN = ("ok", "fallback")
+STARTED = RAN + ("diverged",)
+
+
+def ran(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of students that ran (trained and were timed)."""
+    return df[df["status"].isin(RAN)]
+
 
 def _umask() -> int:
     mask = os.umask(0)

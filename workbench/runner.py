@@ -220,7 +220,7 @@ def _row(df: pd.DataFrame, spec: str | None) -> dict[str, Any]:
 
 def summarize(cfg: Config, env: dict, df: pd.DataFrame, run_id: str, device, tdtype) -> dict[str, Any]:
     """The tutorial's summary keys (same meaning, correct numbers) plus what they were missing."""
-    ran = df[df["status"].isin(["ok", "fallback"])]
+    ran = results.ran(df)
     te_rows = ran[ran["backend"].str.startswith("te_")]
     te_spec = te_rows["student"].iloc[0] if len(te_rows) else None
     fp8_first = ran[ran["backend"] == "te_fp8"]
@@ -241,7 +241,7 @@ def summarize(cfg: Config, env: dict, df: pd.DataFrame, run_id: str, device, tdt
         for r in (_row(df, s) for s in df[(df["backend"] == "te_fp8") & (df["status"] == "ok")]["student"])
     }
     # a diverged student measured its initial loss before training: it still says whether init matched
-    init = df[df["status"].isin(["ok", "fallback", "diverged"])]["initial_loss"].dropna().astype(float)
+    init = df[df["status"].isin(results.STARTED)]["initial_loss"].dropna().astype(float)
     spread = float((init.max() - init.min()) / abs(init.mean())) if len(init) else None
     return {
         # the tutorial's keys

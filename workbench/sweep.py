@@ -168,7 +168,7 @@ def student_problems(point_dir: Path) -> tuple[str, str | None]:
     point that did not run cleanly. kind ('oom', 'diverged', 'student_error' or None; skipped students
     are not errors) makes such points filterable in the index although the point itself is complete."""
     df = results.read_students(point_dir)
-    bad = df[~df["status"].isin(["ok", "fallback"])]
+    bad = df[~df["status"].isin(results.RAN)]
     text = "; ".join(f"{r.student} {r.status}: {r.reason}" for r in bad.itertuples())[:2000]
     errors = bad[bad["status"].isin(["error", "diverged"])]
     if errors.empty:

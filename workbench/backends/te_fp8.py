@@ -25,10 +25,13 @@ RECIPES = {
 }
 
 
-def make_recipe(recipe_mod, name: str):
+def make_recipe(recipe_mod, name: str, amax_history_len: int = 16, amax_compute_algo: str = "max"):
+    """TE's recipe object for a recipe name; 'delayed' takes its amax history settings from the config's
+    BackendOptions, 'delayed_e4m3' is exactly the tutorial's (TE's defaults)."""
     R = recipe_mod
     if name == "delayed":
-        return R.DelayedScaling(margin=0, fp8_format=R.Format.HYBRID, amax_history_len=16, amax_compute_algo="max")
+        return R.DelayedScaling(margin=0, fp8_format=R.Format.HYBRID, amax_history_len=amax_history_len,
+                                amax_compute_algo=amax_compute_algo)
     if name == "delayed_e4m3":
         return R.DelayedScaling(margin=0, fp8_format=R.Format.E4M3)
     return {
@@ -73,7 +76,8 @@ class TEFP8(TEBF16):
 
     def build(self, reference, cfg, device):
         _, recipe_mod, _ = _te.load()
-        self.fp8_recipe = make_recipe(recipe_mod, self.recipe)
+        o = cfg.options
+        self.fp8_recipe = make_recipe(recipe_mod, self.recipe, o.te_amax_history_len, o.te_amax_compute_algo)
         model = super().build(reference, cfg, device)
         self.dtype = torch.bfloat16
         return model

@@ -128,34 +128,12 @@ def run(cfg: Config, out: str | Path = "results", run_id: str | None = None, req
     data = make_data(cfg, teacher, device, tdtype)
     teacher_cells, teacher_profile = time_teacher(cfg, teacher, data, device, tdtype)
     _write_profile(run_dir, "teacher", teacher_profile)
-    ctx = backends.Context(device=device, cfg=cfg)
-
-    stamp = {k: env.get(k) for k in results.ENV_STAMP}
-    flat_cfg = {k: (",".join(v) if isinstance(v, list) else v) for k, v in cfg.flat().items()}
-    rows, loss_rows = [], []
-    data_sums = data.fingerprint()
-    for spec in cfg.backends:
-        row, losses = _one_student(spec, cfg, ctx, reference, data, device, progress)
-        _write_profile(run_dir, spec, row.pop("profile", None))
-        if not torch.equal(data.fingerprint(), data_sums):
-            # Its own numbers may be fine, but what the other students see would not be the same data:
-            # flag it and rebuild the batches (deterministic from the seed) for the students after it.
-            row.update(status="error", reason=("this student wrote into the batches shared by all students; "
-                                               "they were rebuilt for the next students. " + row["reason"]).strip())
-            _say(progress, f"[{spec}] changed the shared batches; rebuilding them")
-            data = None  # free the damaged copy first: at the large sizes the batches take GBs
-            data = make_data(cfg, teacher, device, tdtype)
-        row.update({"schema_version": results.SCHEMA_VERSION, "run_id": run_id, **teacher_cells})
-        row.update({f"cfg_{k}": v for k, v in flat_cfg.items()})
-        row.update(stamp)
-        rows.append(row)
-        loss_rows += [{"step": i + 1, "student": spec, "loss": v} for i, v in enumerate(losses)]
-        if device.type == "cuda":
-            # Each student's memory peak starts from the same floor. gc first: graphed / compiled students
-            # hold reference cycles (callables <-> module), and the H200 bench showed later students'
-            # peaks growing by GBs when only empty_cache ran.
-            gc.collect()
-            torch.cuda.empty_cache()
+    common = {"schema_version": results.SCHEMA_VERSION, "run_id": run_id, **teacher_cells,
+              **{f"cfg_{k}": (",".join(v) if isinstance(v, list) else v) for k, v in cfg.flat().items()},
+              **{k: env.get(k) for k in results.ENV_STAMP}}
+    rows, loss_rows = _all_students(cfg, run_dir, reference, data, device, progress,
+                                    rebuild_data=lambda: make_data(cfg, teacher, device, tdtype))
+    rows = [{**row, **common} for row in rows]
 
     df = results.students_frame(rows)
     results.write_csv(run_dir / "students.csv", df)
@@ -166,6 +144,33 @@ def run(cfg: Config, out: str | Path = "results", run_id: str | None = None, req
     plots.plot_run(run_dir)
     results.mark_complete(run_dir, run_id=run_id, wall_s=round(time.monotonic() - t0, 2))  # last: the run is complete
     return run_dir
+
+
+def _all_students(cfg: Config, run_dir: Path, reference, data: Data, device, progress: bool, rebuild_data):
+    """Every student of the run, one after the other: (rows, loss rows). A student that changes the
+    shared batches is flagged, and the batches are rebuilt for the ones after it."""
+    ctx = backends.Context(device=device, cfg=cfg)
+    rows, loss_rows = [], []
+    data_sums = data.fingerprint()
+    for spec in cfg.backends:
+        row, losses = _one_student(spec, cfg, ctx, reference, data, device, progress)
+        _write_profile(run_dir, spec, row.pop("profile", None))
+        if not torch.equal(data.fingerprint(), data_sums):
+            # Its own numbers may be fine, but what the other students see would not be the same data.
+            row.update(status="error", reason=("this student wrote into the batches shared by all students; "
+                                               "they were rebuilt for the next students. " + row["reason"]).strip())
+            _say(progress, f"[{spec}] changed the shared batches; rebuilding them")
+            data = None  # free the damaged copy first: at the large sizes the batches take GBs
+            data = rebuild_data()
+        rows.append(row)
+        loss_rows += [{"step": i + 1, "student": spec, "loss": v} for i, v in enumerate(losses)]
+        if device.type == "cuda":
+            # Each student's memory peak starts from the same floor. gc first: graphed / compiled students
+            # hold reference cycles (callables <-> module), and the H200 bench showed later students'
+            # peaks growing by GBs when only empty_cache ran.
+            gc.collect()
+            torch.cuda.empty_cache()
+    return rows, loss_rows
 
 
 def _one_student(spec: str, cfg: Config, ctx, reference, data: Data, device, progress: bool):

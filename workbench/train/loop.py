@@ -184,32 +184,49 @@ def run_student(backend: Backend, cfg, reference: torch.nn.Module, data: Data, d
     floor = timing.allocated_mb(device)
     model = backend.build(reference, cfg, device)
     model.train()
+    step, metrics = prepare_step(backend, model, cfg, data, device)
+    metrics["mem_floor_mb"] = floor
+    # Measured after compilation and graph capture (which ran real warm-up updates and restored them),
+    # so a bad restore shows up here as a mismatch with the other students.
+    metrics["initial_loss"] = initial_loss(model, cfg, data.train[0])
+    losses = train(step, data, metrics, on_step)
+    metrics["eval_mse"] = evaluate(model, backend, data.eval)
+    metrics.update(time_steps(step, cfg, data, device, flops.tokens_per_step(cfg.model) * reference.train_flops_per_token()))
+    del model, step
+    return metrics, losses
+
+
+def prepare_step(backend: Backend, model: torch.nn.Module, cfg, data: Data, device: torch.device):
+    """(step, metrics): the student's train step as its backend's policy says (compiled, graphed, scaled),
+    with the one-off costs (compile_ms, capture_ms) and notes on switches that did not apply."""
     policy = backend.policy(cfg, device)
     metrics: dict[str, Any] = {"compiled": policy.compile, "graphed": policy.graph is not None, "compile_ms": None,
-                               "capture_ms": None, "mem_floor_mb": floor}
+                               "capture_ms": None}
     notes = list(policy.notes)
     opt = make_optimizer(model, cfg, device, capturable=policy.graph == "step", scaled=policy.grad_scaler)
     scaler = torch.amp.GradScaler(device.type) if policy.grad_scaler else None
-
+    loss_kind = cfg.distill.loss
     fwd = model
     if policy.compile:
         fwd = torch.compile(model)
-        _, metrics["compile_ms"] = _sync_time(lambda: _compile_now(fwd, opt, backend, cfg.distill.loss, data.train[0]), device)
+        _, metrics["compile_ms"] = _sync_time(lambda: _compile_now(fwd, opt, backend, loss_kind, data.train[0]), device)
     if policy.graph == "step":
         step, metrics["capture_ms"] = _sync_time(
-            lambda: capture_step(model, fwd, opt, backend, cfg.distill.loss, data.train[0]), device)
+            lambda: capture_step(model, fwd, opt, backend, loss_kind, data.train[0]), device)
         notes.append("graphed step includes copying each batch into the graph's static input buffers")
     elif policy.graph == "fwd_bwd":  # the optimizer step stays eager
         fwd, metrics["capture_ms"] = _sync_time(lambda: backend.make_graphed(fwd, data.train[0][0]), device)
         opt.zero_grad(set_to_none=True)
-        step = make_step(fwd, opt, backend, cfg.distill.loss, scaler)
+        step = make_step(fwd, opt, backend, loss_kind, scaler)
     else:
-        step = make_step(fwd, opt, backend, cfg.distill.loss, scaler)
+        step = make_step(fwd, opt, backend, loss_kind, scaler)
     metrics["notes"] = "; ".join(notes)
-    # Measured after compilation and graph capture (which ran real warm-up updates and restored them),
-    # so a bad restore shows up here as a mismatch with the other students.
-    metrics["initial_loss"] = initial_loss(model, cfg, data.train[0])
+    return step, metrics
 
+
+def train(step, data: Data, metrics: dict, on_step: Callable[[int, float], None] | None = None) -> list[float]:
+    """Every training batch once, in order; the losses (and first/final/steps_run into `metrics`).
+    Raises Diverged on a non-finite loss."""
     losses: list[float] = []
     for i, (tokens, targets) in enumerate(data.train):
         loss = float(step(tokens, targets))  # .item() syncs: fine here, training is not timed
@@ -220,35 +237,31 @@ def run_student(backend: Backend, cfg, reference: torch.nn.Module, data: Data, d
             err = Diverged(f"non-finite loss {loss} at training step {i + 1}")
             err.losses, err.metrics = losses, metrics
             raise err
-    metrics["first_step_loss"] = losses[0]
-    metrics["final_train_loss"] = losses[-1]
-    metrics["steps_run"] = len(losses)
-    metrics["eval_mse"] = evaluate(model, backend, data.eval)
+    metrics.update(first_step_loss=losses[0], final_train_loss=losses[-1], steps_run=len(losses))
+    return losses
 
-    # Timed region: identical bench batches, cycled; losses stay on the device (no sync inside).
+
+def time_steps(step, cfg, data: Data, device: torch.device, train_flops: int) -> dict[str, Any]:
+    """The timed region: identical bench batches, cycled; losses stay on the device (no sync inside).
+    Step-time statistics, throughput, peak memory, and the profiler's summary when asked for."""
     batches = itertools.cycle(data.bench)
 
     def timed_step():
         step(*next(batches))
 
-    clock = timing.clock_for(device)
     peaks: list = []
-    t = timing.measure(timed_step, cfg.bench.warmup, cfg.bench.iters, clock,
+    t = timing.measure(timed_step, cfg.bench.warmup, cfg.bench.iters, timing.clock_for(device),
                        before_timed=lambda: timing.reset_peak_memory(device),
                        after_timed=lambda: peaks.extend(timing.peak_memory_mb(device)),
                        repeats=cfg.bench.repeats, profile=cfg.bench.profile)
     alloc, reserved = peaks
-    train_flops = flops.tokens_per_step(cfg.model) * reference.train_flops_per_token()  # the model's own count
+    out: dict[str, Any] = {
+        **t.summary("step_ms"),
+        **t.repeat_summary("step_ms"),
+        "tokens_per_s": flops.tokens_per_step(cfg.model) / (t.median * 1e-3) if t.median else None,
+        "tflops": flops.tflops(train_flops, t.median),
+        "peak_mem_allocated_mb": alloc, "peak_mem_reserved_mb": reserved,
+    }
     if t.profile is not None:  # the summary in the row; the whole record (per-kernel detail) under "profile"
-        metrics.update({k: t.profile.get(k) for k in crosscheck.SUMMARY}, profile=t.profile)
-    metrics.update(
-        {
-            **t.summary("step_ms"),
-            **t.repeat_summary("step_ms"),
-            "tokens_per_s": flops.tokens_per_step(cfg.model) / (t.median * 1e-3) if t.median else None,
-            "tflops": flops.tflops(train_flops, t.median),
-            "peak_mem_allocated_mb": alloc, "peak_mem_reserved_mb": reserved,
-        }
-    )
-    del model, fwd, opt, step
-    return metrics, losses
+        out.update({k: t.profile.get(k) for k in crosscheck.SUMMARY}, profile=t.profile)
+    return out

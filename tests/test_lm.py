@@ -48,13 +48,13 @@ def test_the_lm_learns_its_next_token(kind):
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     tokens = torch.randint(0, 96, (4, 16))
     losses = []
-    for _ in range(15):
+    for _ in range(6):
         loss = F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
         opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    assert losses[-1] < 0.8 * losses[0]
+    assert losses[-1] < 0.9 * losses[0]
 
 
 def test_flops_per_token_against_a_hand_count():

@@ -1,5 +1,6 @@
-"""Transformer Engine student in bf16 (fp16 on GPUs without bf16): te.Linear / te.LayerNorm under
-torch autocast. Without a usable TE the student runs the PyTorch autocast fallback, and says why."""
+"""Transformer Engine student in bf16 (fp16 on GPUs without bf16): the model's layers swapped for TE's
+(te.Linear, te.LayerNorm, te.RMSNorm, te.LayerNormMLP, te.DotProductAttention) under torch autocast.
+Without a usable TE the student runs the PyTorch autocast fallback, and says why."""
 from __future__ import annotations
 
 import collections

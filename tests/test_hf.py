@@ -9,7 +9,6 @@ pytest.importorskip("transformers", reason="transformers is not installed (pip i
 from fake_te import FakeTEModules  # noqa: E402
 from transformers import LlamaConfig  # noqa: E402
 from workbench import backends, config  # noqa: E402
-from workbench.backends.te_bf16 import convert_to_te, stayed_torch  # noqa: E402
 from workbench.env import te as _te  # noqa: E402
 from workbench.errors import ConfigError  # noqa: E402
 from workbench.models.hf import load_causal_lm  # noqa: E402
@@ -68,15 +67,14 @@ def test_a_missing_folder_is_one_clear_error(tmp_path):
 def test_te_conversion_swaps_linear_and_rmsnorm_and_reports_what_stayed_torch(saved, monkeypatch):
     monkeypatch.setattr(_te, "load", lambda: (FakeTEModules, object(), ""))
     reference = load_causal_lm(saved, seq_len=16)
-    model = load_causal_lm(saved, seq_len=16)
-    swapped = convert_to_te(model, config.from_preset("cpu-smoke"), torch.device("cpu"))
-    assert len(swapped) == 2 * (7 + 2) + 2  # per layer: 7 Linear, 2 RMSNorm; + final norm, lm_head
+    te_bf16 = backends.make("te_bf16")
+    model = te_bf16.build(reference, config.from_preset("cpu-smoke"), torch.device("cpu"))  # converts a copy
+    assert len(te_bf16.converted) == 2 * (7 + 2) + 2  # per layer: 7 Linear, 2 RMSNorm; + final norm, lm_head
     assert type(model.model.model.layers[0].input_layernorm) is FakeTEModules.RMSNorm
     assert type(model.model.lm_head) is FakeTEModules.Linear
-    kept = stayed_torch(model, swapped)
+    kept = te_bf16.kept_torch
     assert "model.model.embed_tokens (Embedding)" in kept and "model.model.layers.1.self_attn (LlamaAttention)" in kept
     assert not any("proj" in k or "norm" in k for k in kept)
-    backends.check_matched(model, reference)
     tokens = torch.randint(0, 256, (2, 16))
     with torch.no_grad():
         torch.testing.assert_close(model(tokens), reference(tokens))

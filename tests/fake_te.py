@@ -32,11 +32,10 @@ class FakeTEModules:
         [b, h, s, s] for 'arbitrary'), the negation of SDPA's."""
 
         def __init__(self, num_attention_heads, kv_channels, num_gqa_groups=None, attention_dropout=0.0,
-                     qkv_format="sbhd", attn_mask_type="causal", softmax_scale=None, **_):
+                     qkv_format="sbhd", attn_mask_type="causal", softmax_scale=None):
             super().__init__()
             assert attention_dropout == 0.0, "the fake has no dropout"
-            self.heads, self.qkv_format, self.attn_mask_type = num_attention_heads, qkv_format, attn_mask_type
-            self.scale = softmax_scale
+            self.qkv_format, self.attn_mask_type, self.scale = qkv_format, attn_mask_type, softmax_scale
 
         def forward(self, query_layer, key_layer, value_layer, attention_mask=None, qkv_format=None, attn_mask_type=None):
             fmt, kind = qkv_format or self.qkv_format, attn_mask_type or self.attn_mask_type

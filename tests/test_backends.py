@@ -5,7 +5,7 @@ import torch
 
 from workbench import backends, config
 from workbench.env import te as _te
-from workbench.models import LayerNormMLP
+from fake_te import FakeTEModules
 
 
 class FakeTE:
@@ -119,23 +119,6 @@ def test_adding_a_backend_is_adding_one_file(tmp_path):
     df = pd.read_csv(tmp_path / "out" / "r" / "students.csv").set_index("student")
     assert df.loc["my_bf16", "status"] == "ok" and df.loc["my_bf16", "mode"] == "Mine"
     assert df.loc["my_bf16", "initial_loss"] == df.loc["torch_fp32", "initial_loss"]
-
-
-class FakeTEModules:
-    """Stands in for transformer_engine.pytorch's layer classes (real TE cannot exist on a CPU machine):
-    TE's constructor signatures and parameter names, torch's maths. The real conversion runs on the H200."""
-
-    class Linear(torch.nn.Linear):
-        def __init__(self, in_features, out_features, bias=True, params_dtype=None, device="cuda"):
-            super().__init__(in_features, out_features, bias=bias, dtype=params_dtype)
-
-    class LayerNorm(torch.nn.LayerNorm):
-        def __init__(self, hidden_size, eps=1e-5, params_dtype=None, device="cuda"):
-            super().__init__(hidden_size, eps=eps, dtype=params_dtype)
-
-    class LayerNormMLP(LayerNormMLP):
-        def __init__(self, hidden_size, ffn_hidden_size, eps=1e-5, params_dtype=None, device="cuda"):
-            super().__init__(hidden_size, ffn_hidden_size, eps)
 
 
 @pytest.mark.parametrize("layout", ["separate", "fused"])

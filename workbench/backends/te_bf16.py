@@ -1,6 +1,9 @@
-"""Transformer Engine student in bf16 (fp16 on GPUs without bf16): te.Linear / te.LayerNorm under
-torch autocast. Without a usable TE the student runs the PyTorch autocast fallback, and says why."""
+"""Transformer Engine student in bf16 (fp16 on GPUs without bf16): the model's layers swapped for TE's
+(te.Linear, te.LayerNorm, te.RMSNorm, te.LayerNormMLP, te.DotProductAttention) under torch autocast.
+Without a usable TE the student runs the PyTorch autocast fallback, and says why."""
 from __future__ import annotations
+
+import collections
 
 import torch
 
@@ -8,7 +11,7 @@ from torch import nn
 
 from workbench.backends import Backend, Context, amp_dtype, autocast, register, replace_modules, to_param_dtype
 from workbench.env import te as _te
-from workbench.models import LayerNormMLP
+from workbench.models import LayerNormMLP, SDPACore
 
 
 def te_usable(ctx: Context) -> tuple[bool, str]:
@@ -43,6 +46,7 @@ class TEBF16(Backend):
 
     def convert(self, model, cfg):
         self.converted = convert_to_te(model, cfg, self.device)
+        self.kept_torch = stayed_torch(model, self.converted)
         return model
 
     def forward_context(self):
@@ -78,20 +82,31 @@ class TEBF16(Backend):
 
 
 def convert_to_te(model: nn.Module, cfg, device) -> list[str]:
-    """Swap nn.Linear, nn.LayerNorm and the fused LayerNormMLP for te.Linear, te.LayerNorm and
-    te.LayerNormMLP (the same maths; TE's LayerNormMLP GELU is the tanh form, like ours), copying the
-    weights; the embedding stays torch's, in the students' parameter dtype. Returns what was swapped."""
+    """Swap every layer TE has a counterpart for, copying the weights: nn.Linear -> te.Linear,
+    nn.LayerNorm -> te.LayerNorm, RMSNorms (torch's, and a Hugging Face model's own) -> te.RMSNorm, the
+    fused LayerNormMLP -> te.LayerNormMLP (TE's GELU is the tanh form, like ours) and the LMs' attention
+    core SDPACore -> te.DotProductAttention. Generic, so it also converts a Hugging Face model; embeddings
+    stay torch's, in the students' parameter dtype. Returns the names of what was swapped; `stayed_torch`
+    names what was not."""
     te, _, _ = _te.load()
     dtype = torch.bfloat16 if cfg.model.param_dtype == "bf16" else torch.float32
     to_param_dtype(model, cfg)  # before the swap: TE modules keep FP8 state that a later .to(dtype) must not touch
+    shared = _shared_parameters(model)
+    kw = {"params_dtype": dtype, "device": device}
 
     def swap(m: nn.Module):
+        if any(id(p) in shared for p in m.parameters(recurse=False)):
+            return None  # a tied weight (an LM head tied to the embedding): a copy would untie it
+        if isinstance(m, SDPACore):
+            return TEAttention(te, m.heads, m.head_dim)
         if isinstance(m, LayerNormMLP):
-            new = te.LayerNormMLP(m.fc1_weight.shape[1], m.fc1_weight.shape[0], eps=m.eps, params_dtype=dtype, device=device)
+            new = te.LayerNormMLP(m.fc1_weight.shape[1], m.fc1_weight.shape[0], eps=m.eps, **kw)
         elif isinstance(m, nn.Linear):
-            new = te.Linear(m.in_features, m.out_features, bias=m.bias is not None, params_dtype=dtype, device=device)
-        elif isinstance(m, nn.LayerNorm):
-            new = te.LayerNorm(m.normalized_shape[0], eps=m.eps, params_dtype=dtype, device=device)
+            new = te.Linear(m.in_features, m.out_features, bias=m.bias is not None, **kw)
+        elif isinstance(m, nn.LayerNorm) and m.weight is not None and m.bias is not None:
+            new = te.LayerNorm(m.normalized_shape[0], eps=m.eps, **kw)
+        elif (eps := rmsnorm_eps(m)) is not None:
+            new = te.RMSNorm(m.weight.shape[0], eps=eps, **kw)
         else:
             return None
         missing, unexpected = new.load_state_dict(m.state_dict(), strict=False)
@@ -100,3 +115,68 @@ def convert_to_te(model: nn.Module, cfg, device) -> list[str]:
         return new
 
     return replace_modules(model, swap)
+
+
+class TEAttention(nn.Module):
+    """te.DotProductAttention in SDPACore's place: causal, q/k/v in 'bshd', out [batch, seq, heads*head_dim].
+    No dropout: students differ by precision only."""
+
+    def __init__(self, te, heads: int, head_dim: int):
+        super().__init__()
+        self.attn = te.DotProductAttention(heads, head_dim, attn_mask_type="causal", qkv_format="bshd",
+                                           attention_dropout=0.0)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        b, s = q.shape[:2]
+        return self.attn(q, k, v).reshape(b, s, -1)
+
+
+def rmsnorm_eps(m: nn.Module) -> float | None:
+    """The epsilon of an RMSNorm te.RMSNorm computes exactly, or None if `m` is not one.
+
+    torch.nn.RMSNorm with a weight; or a Hugging Face style one (class name ending in 'RMSNorm', a 1-D
+    `weight`, `eps` or `variance_epsilon`) that, probed on a fixed input, computes x / rms(x) * weight:
+    some (Gemma's) scale by (1 + weight) instead, and a swap would silently change the model."""
+    if isinstance(m, nn.RMSNorm):
+        if m.weight is None:
+            return None
+        # torch's default eps is the input dtype's machine epsilon; the parameters' dtype is the input's
+        return m.eps if m.eps is not None else torch.finfo(m.weight.dtype).eps
+    weight = getattr(m, "weight", None)
+    eps = getattr(m, "eps", getattr(m, "variance_epsilon", None))
+    if not type(m).__name__.endswith("RMSNorm") or not isinstance(weight, torch.Tensor) or weight.dim() != 1 or eps is None:
+        return None
+    # a fixed probe, not random: a conversion must not move the caller's RNG stream
+    x = torch.linspace(-3.0, 2.0, 2 * weight.shape[0], device=weight.device).view(2, -1)
+    with torch.no_grad():
+        plain = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+        tol = 1e-5 if weight.dtype == torch.float32 else 2e-2  # bf16/fp16 weights: their rounding
+        plain_rms = torch.allclose(m(x.to(weight.dtype)).float(), plain, rtol=tol, atol=tol)
+    return float(eps) if plain_rms else None
+
+
+def _shared_parameters(model: nn.Module) -> set[int]:
+    """ids of parameters that more than one module owns (tied weights)."""
+    owners = collections.Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
+    return {i for i, n in owners.items() if n > 1}
+
+
+def stayed_torch(model: nn.Module, swapped: list[str]) -> list[str]:
+    """What a TE conversion left in torch, as 'name (Class)': every leaf module it did not swap
+    (embeddings, activations, rotary tables, a tied head) and every attention module with no TE core
+    inside (a Hugging Face model's own attention maths: its projections are swapped, the softmax(QK^T)V
+    between them runs in torch)."""
+    done = tuple(swapped)
+
+    def inside(name: str) -> bool:
+        return any(name == s or name.startswith(s + ".") for s in done)
+
+    kept = []
+    for name, m in model.named_modules():
+        if not name or inside(name):
+            continue
+        leaf = next(m.children(), None) is None
+        torch_attention = "Attention" in type(m).__name__ and not any(isinstance(c, TEAttention) for c in m.modules())
+        if leaf or torch_attention:
+            kept.append(f"{name} ({type(m).__name__})")
+    return kept

@@ -6,6 +6,7 @@ Recipes: 'tensorwise' (one scale per tensor, CC >= 8.9) and 'rowwise' (per-row s
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from workbench.backends import Context, register
 from workbench.backends.te_fp8 import misaligned
@@ -46,4 +47,12 @@ class TorchaoFloat8(TorchBF16):
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
         model = super().convert(model, cfg)  # the parameter dtype first, then torchao's swap keeps it
-        return convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(self.recipe))
+        return convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(self.recipe),
+                                          module_filter_fn=float8_convertible)
+
+
+def float8_convertible(linear: nn.Linear, fqn: str) -> bool:
+    """torchao's float8 GEMMs need both dims multiples of 16. A layer that is not (an LM head over a
+    vocabulary such as GPT-2's 50257) stays a bf16 nn.Linear instead of failing the whole student; the
+    hidden and intermediate sizes are checked up front by `availability`."""
+    return linear.in_features % 16 == 0 and linear.out_features % 16 == 0

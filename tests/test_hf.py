@@ -1,0 +1,80 @@
+"""The user's own Hugging Face causal LM, offline: a tiny randomly initialised Llama saved to a folder and
+loaded back runs as teacher and as student, counts its FLOPs, and converts to (fake) TE layers."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[lm]')")
+
+from fake_te import FakeTEModules  # noqa: E402
+from transformers import LlamaConfig  # noqa: E402
+from workbench import backends, config  # noqa: E402
+from workbench.env import te as _te  # noqa: E402
+from workbench.errors import ConfigError  # noqa: E402
+from workbench.models.hf import load_causal_lm  # noqa: E402
+
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+            vocab_size=256, max_position_embeddings=64)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    load_causal_lm(LlamaConfig(**TINY)).model.save_pretrained(folder)
+    return folder
+
+
+def test_loads_offline_and_runs_as_teacher(saved):
+    teacher = load_causal_lm(saved, seq_len=16).eval().requires_grad_(False)
+    again = load_causal_lm(saved, seq_len=16).eval()
+    tokens = torch.randint(0, 256, (2, 16))
+    with torch.no_grad():
+        logits, hidden = teacher(tokens, return_hidden=True)
+        assert logits.shape == (2, 16, 256) and logits.dtype == torch.float32
+        assert len(hidden) == 2 and hidden[0].shape == (2, 16, 64)
+        assert torch.equal(again(tokens), logits)  # the saved weights, not a new random init
+
+
+def test_trains_as_student(saved):
+    student = load_causal_lm(saved, seq_len=16)
+    assert student.training
+    opt = torch.optim.AdamW(student.parameters(), lr=3e-3)
+    tokens = torch.randint(0, 256, (4, 17))
+    losses = []
+    for _ in range(4):
+        loss = F.cross_entropy(student(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+
+
+def test_flops_from_its_weight_matrices_and_config(saved):
+    h, f, v, L, s = 64, 128, 256, 2, 16
+    want = 6 * (L * (4 * h * h + 3 * f * h) + v * h) + 12 * L * h * s  # q, k, v, o; gate, up, down; head
+    assert load_causal_lm(saved, seq_len=s).train_flops_per_token() == want
+    with pytest.raises(ValueError, match="pass seq_len"):
+        load_causal_lm(saved).train_flops_per_token()
+
+
+def test_a_missing_folder_is_one_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="no Hugging Face causal LM loads from .*nowhere"):
+        load_causal_lm(tmp_path / "nowhere")
+
+
+def test_te_conversion_swaps_linear_and_rmsnorm_and_reports_what_stayed_torch(saved, monkeypatch):
+    monkeypatch.setattr(_te, "load", lambda: (FakeTEModules, object(), ""))
+    reference = load_causal_lm(saved, seq_len=16)
+    te_bf16 = backends.make("te_bf16")
+    model = te_bf16.build(reference, config.from_preset("cpu-smoke"), torch.device("cpu"))  # converts a copy
+    assert len(te_bf16.converted) == 2 * (7 + 2) + 2  # per layer: 7 Linear, 2 RMSNorm; + final norm, lm_head
+    assert type(model.model.model.layers[0].input_layernorm) is FakeTEModules.RMSNorm
+    assert type(model.model.lm_head) is FakeTEModules.Linear
+    kept = te_bf16.kept_torch
+    assert "model.model.embed_tokens (Embedding)" in kept and "model.model.layers.1.self_attn (LlamaAttention)" in kept
+    assert not any("proj" in k or "norm" in k for k in kept)
+    tokens = torch.randint(0, 256, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), reference(tokens))

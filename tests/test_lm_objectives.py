@@ -117,6 +117,24 @@ def test_chunked_loss_and_gradient_equal_unchunked_and_chunks_are_bounded(kind, 
     assert torch.allclose(g_chunked, g_whole, rtol=1e-6, atol=1e-9)
 
 
+@pytest.mark.parametrize("kind", lm_objectives.KINDS)
+def test_the_backward_keeps_no_fp32_copy_of_the_logits(kind):
+    """What autograd saves for the backward: only views of the input logits, never a chunk's fp32 softmax
+    (the backward recomputes that chunk by chunk)."""
+    s = torch.randn(64, 1000, dtype=torch.bfloat16, requires_grad=True)
+    t = torch.randn(64, 1000, dtype=torch.bfloat16)
+    y = torch.randint(0, 1000, (64,))
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda x: saved.append(x) or x, lambda x: x):
+        loss = lm_loss(s, t, y, kind, ce_weight=0.5, chunk_tokens=16)
+    inputs = {s.untyped_storage().data_ptr(), t.untyped_storage().data_ptr(), y.untyped_storage().data_ptr()}
+    big = [x for x in saved if x.numel() > 1]
+    assert big and all(x.untyped_storage().data_ptr() in inputs for x in big)
+    assert not [x for x in saved if x.dtype == torch.float32 and x.numel() > 1]
+    loss.backward()
+    assert s.grad.shape == s.shape
+
+
 def test_hidden_state_mse_is_an_optional_term():
     hs, ht = [torch.ones(2, 4), torch.zeros(2, 4)], [torch.zeros(2, 4), torch.zeros(2, 4)]
     assert hidden_mse(hs, ht).item() == pytest.approx(0.5)

@@ -39,7 +39,7 @@ class LMMetrics:
             raise ValueError("give teacher logits for every batch or for none")  # else the means mix token sets
         s, t, y = flatten(student_logits, teacher_logits, next_tokens)
         for i in range(0, s.shape[0], self.chunk_tokens):
-            sc, yc = s[i:i + self.chunk_tokens].float(), y[i:i + self.chunk_tokens]
+            sc, yc = s[i:i + self.chunk_tokens].float(), y[i:i + self.chunk_tokens]  # one chunk in fp32 at a time
             keep = yc != IGNORE_INDEX
             self.tokens += int(keep.sum())
             self.sums["ce"] += float(F.cross_entropy(sc, yc, ignore_index=IGNORE_INDEX, reduction="sum"))

@@ -116,9 +116,10 @@ def lm_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor | None, n
     # checkpoint only when a backward will run: under no_grad it would only add overhead
     recompute = torch.is_grad_enabled() and s.requires_grad
     sums = s.new_zeros(2, dtype=torch.float32)
-    for i in range(0, s.shape[0], chunk_tokens):
-        args = (s[i:i + chunk_tokens], t[i:i + chunk_tokens], y[i:i + chunk_tokens],
-                kind, temperature, beta, kd_w, ce_weight)
+    # split, not slicing: its backward concatenates the chunks' gradients once, where each slice's backward
+    # would write its chunk into a zero tensor of the full logits' size
+    for sc, tc, yc in zip(s.split(chunk_tokens), t.split(chunk_tokens), y.split(chunk_tokens)):
+        args = (sc, tc, yc, kind, temperature, beta, kd_w, ce_weight)
         sums = sums + (checkpoint(_chunk_sums, *args, use_reentrant=False) if recompute else _chunk_sums(*args))
     counted = (y != IGNORE_INDEX).sum().clamp(min=1)  # all padding: a zero loss, not a NaN
     loss = (kd_w * sums[0] + ce_weight * sums[1]) / counted

@@ -1,0 +1,188 @@
+"""LM distillation losses and held-out metrics against hand-computed values on tiny tensors, and the
+chunking: same loss and gradient as unchunked, one chunk's fp32 maths at a time."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from workbench.errors import ConfigError
+from workbench.train import lm_objectives
+from workbench.train.lm_metrics import LMMetrics, lm_metrics
+from workbench.train.lm_objectives import IGNORE_INDEX, hidden_mse, kd_per_token, lm_loss
+
+S = torch.tensor([[1.0, 2.0, 0.5], [0.0, -1.0, 3.0]])  # student logits: 2 tokens, vocab 3
+T = torch.tensor([[2.0, 0.0, 1.0], [1.0, 1.0, 1.0]])  # teacher logits
+Y = torch.tensor([1, 2])  # next tokens
+
+
+def probs(row, temperature=1.0):
+    e = [math.exp(v / temperature) for v in row]
+    return [v / sum(e) for v in e]
+
+
+def kl(p, q):
+    return sum(a * math.log(a / b) for a, b in zip(p, q))
+
+
+def mean_over_tokens(f):
+    return sum(f(s.tolist(), t.tolist()) for s, t in zip(S, T)) / len(S)
+
+
+def test_forward_kl_is_kl_teacher_student_times_t_squared():
+    for temperature in (1.0, 2.0, 0.5):
+        want = mean_over_tokens(lambda s, t: kl(probs(t, temperature), probs(s, temperature))) * temperature ** 2
+        got = lm_loss(S, T, Y, "forward_kl", temperature=temperature)
+        assert got.item() == pytest.approx(want, rel=1e-6)
+
+
+def test_reverse_kl_is_kl_student_teacher():
+    want = mean_over_tokens(lambda s, t: kl(probs(s, 2.0), probs(t, 2.0))) * 4.0
+    assert lm_loss(S, T, Y, "reverse_kl", temperature=2.0).item() == pytest.approx(want, rel=1e-6)
+
+
+def test_generalized_jsd_matches_gkd_definition_and_its_limits():
+    def jsd(s, t, beta):
+        p, q = probs(t), probs(s)
+        m = [beta * a + (1 - beta) * b for a, b in zip(p, q)]
+        return beta * kl(p, m) + (1 - beta) * kl(q, m)
+
+    for beta in (0.1, 0.5, 0.9):
+        want = mean_over_tokens(lambda s, t: jsd(s, t, beta))
+        assert lm_loss(S, T, Y, "jsd", beta=beta).item() == pytest.approx(want, rel=1e-6)
+    # beta = 0.5 is symmetric and at most ln 2; equal distributions give 0
+    half = kd_per_token(S, T, "jsd", beta=0.5)
+    assert torch.allclose(half, kd_per_token(T, S, "jsd", beta=0.5), atol=1e-7)
+    assert (half <= math.log(2)).all() and kd_per_token(S, S, "jsd").abs().max() < 1e-7
+    # small beta: JSD/beta tends to KL(teacher||student); beta near 1: JSD/(1-beta) to KL(student||teacher)
+    forward, reverse = kd_per_token(S, T, "forward_kl"), kd_per_token(S, T, "reverse_kl")
+    eps = 1e-5  # the gap closes as O(beta)
+    assert torch.allclose(kd_per_token(S.double(), T.double(), "jsd", beta=eps) / eps, forward.double(), rtol=1e-3)
+    assert torch.allclose(kd_per_token(S.double(), T.double(), "jsd", beta=1 - eps) / eps, reverse.double(), rtol=1e-3)
+    # the end points are those limits (TRL's GKDTrainer), not the formula's vanishing value
+    assert torch.equal(kd_per_token(S, T, "jsd", beta=0.0), forward)
+    assert torch.equal(kd_per_token(S, T, "jsd", beta=1.0), reverse)
+
+
+def test_cross_entropy_is_mixed_in_by_its_weight():
+    ce = F.cross_entropy(S, Y)
+    kd = lm_loss(S, T, Y, "forward_kl", temperature=2.0)
+    assert lm_loss(S, None, Y, ce_weight=1.0).item() == pytest.approx(ce.item(), rel=1e-6)  # no-KD: no teacher
+    mixed = lm_loss(S, T, Y, "forward_kl", temperature=2.0, ce_weight=0.3)
+    assert mixed.item() == pytest.approx(0.7 * kd.item() + 0.3 * ce.item(), rel=1e-6)
+    with pytest.raises(ValueError, match="teacher logits are needed"):
+        lm_loss(S, None, Y, ce_weight=0.5)
+
+
+def test_ignored_next_tokens_do_not_count():
+    s = torch.cat([S, torch.randn(1, 3)]).reshape(1, 3, 3)
+    t = torch.cat([T, torch.randn(1, 3)]).reshape(1, 3, 3)
+    y = torch.tensor([[1, 2, IGNORE_INDEX]])
+    for kind in lm_objectives.KINDS:
+        assert lm_loss(s, t, y, kind, ce_weight=0.5).item() == pytest.approx(
+            lm_loss(S, T, Y, kind, ce_weight=0.5).item(), rel=1e-6)
+    assert lm_loss(s, t, torch.full_like(y, IGNORE_INDEX)).item() == 0.0  # all padding: zero, not NaN
+
+
+def test_bf16_logits_give_fp32_maths():
+    s16 = torch.randn(4, 8, 64, dtype=torch.bfloat16, requires_grad=True)
+    t16 = torch.randn(4, 8, 64, dtype=torch.bfloat16)
+    y = torch.randint(0, 64, (4, 8))
+    loss = lm_loss(s16, t16, y, "forward_kl", temperature=2.0, ce_weight=0.5)
+    assert loss.dtype == torch.float32
+    ref = lm_loss(s16.detach().float(), t16.float(), y, "forward_kl", temperature=2.0, ce_weight=0.5)
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-6)  # exactly the fp32 maths on the bf16 values
+    loss.backward()
+    assert s16.grad.dtype == torch.bfloat16 and torch.isfinite(s16.grad.float()).all()
+
+
+@pytest.mark.parametrize("kind", lm_objectives.KINDS)
+def test_chunked_loss_and_gradient_equal_unchunked_and_chunks_are_bounded(kind, monkeypatch):
+    torch.manual_seed(0)
+    s = torch.randn(3, 7, 50, dtype=torch.float64, requires_grad=True)  # 21 tokens
+    t = torch.randn(3, 7, 50)
+    y = torch.randint(0, 50, (3, 7))
+    y[0, :2] = IGNORE_INDEX
+    whole = lm_loss(s, t, y, kind, temperature=1.5, ce_weight=0.4, beta=0.3, chunk_tokens=10_000)
+    (g_whole,) = torch.autograd.grad(whole, s)
+
+    rows = []
+    real = lm_objectives._chunk_sums
+    monkeypatch.setattr(lm_objectives, "_chunk_sums", lambda st, *a: rows.append(st.shape[0]) or real(st, *a))
+    chunked = lm_loss(s, t, y, kind, temperature=1.5, ce_weight=0.4, beta=0.3, chunk_tokens=4)
+    assert rows == [4, 4, 4, 4, 4, 1]  # the forward saw 4 tokens at a time
+    (g_chunked,) = torch.autograd.grad(chunked, s)
+    assert sorted(rows[6:]) == [1, 4, 4, 4, 4, 4]  # the backward recomputed each chunk alone (checkpoint)
+    assert chunked.item() == pytest.approx(whole.item(), rel=1e-6, abs=1e-7)
+    assert torch.allclose(g_chunked, g_whole, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("kind", lm_objectives.KINDS)
+def test_the_backward_keeps_no_fp32_copy_of_the_logits(kind):
+    """What autograd saves for the backward: only views of the input logits, never a chunk's fp32 softmax
+    (the backward recomputes that chunk by chunk)."""
+    s = torch.randn(64, 1000, dtype=torch.bfloat16, requires_grad=True)
+    t = torch.randn(64, 1000, dtype=torch.bfloat16)
+    y = torch.randint(0, 1000, (64,))
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda x: saved.append(x) or x, lambda x: x):
+        loss = lm_loss(s, t, y, kind, ce_weight=0.5, chunk_tokens=16)
+    inputs = {s.untyped_storage().data_ptr(), t.untyped_storage().data_ptr(), y.untyped_storage().data_ptr()}
+    big = [x for x in saved if x.numel() > 1]
+    assert big and all(x.untyped_storage().data_ptr() in inputs for x in big)
+    assert not [x for x in saved if x.dtype == torch.float32 and x.numel() > 1]
+    loss.backward()
+    assert s.grad.shape == s.shape
+
+
+def test_hidden_state_mse_is_an_optional_term():
+    hs, ht = [torch.ones(2, 4), torch.zeros(2, 4)], [torch.zeros(2, 4), torch.zeros(2, 4)]
+    assert hidden_mse(hs, ht).item() == pytest.approx(0.5)
+    base = lm_loss(S, T, Y)
+    assert lm_loss(S, T, Y, hidden_weight=0.2, hidden=(hs, ht)).item() == pytest.approx(base.item() + 0.1, rel=1e-6)
+    with pytest.raises(ValueError, match="hidden state 0"):
+        hidden_mse([torch.ones(2, 4)], [torch.ones(2, 8)])
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(kind="kl"), "distillation loss 'kl' is not one of forward_kl, reverse_kl, jsd"),
+    (dict(temperature=0.0), "temperature 0.0 must be > 0"),
+    (dict(ce_weight=1.5), "ce_weight 1.5 must be in"),
+    (dict(beta=-0.1), "beta -0.1 must be in"),
+    (dict(chunk_tokens=0), "chunk_tokens 0 must be"),
+])
+def test_bad_options_are_one_line_config_errors(bad, match):
+    with pytest.raises(ConfigError, match=match):
+        lm_loss(S, T, Y, **bad)
+
+
+def test_metrics_by_hand():
+    s = torch.tensor([[3.0, 0.0, 0.0], [0.0, 3.0, 0.0], [0.0, 0.0, 3.0], [3.0, 0.0, 0.0]])
+    t = torch.tensor([[2.0, 1.0, 0.0], [0.0, 2.0, 1.0], [0.0, 0.0, 1.0], [0.0, 1.0, 0.0]])  # last token disagrees
+    y = torch.tensor([0, 1, 0, 1])
+    m = lm_metrics(s, t, y, chunk_tokens=3)
+    ce = -sum(math.log(probs(r.tolist())[k]) for r, k in zip(s, y.tolist())) / 4
+    teacher_ce = -sum(math.log(probs(r.tolist())[k]) for r, k in zip(t, y.tolist())) / 4
+    kl_t1 = sum(kl(probs(b.tolist()), probs(a.tolist())) for a, b in zip(s, t)) / 4
+    assert m["heldout_ce_nats"] == pytest.approx(ce, rel=1e-6)
+    assert m["heldout_ppl"] == pytest.approx(math.exp(ce), rel=1e-6)
+    assert m["teacher_heldout_ce_nats"] == pytest.approx(teacher_ce, rel=1e-6)
+    assert m["teacher_heldout_ppl"] == pytest.approx(math.exp(teacher_ce), rel=1e-6)
+    assert m["kl_teacher_student_t1_nats"] == pytest.approx(kl_t1, rel=1e-6)
+    assert m["top1_agreement"] == 0.75 and m["heldout_tokens"] == 4
+
+
+def test_metrics_accumulate_token_weighted_and_without_teacher():
+    torch.manual_seed(1)
+    s, t, y = torch.randn(10, 16, dtype=torch.bfloat16), torch.randn(10, 16), torch.randint(0, 16, (10,))
+    y[9] = IGNORE_INDEX
+    acc = LMMetrics(chunk_tokens=2)
+    acc.add(s[:3], t[:3], y[:3])  # batches of unequal size: the means weigh tokens, not batches
+    acc.add(s[3:], t[3:], y[3:])
+    whole = lm_metrics(s, t, y)
+    assert acc.result() == pytest.approx(whole, rel=1e-6) and whole["heldout_tokens"] == 9
+    alone = lm_metrics(s, None, y)
+    assert alone["kl_teacher_student_t1_nats"] is None and alone["teacher_heldout_ppl"] is None
+    assert alone["heldout_ce_nats"] == pytest.approx(whole["heldout_ce_nats"], rel=1e-6)
+    with pytest.raises(ValueError, match="for every batch or for none"):
+        acc.add(s, None, y)

@@ -33,7 +33,7 @@ import tempfile
 import time
 import zipfile
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -267,18 +267,38 @@ def _version(text: str) -> Version:
 def plan(env: dict[str, Any], *, version: str | None = None, find_links: str | None = None, no_index: bool = False,
          build_from_source: bool = False, reinstall: bool = False, force: bool = False, max_jobs: int | None = None,
          target: str | None = None) -> Plan:
-    """The install for the probed machine `env` (a `workbench.probe.probe()` dict, real or simulated)."""
-    python = env.get("python_executable") or sys.executable
+    """The install for the probed machine `env` (a `workbench.probe.probe()` dict, real or simulated), decided
+    in order: what an offline wheelhouse offers, whether the extension compiles here (and its build
+    environment), the preflight, the already-installed short cut, then the pip steps."""
     refusals, warnings = _capability_refusals(env)
-    notes: list[str] = []
     major = env.get("torch_cuda_major")
     core = core_name(major) if major else None
-    core_extra = f"core_cu{major}" if major else None
     pin = _version(version) if version else None
     if max_jobs is not None and max_jobs < 1:
         raise ConfigError(f"--max-jobs {max_jobs}: give at least 1 parallel compile job")
-    picked: dict[str, Dist | None] = {}  # offline: what the wheelhouse has for each TE package
+    house, picked, pin, offline_refusals = _wheelhouse_pick(env, find_links, no_index, core, pin)
+    build, build_reason = _build_choice(env, picked.get(EXTENSION), build_from_source, no_index)
+    p = Plan(env.get("python_executable") or sys.executable, str(pin) if pin else None,
+             f"core_cu{major}" if major else None, build, build_reason,
+             build_env(env, max_jobs, force_build=build == "yes") if build != "no" else {}, [],
+             refusals + offline_refusals, warnings, [], find_links, no_index, target)
+    _preflight(p, env, core, force)
+    if not p.ok:
+        return p
+    if (installed := _already_installed(p, env, again=reinstall or build_from_source)) is not None:
+        return installed
+    p.steps = _pip_steps(p, env, core, picked, house, build_from_source)
+    return p
 
+
+def _wheelhouse_pick(env: dict[str, Any], find_links: str | None, no_index: bool, core: str | None,
+                     pin: Version | None) -> tuple[dict[str, list[Dist]], dict[str, Dist | None], Version | None, list[str]]:
+    """(wheelhouse, {TE package: its file there}, pin, refusals). Offline, pip sees only the wheelhouse, so
+    the plan pins what it holds (its newest meta package unless --version says otherwise) and refuses before
+    pip runs when a TE package of that version is missing: a wheel for this Python, or for the extension
+    at least its sdist (which then compiles here)."""
+    refusals: list[str] = []
+    picked: dict[str, Dist | None] = {}
     if no_index and not find_links:
         refusals.append("--no-index needs --find-links DIR (a wheelhouse)")
     have_house = bool(find_links) and Path(find_links).is_dir()
@@ -300,85 +320,110 @@ def plan(env: dict[str, Any], *, version: str | None = None, find_links: str | N
                 if dist is None:
                     kind = "a wheel for " + str(env.get("python_tag")) + " or an sdist" if name == EXTENSION else "a wheel"
                     refusals.append(f"the wheelhouse {find_links} has no {name}=={pin} ({kind})")
-    ext_dist = picked.get(EXTENSION)
+    return house, picked, pin, refusals
 
-    # Will the extension compile here?
+
+def _build_choice(env: dict[str, Any], ext_dist: Dist | None, build_from_source: bool, no_index: bool) -> tuple[str, str]:
+    """(build, reason): does transformer_engine_torch compile here? It decides whether the plan sets a build
+    environment and checks nvcc and cuDNN. Offline the wheelhouse's file answers; on PyPI the extension is
+    an sdist that fetches a prebuilt extension when one matches this torch, so there it is 'maybe'."""
     if build_from_source:
-        build, build_reason = "yes", "--build-from-source"
-    elif ext_dist is not None:
-        build, build_reason = ("no", f"prebuilt wheel {ext_dist.path.name}") if ext_dist.is_wheel else \
-            ("yes", f"the wheelhouse has only the sdist {ext_dist.path.name} for {env.get('python_tag')}")
-    elif no_index:
-        build, build_reason = "no", "nothing to build (see refusals)"
-    else:
-        build, build_reason = "maybe", ("transformer_engine_torch is an sdist on PyPI: it fetches a prebuilt "
-                                        "extension when one matches this torch, else compiles")
-    benv = build_env(env, max_jobs, force_build=build == "yes") if build != "no" else {}
-    if build != "no" and not refusals:
-        missing = _build_refusals(env, benv)
-        if build == "yes":
-            refusals += missing
+        return "yes", "--build-from-source"
+    if ext_dist is not None:
+        if ext_dist.is_wheel:
+            return "no", f"prebuilt wheel {ext_dist.path.name}"
+        return "yes", f"the wheelhouse has only the sdist {ext_dist.path.name} for {env.get('python_tag')}"
+    if no_index:
+        return "no", "nothing to build (see refusals)"
+    return "maybe", ("transformer_engine_torch is an sdist on PyPI: it fetches a prebuilt "
+                     "extension when one matches this torch, else compiles")
+
+
+def _preflight(p: Plan, env: dict[str, Any], core: str | None, force: bool) -> None:
+    """Refuse, in `p`, what cannot work, so that nothing half-installs: a compile needs nvcc of torch's CUDA
+    major and cuDNN headers (where the extension only may compile, that is a warning). --force turns every
+    refusal into a warning, except one: without torch's CUDA version no core package can be chosen."""
+    if p.build != "no" and not p.refusals:
+        missing = _build_refusals(env, p.build_env)
+        if p.build == "yes":
+            p.refusals += missing
         else:
-            warnings += [f"if it compiles: {m}" for m in missing]
+            p.warnings += [f"if it compiles: {m}" for m in missing]
+    if force and p.refusals:
+        p.warnings += [f"(--force) {r}" for r in p.refusals]
+        p.refusals = []
+    if core is None and not p.refusals:  # not even --force can choose core_cu12 / core_cu13 then
+        p.refusals.append(f"cannot choose core_cu12 / core_cu13: torch {env.get('torch')} has no CUDA version")
+    if p.refusals:
+        p.notes.append("preflight refused: nothing will run (--force runs anyway where it can)")
 
-    if force and refusals:
-        warnings += [f"(--force) {r}" for r in refusals]
-        refusals = []
-    if core is None and not refusals:  # not even --force can choose core_cu12 / core_cu13 then
-        refusals.append(f"cannot choose core_cu12 / core_cu13: torch {env.get('torch')} has no CUDA version")
-    if refusals:
-        notes.append("preflight refused: nothing will run (--force runs anyway where it can)")
-        return Plan(python, str(pin) if pin else None, core_extra, build, build_reason, benv, [], refusals, warnings,
-                    notes, find_links, no_index, target)
 
-    # Already there?
-    installed = env.get("te_packages") or {}
-    have = env.get("te_version") or installed.get(META)
+def _already_installed(p: Plan, env: dict[str, Any], again: bool) -> Plan | None:
+    """The short cut: a TE that imports, is consistent and is the wanted version needs nothing (installing
+    it again would first uninstall a working TE). None: install. `again` (--reinstall or
+    --build-from-source) always installs."""
+    have = env.get("te_version") or (env.get("te_packages") or {}).get(META)
     healthy = bool(env.get("te_available")) and env.get("te_consistent") is not False
-    if healthy and not (reinstall or build_from_source) and (pin is None or have == str(pin)):
-        notes.append(f"nothing to do: Transformer Engine {have} is installed, consistent and imports "
-                     "(--reinstall or --build-from-source to install again)")
-        return Plan(python, str(pin) if pin else have, core_extra, "no", "already installed", {}, [], refusals,
-                    warnings, notes, find_links, no_index, target)
+    if not healthy or again or (p.version is not None and have != p.version):
+        return None
+    note = (f"nothing to do: Transformer Engine {have} is installed, consistent and imports "
+            "(--reinstall or --build-from-source to install again)")
+    return replace(p, version=p.version or have, build="no", build_reason="already installed", build_env={},
+                   notes=p.notes + [note])
 
-    steps: list[Step] = []
-    pip = [python, "-m", "pip"]
-    quiet = {"PIP_DISABLE_PIP_VERSION_CHECK": "1"}  # no network call to PyPI for pip's own version
-    if installed and target is None:
-        why = "one consistent set: remove every transformer-engine* package first (TE #2410); pip " \
-              "--force-reinstall would reinstall torch and friends too"
-        if env.get("te_consistent") is False:
-            bad = [c["check"] for c in env.get("te_consistency") or [] if c["ok"] is False]
-            why = f"the installed TE is inconsistent ({', '.join(bad)}); " + why
-        steps.append(Step("uninstall", pip + ["uninstall", "-y", *sorted(installed)], dict(quiet), why))
-    where = ["--target", target] if target else []
-    links = ["--find-links", find_links] if find_links else []
+
+PIP_ENV = {"PIP_DISABLE_PIP_VERSION_CHECK": "1"}  # no network call to PyPI for pip's own version
+
+
+def _uninstall_step(p: Plan, env: dict[str, Any]) -> Step | None:
+    """Remove every installed transformer-engine* package first, so meta, core and extension end up one
+    consistent set (TE #2410). Not for --target, which leaves the environment's packages alone."""
+    installed = env.get("te_packages") or {}
+    if not installed or p.target is not None:
+        return None
+    why = "one consistent set: remove every transformer-engine* package first (TE #2410); pip " \
+          "--force-reinstall would reinstall torch and friends too"
+    if env.get("te_consistent") is False:
+        bad = [c["check"] for c in env.get("te_consistency") or [] if c["ok"] is False]
+        why = f"the installed TE is inconsistent ({', '.join(bad)}); " + why
+    return Step("uninstall", [p.python, "-m", "pip", "uninstall", "-y", *sorted(installed)], dict(PIP_ENV), why)
+
+
+def _pip_steps(p: Plan, env: dict[str, Any], core: str, picked: dict[str, Dist | None], house: dict[str, list[Dist]],
+               build_from_source: bool) -> list[Step]:
+    """The pip commands: the uninstall, then meta, core and extension in one pip call, either from the
+    wheelhouse alone (pinned, --no-deps, after TE's runtime dependencies found there; a warning names those
+    it lacks) or from PyPI (the documented `transformer_engine[pytorch,core_cuXX]`)."""
+    pip = [p.python, "-m", "pip"]
+    steps = [s for s in [_uninstall_step(p, env)] if s]
+    where = ["--target", p.target] if p.target else []
+    links = ["--find-links", p.find_links] if p.find_links else []
     source = ["--no-binary", "transformer_engine_torch", "--no-cache-dir"] if build_from_source else []
-    verbose = ["-v"] if build != "no" else []  # compiler output in the log: the first 'error:' is the cause
-    if no_index and pin is not None and core:
+    verbose = ["-v"] if p.build != "no" else []  # compiler output in the log: the first 'error:' is the cause
+    if p.no_index and p.version is not None and core:
         present, missing = _runtime_deps([d for d in picked.values() if d], house)
         if missing:
-            warnings.append("required by TE but not in the wheelhouse, so they must already be installed (the "
-                            "verification import shows a missing one): " + ", ".join(missing))
+            p.warnings.append("required by TE but not in the wheelhouse, so they must already be installed (the "
+                              "verification import shows a missing one): " + ", ".join(missing))
         if present:
             steps.append(Step("runtime-deps", pip + ["install", "--no-index", *links, "--no-deps", *where, *present],
-                              dict(quiet), "TE's runtime dependencies found in the wheelhouse; --no-deps so pip "
+                              dict(PIP_ENV), "TE's runtime dependencies found in the wheelhouse; --no-deps so pip "
                               "never tries to replace torch or fetch CUDA libraries offline (already installed ones "
                               "are left as they are)"))
         steps.append(Step("transformer-engine", pip + ["install", "--no-index", *links, "--no-deps", "--no-build-isolation",
                                                        *source, *verbose, *where,
-                                                       f"transformer_engine=={pin}", f"{core.replace('-', '_')}=={pin}",
-                                                       f"transformer_engine_torch=={pin}"],
-                          {**quiet, **benv}, "meta, core and extension pinned to one version; --no-build-isolation so "
-                          "the extension builds against the installed torch"))
-    elif not no_index:
-        spec = f"transformer_engine[pytorch,{core_extra}]" + (f"=={pin}" if pin else "")
+                                                       f"transformer_engine=={p.version}",
+                                                       f"{core.replace('-', '_')}=={p.version}",
+                                                       f"transformer_engine_torch=={p.version}"],
+                          {**PIP_ENV, **p.build_env}, "meta, core and extension pinned to one version; "
+                          "--no-build-isolation so the extension builds against the installed torch"))
+    elif not p.no_index:
+        spec = f"transformer_engine[pytorch,{p.core_extra}]" + (f"=={p.version}" if p.version else "")
         steps.append(Step("transformer-engine", pip + ["install", "--no-build-isolation", *links, *source, *verbose,
                                                        *where, spec],
-                          {**quiet, **benv}, "the documented route: the [pytorch] extension and the core for "
+                          {**PIP_ENV, **p.build_env}, "the documented route: the [pytorch] extension and the core for "
                           "torch's CUDA major, built against the installed torch"))
-    return Plan(python, str(pin) if pin else None, core_extra, build, build_reason, benv, steps, refusals, warnings,
-                notes, find_links, no_index, target)
+    return steps
 
 
 # ---------------------------------------------------------------------------------------------- running
@@ -506,29 +551,37 @@ def install_te(env: dict[str, Any] | None = None, *, out: str | Path = "results/
     write_json(run_dir / "probe_before.json", env)
     write_json(run_dir / "plan.json", p.to_dict())
     log_path = run_dir / "install.log"
-    echo = (lambda line: print(line, end="", flush=True)) if progress else None
-    te_before = "transformer_engine" if env.get("te_available") else "fallback"
-
-    def finish(o: Outcome) -> Outcome:
-        o.duration_s = round(time.perf_counter() - t0, 2)
-        o.run_dir, o.log = str(run_dir), str(log_path)
-        o.log_tail = _tail(log_path) if log_path.exists() else []
-        write_json(run_dir / "outcome.json", o.to_dict())
-        if progress:
-            print(f"install-te: {o.te_mode}: {o.reason}\n  (saved in {run_dir})")
-        return o
-
     with open(log_path, "w", encoding="utf-8") as log:
         log.write(p.render() + "\n")
+    outcome = _without_steps(p, env, log_path)
+    if outcome is None:
+        results, failed = _run_steps(p, log_path, progress)
+        after, smoke = _verify(p, run_dir, log_path)
+        outcome = _step_failed(env, after, smoke, results, failed, log_path) if failed else \
+            _after_pip(p, after, smoke, results, log_path)
+    return _record(outcome, t0, run_dir, log_path, progress)
+
+
+def _without_steps(p: Plan, env: dict[str, Any], log_path: Path) -> Outcome | None:
+    """The outcome when nothing runs: preflight refused (the doctor reads a TE that is here but does not
+    import) or there is nothing to do; TE stays as the probe found it. None: there are steps to run."""
+    te_before = "transformer_engine" if env.get("te_available") else "fallback"
     if not p.ok:
         diag = [] if env.get("te_available") else [d.to_dict() for d in doctor.check_installed(env, log_path)]
-        return finish(Outcome(te_before, False, "preflight refused: " + "; ".join(p.refusals), diag,
-                              env.get("te_version"), refused=True))
+        return Outcome(te_before, False, "preflight refused: " + "; ".join(p.refusals), diag,
+                       env.get("te_version"), refused=True)
     if not p.steps:
-        return finish(Outcome(te_before, bool(env.get("te_available")), p.notes[0] if p.notes else "nothing to do",
-                              [], env.get("te_version")))
+        return Outcome(te_before, bool(env.get("te_available")), p.notes[0] if p.notes else "nothing to do",
+                       [], env.get("te_version"))
+    return None
 
-    results, failed = [], None
+
+def _run_steps(p: Plan, log_path: Path, progress: bool) -> tuple[list[dict[str, Any]], tuple[Step, int] | None]:
+    """Run the steps in order, their output appended to the log (and streamed with `progress`), stopping at
+    the first failure: (each step's name, returncode and duration_s; the failed step and where its output
+    starts in the log, so the doctor reads that step alone, or None)."""
+    echo = (lambda line: print(line, end="", flush=True)) if progress else None
+    results = []
     with open(log_path, "a", encoding="utf-8") as log:
         for step in p.steps:
             if progress:
@@ -538,43 +591,72 @@ def install_te(env: dict[str, Any] | None = None, *, out: str | Path = "results/
             rc = _stream(step.argv, _subprocess_env(step.env, p.target), log, echo)
             results.append({"name": step.name, "returncode": rc, "duration_s": round(time.perf_counter() - s0, 2)})
             if rc != 0:
-                failed = (step, start)
-                break
-        after = _probe_fresh(p.python, p.target)
-        write_json(run_dir / "probe_after.json", after)
-        smoke_result = None
-        if after.get("te_available") and after.get("fp8_available"):
-            smoke_result = fp8_smoke(p.python, p.target, log)
+                return results, (step, start)
+    return results, None
 
+
+def _verify(p: Plan, run_dir: Path, log_path: Path) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(probe_after, FP8 smoke result or None): the probe runs in a fresh process, so the new TE is really
+    imported, and is saved as probe_after.json; the smoke test runs only where FP8 is available."""
+    after = _probe_fresh(p.python, p.target)
+    write_json(run_dir / "probe_after.json", after)
+    if not (after.get("te_available") and after.get("fp8_available")):
+        return after, None
+    with open(log_path, "a", encoding="utf-8") as log:
+        return after, fp8_smoke(p.python, p.target, log)
+
+
+def _step_failed(env: dict[str, Any], after: dict[str, Any], smoke: dict[str, Any] | None,
+                 results: list[dict[str, Any]], failed: tuple[Step, int], log_path: Path) -> Outcome:
+    """A pip step failed: the doctor reads that step's output alone (its first error names the cause), and
+    the reason says when a TE installed before still imports."""
+    step, start = failed
     te_mode = "transformer_engine" if after.get("te_available") else "fallback"
     version = after.get("te_version")
-    if failed:
-        step, start = failed
-        with open(log_path, encoding="utf-8", errors="replace") as f:
-            f.seek(start)
-            step_log = f.read()
-        found = doctor.diagnose(step_log, env) or [doctor.unknown(log_path, step_log)]
-        reason = f"step '{step.name}' failed (exit {results[-1]['returncode']}): {found[0].cause}"
-        if te_mode == "transformer_engine":
-            reason += f"; the Transformer Engine already installed ({version}) still imports"
-        return finish(Outcome(te_mode, False, reason, [d.to_dict() for d in found], version, False, results,
-                              fp8_smoke=smoke_result))
-    if te_mode == "fallback":
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        f.seek(start)
+        step_log = f.read()
+    found = doctor.diagnose(step_log, env) or [doctor.unknown(log_path, step_log)]
+    reason = f"step '{step.name}' failed (exit {results[-1]['returncode']}): {found[0].cause}"
+    if te_mode == "transformer_engine":
+        reason += f"; the Transformer Engine already installed ({version}) still imports"
+    return Outcome(te_mode, False, reason, [d.to_dict() for d in found], version, False, results, fp8_smoke=smoke)
+
+
+def _after_pip(p: Plan, after: dict[str, Any], smoke: dict[str, Any] | None, results: list[dict[str, Any]],
+               log_path: Path) -> Outcome:
+    """pip succeeded; success is TE importing in a fresh process (else the doctor reads the import error)
+    and, where FP8 is available, the FP8 smoke test passing: runtime failures (e.g. cuDNN sub-libraries)
+    only show when kernels run."""
+    version = after.get("te_version")
+    if not after.get("te_available"):
         found = doctor.check_installed(after, log_path) or [doctor.unknown(log_path, after.get("te_import_error") or "")]
         reason = f"pip succeeded but transformer_engine.pytorch does not import: {after.get('te_import_error')}"
-        return finish(Outcome(te_mode, False, reason, [d.to_dict() for d in found], version, False, results))
-    ok = smoke_result is None or bool(smoke_result.get("ok"))
+        return Outcome("fallback", False, reason, [d.to_dict() for d in found], version, False, results)
+    ok = smoke is None or bool(smoke.get("ok"))
     reason = f"Transformer Engine {version} installed ({'compiled here' if p.build == 'yes' else p.build_reason}) " \
              "and transformer_engine.pytorch imports"
     found = []
-    if smoke_result is not None:
-        reason += "; FP8 forward/backward " + ("works" if ok else f"FAILED: {smoke_result.get('error')}")
-        if not ok:  # runtime failures (e.g. cuDNN sub-libraries) only show when kernels run
-            found = doctor.diagnose(str(smoke_result.get("error")), after) or [doctor.unknown(log_path, str(smoke_result))]
+    if smoke is not None:
+        reason += "; FP8 forward/backward " + ("works" if ok else f"FAILED: {smoke.get('error')}")
+        if not ok:
+            found = doctor.diagnose(str(smoke.get("error")), after) or [doctor.unknown(log_path, str(smoke))]
     elif not after.get("fp8_available"):
         reason += f"; FP8 not available here: {after.get('fp8_reason')}"
-    return finish(Outcome(te_mode, ok, reason, [d.to_dict() for d in found], version, False, results,
-                          fp8_smoke=smoke_result))
+    return Outcome("transformer_engine", ok, reason, [d.to_dict() for d in found], version, False, results,
+                   fp8_smoke=smoke)
+
+
+def _record(o: Outcome, t0: float, run_dir: Path, log_path: Path, progress: bool) -> Outcome:
+    """Stamp the outcome with its duration, record folder and log tail, save it as outcome.json (what the
+    rest of the workbench reads) and say it in one line."""
+    o.duration_s = round(time.perf_counter() - t0, 2)
+    o.run_dir, o.log = str(run_dir), str(log_path)
+    o.log_tail = _tail(log_path) if log_path.exists() else []
+    write_json(run_dir / "outcome.json", o.to_dict())
+    if progress:
+        print(f"install-te: {o.te_mode}: {o.reason}\n  (saved in {run_dir})")
+    return o
 
 
 def last_outcome(root: str | Path = "results/install") -> dict[str, Any] | None:

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from packaging.utils import canonicalize_name
 
+from workbench.env import te as _te
 from workbench.env.facts import EXTENSION, META, is_core, printable
 
 # TE capability checks: probe key -> function name in transformer_engine.pytorch (REFERENCE §2)
@@ -203,53 +204,112 @@ def _cudnn_version() -> tuple[int | None, str | None]:
 def probe(attention: bool = False) -> dict[str, Any]:
     """The environment. `attention`: also ask TE which attention backend it selects here (a child process
     running one small attention forward/backward; seconds, so only `workbench probe` asks)."""
-    from workbench.backends import native_bf16
-    from workbench.env import te as _te
-
     # TE first: asking torch for its cuDNN version loads cuDNN's sub-libraries, after which a TE that
     # picks another cuDNN copy fails to import (seen on the H200; _te.load also pins CUDNN_PATH).
     te, _, why = _te.load()
     cuda = torch.cuda.is_available()
-    cc = torch.cuda.get_device_capability(0) if cuda else None
     cuda_home = _cuda_home()
-    nvcc_path, nvcc_version, nvcc_problem = _nvcc(cuda_home)
-    mem_total, mem_avail = _memory_gb()
-    cudnn_version, cudnn_error = _cudnn_version()
-    env: dict[str, Any] = {
+    # The groups in this order are the keys' order in env.json; cuDNN's facts come after TE loaded.
+    env = {**_python_facts(), **_torch_facts(), **_gpu_facts(cuda), **_toolkit_facts(cuda_home),
+           **_cudnn_facts(cuda_home), **_host_facts(), **_te_facts(te, why, cuda, attention)}
+    env["te_consistency"] = consistency(env)
+    checks = [c["ok"] for c in env["te_consistency"] if c["ok"] is not None]
+    env["te_consistent"] = all(checks) if checks else None
+    return env
+
+
+def _python_facts() -> dict[str, Any]:
+    """The interpreter and platform: pip installs into this Python, and an offline wheelhouse must hold
+    wheels for its tag and machine."""
+    return {
         "python": sys.version.split()[0],
         "python_executable": sys.executable,
         "python_tag": f"cp{sys.version_info.major}{sys.version_info.minor}",
         "platform": platform.platform(),
         "machine": platform.machine(),
+    }
+
+
+def _torch_facts() -> dict[str, Any]:
+    """The installed torch, which TE must match: its CUDA major picks the TE core package (and nvcc's
+    must agree), its C++ ABI the extension's build."""
+    return {
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,
         "torch_cuda_major": _major(torch.version.cuda),
         "torch_cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
+    }
+
+
+def _gpu_facts(cuda: bool) -> dict[str, Any]:
+    """The GPU and driver: the compute capability decides bf16 / FP8 and the architectures a build compiles."""
+    cc = torch.cuda.get_device_capability(0) if cuda else None
+    return {
         "gpu_name": torch.cuda.get_device_name(0) if cuda else None,
         "compute_capability": f"{cc[0]}.{cc[1]}" if cc else None,
         "gpu_count": torch.cuda.device_count() if cuda else 0,
         "driver": _driver(),
+    }
+
+
+def _toolkit_facts(cuda_home: str | None) -> dict[str, Any]:
+    """The CUDA toolkit a build of the extension would use (and why its nvcc cannot, if it cannot)."""
+    nvcc_path, nvcc_version, nvcc_problem = _nvcc(cuda_home)
+    return {
         "cuda_home": cuda_home,
         "nvcc_exists": nvcc_path is not None,
         "nvcc_path": nvcc_path,
         "nvcc_version": nvcc_version,
         "nvcc_problem": nvcc_problem,
+    }
+
+
+def _cudnn_facts(cuda_home: str | None) -> dict[str, Any]:
+    """cuDNN as torch loaded it and as a build would find it: two copies in one process break TE's import or
+    its fused attention, and a build without cudnn.h fails."""
+    cudnn_version, cudnn_error = _cudnn_version()
+    return {
         "cudnn_torch": cudnn_version,
         "cudnn_torch_error": cudnn_error,
         "cudnn_mapped_dirs": _te.mapped_cudnn_dirs(),  # more than one: two cuDNN copies in this process
         **_cudnn_headers(cuda_home),
+    }
+
+
+def _host_facts() -> dict[str, Any]:
+    """The host: cores and memory size a parallel build; the container, Colab and the code version stamp results."""
+    mem_total, mem_avail = _memory_gb()
+    return {
         "cpu_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "mem_total_gb": mem_total,
         "mem_available_gb": mem_avail,
         "ngc_pytorch_container": os.environ.get("NVIDIA_PYTORCH_VERSION"),
         "colab": "google.colab" in sys.modules,
         "git_sha": _git_sha(),
-        "cudnn_path_for_te": os.environ.get("CUDNN_PATH"),
     }
-    env["te_available"] = te is not None
-    env["te_import_error"] = why or None
-    env["te_version"] = getattr(sys.modules.get("transformer_engine"), "__version__", None) if te is not None else None
-    env["te_packages"] = te_packages()
+
+
+def _te_facts(te, why: str, cuda: bool, attention: bool) -> dict[str, Any]:
+    """Transformer Engine as imported here (`te`, or `why` not): its packages, which explain a TE that does
+    not import, and what it can do on this GPU."""
+    facts: dict[str, Any] = {
+        "cudnn_path_for_te": os.environ.get("CUDNN_PATH"),  # as _te.load left it
+        "te_available": te is not None,
+        "te_import_error": why or None,
+        "te_version": getattr(sys.modules.get("transformer_engine"), "__version__", None) if te is not None else None,
+        "te_packages": te_packages(),
+        **_capabilities(te, why, cuda),
+    }
+    if attention and te is not None and cuda:
+        facts["te_attention"] = _te.attention_backend()
+    return facts
+
+
+def _capabilities(te, why: str, cuda: bool) -> dict[str, Any]:
+    """{key}_available and {key}_reason for each TE capability check (what the backends may use here)."""
+    from workbench.backends import native_bf16
+
+    out: dict[str, Any] = {}
     for key, fn in CAPABILITY_CHECKS.items():
         if te is None:
             ok, reason = False, f"Transformer Engine not available: {why}"
@@ -259,14 +319,9 @@ def probe(attention: bool = False) -> dict[str, Any]:
             ok, reason = False, "no CUDA GPU visible"
         else:
             ok, reason = _te.check(getattr(te, fn, None), key)
-        env[f"{key}_available"] = ok
-        env[f"{key}_reason"] = reason
-    if attention and te is not None and cuda:
-        env["te_attention"] = _te.attention_backend()
-    env["te_consistency"] = consistency(env)
-    checks = [c["ok"] for c in env["te_consistency"] if c["ok"] is not None]
-    env["te_consistent"] = all(checks) if checks else None
-    return env
+        out[f"{key}_available"] = ok
+        out[f"{key}_reason"] = reason
+    return out
 
 
 SECTIONS = {  # the human table's groups, in order; keys not listed go to "other"

@@ -24,7 +24,6 @@ from __future__ import annotations
 import email.parser
 import json
 import os
-import re
 import shlex
 import subprocess
 import sys

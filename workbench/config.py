@@ -23,14 +23,20 @@ from workbench.errors import ConfigError  # noqa: F401 - re-exported: the error 
 
 @dataclass
 class ModelConfig:
+    kind: str = "mlp"
+    """The student architecture: 'mlp' (the tutorial's MLP blocks on random tokens, regressing the
+    teacher's output), 'gpt' or 'llama' (decoder-only language models distilled on real text)."""
     vocab: int = 4096
-    """Vocabulary size of the token embedding (random tokens are drawn from it)."""
+    """Vocabulary size of the token embedding (mlp: random tokens are drawn from it; gpt/llama: the
+    tokenizer's vocabulary, trained to this size; a multiple of 64)."""
     hidden: int = 512
     """Width of the residual stream (LayerNorm / Linear in-out features)."""
     intermediate: int = 2048
     """Width of each block's MLP (fc1 out / fc2 in)."""
     layers: int = 3
-    """Number of residual pre-LayerNorm MLP blocks."""
+    """Number of residual pre-norm blocks (mlp: MLP blocks; gpt/llama: attention + MLP blocks)."""
+    heads: int = 8
+    """Attention heads of the gpt/llama student (hidden must be a multiple of it)."""
     seq_len: int = 128
     """Tokens per sequence."""
     batch: int = 8
@@ -79,11 +85,51 @@ class BenchConfig:
 @dataclass
 class DistillConfig:
     loss: str = "mse"
-    """Distillation objective on the teacher's output: 'mse' (the tutorial's), 'cosine'
-    (1 - cosine similarity per token), or 'hidden' (output MSE + MSE of every block's hidden state)."""
+    """Distillation objective. mlp: 'mse' (the tutorial's), 'cosine' (1 - cosine similarity per token) or
+    'hidden' (output MSE + MSE of every block's hidden state). gpt/llama: 'forward_kl' (teacher to
+    student, Hinton), 'reverse_kl' or 'jsd' on the logits, mixed with cross-entropy by ce_weight."""
     teacher_precision: str = "auto"
     """Teacher forward precision: 'auto' (bf16 autocast on a bf16-capable GPU, else fp32), 'fp32',
     'bf16' or 'fp16'."""
+    temperature: float = 2.0
+    """gpt/llama: softmax temperature of the logit distillation (the loss is scaled by its square)."""
+    ce_weight: float = 0.5
+    """gpt/llama: weight of the cross-entropy on the text's next tokens; the rest is the KD term."""
+    jsd_beta: float = 0.5
+    """gpt/llama, loss 'jsd': the generalized Jensen-Shannon mixture weight (0.5: symmetric)."""
+    loss_chunk_tokens: int = 4096
+    """gpt/llama: tokens per chunk of the fp32 loss, which bounds the logits' memory at large vocabularies."""
+    no_kd_student: bool = True
+    """gpt/llama: also train the baseline student on cross-entropy only, so the gain from distillation shows."""
+
+
+@dataclass
+class LMConfig:
+    """The language-model path (model.kind gpt/llama): the text, the teacher, and the student's source."""
+
+    corpus_files: list[str] = field(default_factory=list)
+    """Your own text files (paths or globs); empty: the built-in offline corpus (pydoc topics and the
+    standard library's sources)."""
+    corpus_mb: float = 4.0
+    """How much of the built-in corpus to use, in MB of text."""
+    tokenizer: str = "bpe"
+    """'bpe' (byte-level BPE trained locally to model.vocab tokens) or 'bytes' (256 tokens)."""
+    heldout_fraction: float = 0.05
+    """Share of the text held out for perplexity, KL and agreement (split by document, fixed)."""
+    teacher: str = "train"
+    """'train' (a teacher trained here on the corpus, cached and reused), 'random' (untrained: for speed
+    only), or the folder of your Hugging Face causal LM (loaded offline)."""
+    teacher_hidden: int = 0
+    """Teacher width (0: the student's); a distilled student is usually narrower."""
+    teacher_layers: int = 0
+    """Teacher depth (0: the student's)."""
+    teacher_steps: int = 300
+    """Training steps of a teacher trained here (teacher 'train')."""
+    teacher_lr: float = 1e-3
+    """AdamW learning rate of a teacher trained here."""
+    student: str = ""
+    """'' (a gpt/llama student built from the model fields) or the folder of a Hugging Face causal LM
+    whose architecture and weights every student starts from."""
 
 
 @dataclass
@@ -106,6 +152,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
+    lm: LMConfig = field(default_factory=LMConfig)
     options: BackendOptions = field(default_factory=BackendOptions)
     backends: list[str] = field(default_factory=lambda: list(DEFAULT_BACKENDS))
     """Students to compare, as 'backend' or 'backend:recipe' (see `workbench.backends.BACKENDS`)."""
@@ -178,7 +225,10 @@ class Config:
             raise ConfigError(f"bench.warmup must be >= 0, got {b.warmup!r}")
         _positive("bench.iters", b.iters)
         _positive("bench.repeats", b.repeats)
-        _choice("distill.loss", d.loss, LOSSES)
+        _choice("model.kind", m.kind, KINDS)
+        _choice("distill.loss", d.loss, MLP_LOSSES if m.kind == "mlp" else LM_LOSSES)
+        if m.kind != "mlp":
+            self._validate_lm()
         _choice("distill.teacher_precision", d.teacher_precision, TEACHER_PRECISIONS)
         _positive("options.te_amax_history_len", self.options.te_amax_history_len)
         _choice("options.te_amax_compute_algo", self.options.te_amax_compute_algo, AMAX_ALGOS)
@@ -196,14 +246,44 @@ class Config:
         return self
 
 
+    def _validate_lm(self) -> None:
+        m, lm, d = self.model, self.lm, self.distill
+        _positive("model.heads", m.heads)
+        if m.hidden % m.heads:
+            raise ConfigError(f"model.hidden={m.hidden} must be a multiple of model.heads={m.heads}")
+        if m.layout != "separate":
+            raise ConfigError("model.layout must be 'separate' for gpt/llama (the fused layout is the MLP model's)")
+        _choice("lm.tokenizer", lm.tokenizer, TOKENIZERS)
+        if lm.tokenizer == "bpe" and (m.vocab % 64 or m.vocab < 320):
+            raise ConfigError(f"model.vocab={m.vocab}: a bpe tokenizer needs a multiple of 64, at least 320")
+        for name in ("teacher_hidden", "teacher_layers"):
+            if getattr(lm, name) < 0:
+                raise ConfigError(f"lm.{name} must be >= 0 (0: the student's), got {getattr(lm, name)!r}")
+        _positive("lm.teacher_steps", lm.teacher_steps)
+        _positive("distill.loss_chunk_tokens", d.loss_chunk_tokens)
+        for name, lo, hi in (("lm.heldout_fraction", 0.0, 0.5), ("distill.ce_weight", 0.0, 1.0),
+                             ("distill.jsd_beta", 0.0, 1.0)):
+            v = getattr(lm if name.startswith("lm.") else d, name.split(".")[1])
+            if not (isinstance(v, (int, float)) and lo <= v <= hi) or (name == "lm.heldout_fraction" and v == 0):
+                raise ConfigError(f"{name} must be in [{lo}, {hi}]{' and > 0' if name == 'lm.heldout_fraction' else ''}, got {v!r}")
+        for name in ("lm.corpus_mb", "lm.teacher_lr", "distill.temperature"):
+            v = getattr(lm if name.startswith("lm.") else d, name.split(".")[1])
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ConfigError(f"{name} must be a finite number > 0, got {v!r}")
+
+
 LAYOUTS = ("separate", "fused")
 AMAX_ALGOS = ("max", "most_recent")
 PARAM_DTYPES = ("fp32", "bf16")
-LOSSES = ("mse", "cosine", "hidden")
+MLP_LOSSES = ("mse", "cosine", "hidden")
+LM_LOSSES = ("forward_kl", "reverse_kl", "jsd")
+LOSSES = MLP_LOSSES + LM_LOSSES
+KINDS = ("mlp", "gpt", "llama")
+TOKENIZERS = ("bpe", "bytes")
 TEACHER_PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 DEVICES = ("auto", "cuda", "cpu")
 SECTIONS = {"model": ModelConfig, "train": TrainConfig, "bench": BenchConfig, "distill": DistillConfig,
-            "options": BackendOptions}
+            "lm": LMConfig, "options": BackendOptions}
 
 
 def _positive(name: str, value: Any) -> None:
@@ -239,7 +319,46 @@ def _large() -> Config:
     return c
 
 
-PRESETS = {"seed": _seed, "cpu-smoke": _cpu_smoke, "large": _large}
+def _gpt_cpu() -> Config:
+    """A GPT student distilled from a deeper, wider GPT teacher on the offline corpus, on a CPU in well
+    under a minute (the teacher is trained once and cached)."""
+    c = Config(preset="gpt-cpu")
+    c.model = ModelConfig(kind="gpt", vocab=512, hidden=64, intermediate=256, layers=2, heads=4, seq_len=64, batch=8)
+    c.train = TrainConfig(steps=80, lr=2e-3, eval_batches=4)
+    c.bench = BenchConfig(warmup=2, iters=5)
+    # T=1: over a few dozen steps a softened target (T=2, DistillKit's default for long runs) teaches
+    # slower than the text itself; at T=1 the KD student ends closer to the teacher than the no-KD one
+    c.distill = DistillConfig(loss="forward_kl", temperature=1.0)
+    c.lm = LMConfig(corpus_mb=0.5, teacher_hidden=128, teacher_layers=3, teacher_steps=200)
+    c.backends = ["torch_fp32", "torch_bf16", "te_fp8:delayed"]
+    c.baseline = "torch_fp32"
+    return c
+
+
+def _lm_shape(name: str, **model: Any) -> Config:
+    """A decoder stack at a shape where FP8 has work to do (vocab 32768, KL on the logits at T=2);
+    the teacher is the student's shape and untrained: these presets measure speed and memory."""
+    c = Config(preset=name)
+    c.model = ModelConfig(kind="gpt", vocab=32768, **model)
+    c.train = TrainConfig(steps=10, eval_batches=2, fused_optimizer=True)
+    c.bench = BenchConfig(warmup=5, iters=20)
+    c.distill = DistillConfig(loss="forward_kl")
+    c.lm = LMConfig(teacher="random")
+    c.backends = ["torch_bf16", "te_bf16", "te_fp8:delayed", "te_fp8:current", "torchao_float8:tensorwise"]
+    return c
+
+
+def _lm_a() -> Config:
+    """Shape A: hidden 2048, 16 heads, ffn 8192, 4 layers, seq 2048 x batch 4, vocab 32768."""
+    return _lm_shape("lm-a", hidden=2048, heads=16, intermediate=8192, layers=4, seq_len=2048, batch=4)
+
+
+def _lm_b() -> Config:
+    """Shape B: hidden 4096, 32 heads, ffn 16384, 2 layers, seq 4096 x batch 2, vocab 32768."""
+    return _lm_shape("lm-b", hidden=4096, heads=32, intermediate=16384, layers=2, seq_len=4096, batch=2)
+
+
+PRESETS = {"seed": _seed, "cpu-smoke": _cpu_smoke, "large": _large, "gpt-cpu": _gpt_cpu, "lm-a": _lm_a, "lm-b": _lm_b}
 
 
 def default_preset_name() -> str:

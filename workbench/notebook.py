@@ -121,6 +121,10 @@ def summary_table(run_dir: str | Path) -> pd.DataFrame:
         "eval MSE": df["eval_mse"].map(_sig),
         "peak GiB": (df["peak_mem_allocated_mb"] / 1024).map(_sig),
     })
+    if "heldout_ppl" in df:  # a language model: held-out quality instead of the output MSE
+        table = table.drop(columns="eval MSE").assign(**{
+            "held-out ppl": df["heldout_ppl"].map(_sig), "KL to teacher": df["kl_teacher_student_t1_nats"].map(_sig),
+            "top-1 agree": df["top1_agreement"].map(_sig)})
     return table.set_index("student")
 
 

@@ -22,8 +22,7 @@ import torch
 from workbench import backends, crosscheck, results, timing
 from workbench.env import probe
 from workbench.config import Config
-from workbench.models import Student, Teacher, reference_student
-from workbench.train import Data, Diverged, objectives, run_student
+from workbench.train import Data, Diverged, run_student, tasks
 
 BF16_REFERENCES = ("te_bf16", "torch_bf16")  # the "bf16 student" FP8 losses are compared with
 
@@ -47,27 +46,7 @@ def teacher_dtype(cfg: Config, device: torch.device) -> torch.dtype | None:
     return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[p]
 
 
-def make_data(cfg: Config, teacher: Teacher, device: torch.device, dtype) -> Data:
-    """Random-token batches from a seeded generator and the teacher's targets, computed once."""
-    m = cfg.model
-    gen = torch.Generator().manual_seed(cfg.train.seed + 1)
-    want_hidden = objectives.needs_hidden(cfg.distill.loss)
-
-    def batches(n: int):
-        out = []
-        for _ in range(n):
-            tokens = torch.randint(0, m.vocab, (m.batch, m.seq_len), generator=gen).to(device)
-            with torch.no_grad(), backends.autocast(device, dtype):
-                y = teacher(tokens, return_hidden=want_hidden)
-            out_t, hidden = y if want_hidden else (y, None)
-            out.append((tokens, objectives.Targets(out_t.float(), [h.float() for h in hidden] if hidden else None)))
-        return out
-
-    return Data(train=batches(cfg.train.steps), bench=batches(cfg.bench.warmup + cfg.bench.iters),
-                eval=batches(cfg.train.eval_batches))
-
-
-def time_teacher(cfg: Config, teacher: Teacher, data: Data, device: torch.device, dtype) -> tuple[dict, dict | None]:
+def time_teacher(cfg: Config, teacher: torch.nn.Module, data: Data, device: torch.device, dtype) -> tuple[dict, dict | None]:
     """The teacher forward per batch, measured on its own (it is never part of a student step): its row
     cells (median; repeat medians and spread) and, with cfg.bench.profile, the profiled block's record."""
     tokens = data.bench[0][0]
@@ -121,18 +100,15 @@ def run(cfg: Config, out: str | Path = "results", run_id: str | None = None, req
         "derived": {"device": str(device), "teacher_dtype": str(tdtype or torch.float32)},
     })
 
-    torch.manual_seed(cfg.train.seed)
-    teacher = Teacher(cfg.model).to(device).eval().requires_grad_(False)
-    # The one torch model every student is a converted copy of (matched init by construction)
-    reference = reference_student(cfg.model, Student(cfg.model).state_dict())
-    data = make_data(cfg, teacher, device, tdtype)
-    teacher_cells, teacher_profile = time_teacher(cfg, teacher, data, device, tdtype)
+    task = tasks.for_config(cfg, device, tdtype, cache_dir=Path(out) / "cache")
+    results.write_json(run_dir / "task.json", task.info)
+    data = task.make_data()
+    teacher_cells, teacher_profile = time_teacher(cfg, task.teacher, data, device, tdtype)
     _write_profile(run_dir, "teacher", teacher_profile)
     common = {"schema_version": results.SCHEMA_VERSION, "run_id": run_id, **teacher_cells,
               **{f"cfg_{k}": (",".join(v) if isinstance(v, list) else v) for k, v in cfg.flat().items()},
               **{k: env.get(k) for k in results.ENV_STAMP}}
-    rows, loss_rows = _all_students(cfg, run_dir, reference, data, device, progress,
-                                    rebuild_data=lambda: make_data(cfg, teacher, device, tdtype))
+    rows, loss_rows = _all_students(cfg, run_dir, task, data, device, progress)
     rows = [{**row, **common} for row in rows]
 
     df = results.students_frame(rows)
@@ -146,24 +122,27 @@ def run(cfg: Config, out: str | Path = "results", run_id: str | None = None, req
     return run_dir
 
 
-def _all_students(cfg: Config, run_dir: Path, reference, data: Data, device, progress: bool, rebuild_data):
-    """Every student of the run, one after the other: (rows, loss rows). A student that changes the
-    shared batches is flagged, and the batches are rebuilt for the ones after it."""
+def _all_students(cfg: Config, run_dir: Path, task, data: Data, device, progress: bool):
+    """Every student of the run, one after the other (and, for language models, the baseline trained on
+    cross-entropy only): (rows, loss rows). A student that changes the shared batches is flagged, and the
+    batches are rebuilt for the ones after it."""
     ctx = backends.Context(device=device, cfg=cfg)
     rows, loss_rows = [], []
     data_sums = data.fingerprint()
-    for spec in cfg.backends:
-        row, losses = _one_student(spec, cfg, ctx, reference, data, device, progress)
-        _write_profile(run_dir, spec, row.pop("profile", None))
+    no_kd = task.no_kd() if cfg.distill.no_kd_student else None
+    runs = [(spec, spec, task) for spec in cfg.backends] + ([(cfg.baseline, f"{cfg.baseline}:no_kd", no_kd)] if no_kd else [])
+    for spec, name, student_task in runs:
+        row, losses = _one_student(spec, cfg, ctx, student_task, data, device, progress, name=name)
+        _write_profile(run_dir, name, row.pop("profile", None))
         if not torch.equal(data.fingerprint(), data_sums):
             # Its own numbers may be fine, but what the other students see would not be the same data.
             row.update(status="error", reason=("this student wrote into the batches shared by all students; "
                                                "they were rebuilt for the next students. " + row["reason"]).strip())
-            _say(progress, f"[{spec}] changed the shared batches; rebuilding them")
+            _say(progress, f"[{name}] changed the shared batches; rebuilding them")
             data = None  # free the damaged copy first: at the large sizes the batches take GBs
-            data = rebuild_data()
+            data = task.make_data()
         rows.append(row)
-        loss_rows += [{"step": i + 1, "student": spec, "loss": v} for i, v in enumerate(losses)]
+        loss_rows += [{"step": i + 1, "student": name, "loss": v} for i, v in enumerate(losses)]
         if device.type == "cuda":
             # Each student's memory peak starts from the same floor. gc first: graphed / compiled students
             # hold reference cycles (callables <-> module), and the H200 bench showed later students'
@@ -173,18 +152,18 @@ def _all_students(cfg: Config, run_dir: Path, reference, data: Data, device, pro
     return rows, loss_rows
 
 
-def _one_student(spec: str, cfg: Config, ctx, reference, data: Data, device, progress: bool):
-    row: dict[str, Any] = {"student": spec, "backend": spec.partition(":")[0], "recipe": spec.partition(":")[2] or None,
+def _one_student(spec: str, cfg: Config, ctx, task, data: Data, device, progress: bool, name: str | None = None):
+    row: dict[str, Any] = {"student": name or spec, "backend": spec.partition(":")[0], "recipe": spec.partition(":")[2] or None,
                            "mode": None, "status": "ok", "reason": ""}
     try:
-        return _try_student(row, spec, cfg, ctx, reference, data, device, progress)
+        return _try_student(row, spec, cfg, ctx, task, data, device, progress)
     except Exception as e:  # one failing student must not take down the others; the row says why
         row.update(status="error", reason=f"{type(e).__name__}: {e}".strip()[:2000])
         _say(progress, traceback.format_exc())
         return row, []
 
 
-def _try_student(row: dict, spec: str, cfg: Config, ctx, reference, data: Data, device, progress: bool):
+def _try_student(row: dict, spec: str, cfg: Config, ctx, task, data: Data, device, progress: bool):
     backend = backends.make(spec)
     row.update(backend=backend.name, recipe=backend.recipe, mode=backend.mode, gemm_precision=backend.gemm_precision)
     ok, reason = backend.availability(ctx)
@@ -193,21 +172,23 @@ def _try_student(row: dict, spec: str, cfg: Config, ctx, reference, data: Data, 
         fb = backend.fallback(ctx, reason)
         if fb is None:
             row.update(status="skipped", mode=None)
-            _say(progress, f"[{spec}] skipped: {reason}")
+            _say(progress, f"[{row['student']}] skipped: {reason}")
             return row, []
         row.update(status="fallback", mode=fb.mode, reason=f"{reason} -> ran PyTorch autocast instead")
         backend = fb
-    _say(progress, f"[{spec}] training {cfg.train.steps} steps ({row['mode']})")
+    _say(progress, f"[{row['student']}] training {cfg.train.steps} steps ({row['mode']})")
     try:
-        metrics, losses = run_student(backend, cfg, reference, data, device)
+        metrics, losses = run_student(backend, cfg, task, data, device)
         row.update(metrics)
     except Diverged as e:
         row.update(e.metrics, status="diverged", reason=str(e), steps_run=len(e.losses))
         losses = e.losses
     finally:  # what ran, also when it diverged or failed: a fallback's dtype is known once it is built
         row["gemm_precision"] = backend.gemm_precision
-    _say(progress, f"[{spec}] {row['status']}: final loss {row.get('final_train_loss')}, "
-                   f"step {row.get('step_ms_median')} ms, eval mse {row.get('eval_mse')}")
+    held_out = (f"held-out ppl {row['heldout_ppl']}, KL to teacher {row.get('kl_teacher_student_t1_nats')}"
+                if row.get("heldout_ppl") is not None else f"eval mse {row.get('eval_mse')}")
+    _say(progress, f"[{row['student']}] {row['status']}: final loss {row.get('final_train_loss')}, "
+                   f"step {row.get('step_ms_median')} ms, {held_out}")
     return row, losses
 
 
@@ -242,6 +223,9 @@ def summarize(cfg: Config, env: dict, df: pd.DataFrame, run_id: str, device, tdt
         r["student"]: {
             "final_loss_ratio": ratio(r.get("final_train_loss"), ref.get("final_train_loss")),
             "eval_mse_ratio": ratio(r.get("eval_mse"), ref.get("eval_mse")),
+            # language models: the FP8-vs-bf16 gap in held-out perplexity and in KL to the teacher
+            "heldout_ppl_ratio": ratio(r.get("heldout_ppl"), ref.get("heldout_ppl")),
+            "kl_to_teacher_ratio": ratio(r.get("kl_teacher_student_t1_nats"), ref.get("kl_teacher_student_t1_nats")),
         }
         for r in (_row(df, s) for s in df[(df["backend"] == "te_fp8") & (df["status"] == "ok")]["student"])
     }

@@ -110,6 +110,10 @@ class Backend:
                 notes.append(f"graphs not applied: {why}")
         return StepPolicy(compile=compile_, graph=graph, grad_scaler=self.uses_grad_scaler, notes=tuple(notes))
 
+    def describe(self, model: nn.Module) -> dict[str, Any]:
+        """Row cells about what this student ran as, read after it trained (e.g. TE's attention backend)."""
+        return {}
+
     def can_graph(self, cfg: Any, device: torch.device) -> tuple[bool, str]:
         if device.type != "cuda":
             return False, "CUDA graphs need a GPU"

@@ -52,6 +52,15 @@ class TEBF16(Backend):
     def forward_context(self):
         return autocast(self.device, self.dtype)
 
+    def describe(self, model):
+        """What the conversion swapped and kept, and the attention backend TE selected for this student's
+        last forward: a slower one (unfused) silently costs TE its advantage, so the row says which ran."""
+        out = {"converted_modules": len(getattr(self, "converted", [])),
+               "kept_torch_modules": "; ".join(getattr(self, "kept_torch", []))[:1000] or None}
+        if any(isinstance(m, TEAttention) for m in model.modules()):
+            out["attention_backend"] = _te.describe_selection(_te.last_attention_selection())
+        return out
+
     def can_graph(self, cfg, device):
         if cfg.distill.loss == "hidden":
             return False, "the hidden-state loss returns per-block tensors; TE graphs are captured for the output only"

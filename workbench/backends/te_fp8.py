@@ -46,6 +46,8 @@ def misaligned(cfg, multiple: int) -> list[str]:
     """Names of the GEMM dimensions that are not multiples of `multiple` (FP8 kernels need them)."""
     m = cfg.model
     dims = {"model.hidden": m.hidden, "model.intermediate": m.intermediate, "tokens (batch*seq_len)": m.batch * m.seq_len}
+    if m.kind != "mlp":  # the LM head is a GEMM over the vocabulary
+        dims["model.vocab"] = m.vocab
     return [f"{k}={v}" for k, v in dims.items() if v % multiple]
 
 

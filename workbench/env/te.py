@@ -146,8 +146,39 @@ def load() -> tuple[Any, Any, str]:
     return te, recipe, ""
 
 
+ATTENTION_MODULES = ("transformer_engine.pytorch.attention.dot_product_attention.dot_product_attention",
+                     "transformer_engine.pytorch.attention")  # where TE keeps its last selection (moved in 2.x)
+
+
+def last_attention_selection() -> dict[str, str]:
+    """TE's record of the attention backend it selected last in this process ({} before any TE attention
+    ran), values as strings."""
+    for mod in ATTENTION_MODULES:
+        try:
+            chosen = dict(getattr(importlib.import_module(mod), "_attention_backends", None) or {})
+        except ImportError:
+            continue
+        if chosen:
+            return {k: str(v) for k, v in chosen.items() if k != "attention_params"}
+    return {}
+
+
+def describe_selection(chosen: dict[str, str]) -> str | None:
+    """'flash (…)', 'fused (sub-backend N)', 'unfused' or None, from `last_attention_selection()`."""
+    def used(key: str) -> bool:  # TE stores bools, ints or enums here, depending on the field and version
+        return chosen.get(key) not in (None, "None", "False", "0", "")
+
+    if used("use_flash_attention"):
+        return f"flash ({chosen.get('flash_attention_backend')})"
+    if used("use_fused_attention"):
+        return f"fused (sub-backend {chosen.get('fused_attention_backend')})"
+    if used("use_unfused_attention"):
+        return "unfused"
+    return None
+
+
 ATTENTION_CHILD = f"""
-import importlib, json, torch
+import json, torch
 from workbench.env import te as _te
 te, _ = _te._import_here()
 attn = te.DotProductAttention(num_attention_heads=4, kv_channels=64, attn_mask_type="causal",
@@ -155,17 +186,7 @@ attn = te.DotProductAttention(num_attention_heads=4, kv_channels=64, attn_mask_t
 q, k, v = (torch.randn(2, 512, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
 attn(q, k, v).float().sum().backward()
 torch.cuda.synchronize()
-chosen = {{}}
-for mod in ("transformer_engine.pytorch.attention.dot_product_attention.dot_product_attention",
-            "transformer_engine.pytorch.attention"):  # where TE keeps its last selection (moved in 2.x)
-    try:
-        chosen = dict(getattr(importlib.import_module(mod), "_attention_backends", None) or {{}})
-    except ImportError:
-        continue
-    if chosen:
-        break
-print({_OK!r} + json.dumps({{k: str(v) for k, v in chosen.items() if k != "attention_params"}}
-                           | {{"cudnn_dirs": _te.mapped_cudnn_dirs()}}), flush=True)
+print({_OK!r} + json.dumps(_te.last_attention_selection() | {{"cudnn_dirs": _te.mapped_cudnn_dirs()}}), flush=True)
 """
 
 
@@ -185,18 +206,7 @@ def attention_backend(timeout_s: float = IMPORT_TIMEOUT_S) -> dict[str, Any]:
     if marker is None:
         return {"selected": None, "error": " | ".join(p.stderr.strip().splitlines()[-5:]), "log": log}
     chosen = json.loads(marker[len(_OK):])
-
-    def used(key: str) -> bool:  # TE stores bools, ints or enums here, depending on the field and version
-        return chosen.get(key) not in (None, "None", "False", "0", "")
-
-    if used("use_flash_attention"):
-        selected = f"flash ({chosen.get('flash_attention_backend')})"
-    elif used("use_fused_attention"):
-        selected = f"fused (sub-backend {chosen.get('fused_attention_backend')})"
-    elif used("use_unfused_attention"):
-        selected = "unfused"
-    else:
-        selected = None
+    selected = describe_selection(chosen)
     disabled = [line for line in log if "Disabling" in line]
     slower = selected == "unfused" and any("FusedAttention" in line or "FlashAttention" in line for line in disabled)
     return {"selected": selected, "fell_back_to_slower": slower, "log": log, "cudnn_dirs": chosen.get("cudnn_dirs"),

@@ -6,6 +6,7 @@ optimizer update: teacher targets were computed and synchronized before (REFEREN
 """
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 import time
@@ -17,7 +18,6 @@ import torch
 from workbench import crosscheck, flops, timing
 from workbench.backends import Backend
 from workbench.train import objectives
-from workbench.models import Student
 
 
 @dataclass
@@ -35,7 +35,7 @@ class Data:
         sums = []
         for tokens, targets in (*self.train, *self.bench, *self.eval):
             sums.append(tokens.double().sum())
-            sums += [t.double().sum() for t in (targets.out, *(targets.hidden or []))]
+            sums += [t.double().sum() for t in targets.tensors()]
         return torch.stack(sums).cpu()
 
 
@@ -43,16 +43,16 @@ class Diverged(RuntimeError):
     pass
 
 
-def make_step(model: torch.nn.Module, opt: torch.optim.Optimizer, backend: Backend, loss_kind: str,
+def make_step(model: torch.nn.Module, opt: torch.optim.Optimizer, backend: Backend, task,
               scaler: Any = None) -> Callable[[torch.Tensor, objectives.Targets], torch.Tensor]:
-    """One optimizer step; returns the (fp32) loss tensor without synchronizing."""
-    want_hidden = objectives.needs_hidden(loss_kind)
+    """One optimizer step of the task's loss; returns the (fp32) loss tensor without synchronizing."""
+    want_hidden = task.needs_hidden
 
     def step(tokens: torch.Tensor, targets: objectives.Targets) -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
         with backend.forward_context():  # wraps the forward only (TE: autocast must not wrap backward)
             out = model(tokens, return_hidden=True) if want_hidden else model(tokens)
-        loss = objectives.loss(loss_kind, out, targets)
+        loss = task.loss(out, targets)
         if scaler is not None:
             scaler.scale(loss).backward()
             scaler.step(opt)
@@ -89,7 +89,7 @@ def _sync_time(fn, device: torch.device) -> tuple[Any, float]:
 
 
 def capture_step(model: torch.nn.Module, fwd: torch.nn.Module, opt: torch.optim.Optimizer, backend: Backend,
-                 loss_kind: str, batch: tuple[torch.Tensor, objectives.Targets], warmup: int = 3):
+                 task, batch: tuple[torch.Tensor, objectives.Targets], warmup: int = 3):
     """Capture forward, loss, backward and optimizer step in one CUDA graph; return a replaying step.
 
     The warm-up iterations that capture needs really update the weights, so weights and optimizer
@@ -97,9 +97,9 @@ def capture_step(model: torch.nn.Module, fwd: torch.nn.Module, opt: torch.optim.
     """
     tokens, targets = batch
     s_tokens = tokens.clone()
-    s_targets = objectives.Targets(targets.out.clone(), [h.clone() for h in targets.hidden] if targets.hidden else None)
+    s_targets = targets.clone()
     snapshot = {k: v.detach().clone() for k, v in model.state_dict().items() if torch.is_tensor(v)}
-    eager = make_step(fwd, opt, backend, loss_kind)
+    eager = make_step(fwd, opt, backend, task)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up on a side stream, as torch.cuda.graphs requires
@@ -110,8 +110,8 @@ def capture_step(model: torch.nn.Module, fwd: torch.nn.Module, opt: torch.optim.
     opt.zero_grad(set_to_none=True)  # grads are then allocated (not accumulated) inside the graph
     with torch.cuda.graph(graph):
         with backend.forward_context():
-            out = fwd(s_tokens, return_hidden=True) if objectives.needs_hidden(loss_kind) else fwd(s_tokens)
-        s_loss = objectives.loss(loss_kind, out, s_targets)
+            out = fwd(s_tokens, return_hidden=True) if task.needs_hidden else fwd(s_tokens)
+        s_loss = task.loss(out, s_targets)
         s_loss.backward()
         opt.step()
     with torch.no_grad():
@@ -123,56 +123,40 @@ def capture_step(model: torch.nn.Module, fwd: torch.nn.Module, opt: torch.optim.
 
     def step(tokens: torch.Tensor, targets: objectives.Targets) -> torch.Tensor:
         s_tokens.copy_(tokens)
-        s_targets.out.copy_(targets.out)
-        for h, t in zip(s_targets.hidden or [], targets.hidden or []):
-            h.copy_(t)
+        for static, new in zip(s_targets.tensors(), targets.tensors()):
+            static.copy_(new)
         graph.replay()
         return s_loss  # a static buffer: read it before the next replay
 
     return step
 
 
-def _compile_now(fwd, opt, backend: Backend, loss_kind: str, batch) -> None:
+def _compile_now(fwd, opt, backend: Backend, task, batch) -> None:
     """Forward + backward once, under the step's own autocast, so compilation happens here (timed as
     compile_ms) and not in training step 1; the gradients are dropped, the weights are untouched."""
     tokens, targets = batch
     with backend.forward_context():
-        out = fwd(tokens, return_hidden=True) if objectives.needs_hidden(loss_kind) else fwd(tokens)
-    objectives.loss(loss_kind, out, targets).backward()
+        out = fwd(tokens, return_hidden=True) if task.needs_hidden else fwd(tokens)
+    task.loss(out, targets).backward()
     opt.zero_grad(set_to_none=True)
 
 
-def initial_loss(model: torch.nn.Module, cfg, batch: tuple[torch.Tensor, objectives.Targets]) -> float:
-    """fp32 output-MSE of the student's *starting weights*, evaluated by the torch reference model.
-
-    Backend arithmetic (bf16, FP8) differs by design; this isolates whether the weights are the same,
-    which is what "matched students" promises.
-    """
+def initial_loss(model: torch.nn.Module, task, batch: tuple[torch.Tensor, objectives.Targets]) -> float:
+    """The task's loss, in fp32, of the student's *starting weights* run through a copy of the torch
+    reference model. Backend arithmetic (bf16, FP8) differs by design; this isolates whether the weights
+    are the same, which is what "matched students" promises."""
     tokens, targets = batch
-    with torch.device("meta"):  # no CPU init of a second full-size model (seconds at hidden 4096+)
-        ref = Student(cfg.model)
-    ref = ref.to_empty(device=tokens.device)
-    ref.load_state_dict({k: v.float() for k, v in model.to_reference_state().items()})
+    ref = copy.deepcopy(task.reference).to(tokens.device).float()
+    state = {k: v.float() for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+    ref.load_state_dict(state)  # strict: a conversion keeps every name, so a missing one is a bug
     with torch.no_grad():
-        return float(objectives.mse(ref(tokens), targets.out))
+        out = ref(tokens, return_hidden=True) if task.needs_hidden else ref(tokens)
+        return float(task.loss(out, targets))
 
 
-@torch.no_grad()
-def evaluate(model: torch.nn.Module, backend: Backend, batches) -> float:
-    """Mean output MSE against the teacher on held-out batches (the tutorial's eval), in fp32."""
-    model.eval()
-    vals = []
-    for tokens, targets in batches:
-        with backend.forward_context():
-            pred = model(tokens)
-        vals.append(float(objectives.mse(pred, targets.out)))
-    model.train()
-    return sum(vals) / len(vals)
-
-
-def run_student(backend: Backend, cfg, reference: torch.nn.Module, data: Data, device: torch.device,
+def run_student(backend: Backend, cfg, task, data: Data, device: torch.device,
                 on_step: Callable[[int, float], None] | None = None) -> tuple[dict, list[float]]:
-    """Train, evaluate and time one student, a `backend` conversion of the `reference` model. Returns
+    """Train, evaluate and time one student, a `backend` conversion of the task's reference model. Returns
     (metrics, per-step losses). The backend's StepPolicy says how its step runs (compiled, graphed, scaled).
 
     The metrics are row cells, except `profile` (with cfg.bench.profile): the profiled block's whole
@@ -182,21 +166,24 @@ def run_student(backend: Backend, cfg, reference: torch.nn.Module, data: Data, d
     # What is already allocated before this student exists (teacher, data, cached targets): the same for
     # every student of a run unless an earlier student leaked, so the files show it next to the peak.
     floor = timing.allocated_mb(device)
-    model = backend.build(reference, cfg, device)
+    model = backend.build(task.reference, cfg, device)
     model.train()
-    step, metrics = prepare_step(backend, model, cfg, data, device)
+    step, metrics = prepare_step(backend, model, cfg, task, data, device)
     metrics["mem_floor_mb"] = floor
     # Measured after compilation and graph capture (which ran real warm-up updates and restored them),
     # so a bad restore shows up here as a mismatch with the other students.
-    metrics["initial_loss"] = initial_loss(model, cfg, data.train[0])
+    metrics["initial_loss"] = initial_loss(model, task, data.train[0])
     losses = train(step, data, metrics, on_step)
-    metrics["eval_mse"] = evaluate(model, backend, data.eval)
-    metrics.update(time_steps(step, cfg, data, device, flops.tokens_per_step(cfg.model) * reference.train_flops_per_token()))
+    model.eval()
+    metrics.update(task.evaluate(model, backend, data.eval), **backend.describe(model))
+    model.train()
+    train_flops = flops.tokens_per_step(cfg.model) * task.reference.train_flops_per_token()
+    metrics.update(time_steps(step, cfg, data, device, train_flops))
     del model, step
     return metrics, losses
 
 
-def prepare_step(backend: Backend, model: torch.nn.Module, cfg, data: Data, device: torch.device):
+def prepare_step(backend: Backend, model: torch.nn.Module, cfg, task, data: Data, device: torch.device):
     """(step, metrics): the student's train step as its backend's policy says (compiled, graphed, scaled),
     with the one-off costs (compile_ms, capture_ms) and notes on switches that did not apply."""
     policy = backend.policy(cfg, device)
@@ -205,21 +192,20 @@ def prepare_step(backend: Backend, model: torch.nn.Module, cfg, data: Data, devi
     notes = list(policy.notes)
     opt = make_optimizer(model, cfg, device, capturable=policy.graph == "step", scaled=policy.grad_scaler)
     scaler = torch.amp.GradScaler(device.type) if policy.grad_scaler else None
-    loss_kind = cfg.distill.loss
     fwd = model
     if policy.compile:
         fwd = torch.compile(model)
-        _, metrics["compile_ms"] = _sync_time(lambda: _compile_now(fwd, opt, backend, loss_kind, data.train[0]), device)
+        _, metrics["compile_ms"] = _sync_time(lambda: _compile_now(fwd, opt, backend, task, data.train[0]), device)
     if policy.graph == "step":
         step, metrics["capture_ms"] = _sync_time(
-            lambda: capture_step(model, fwd, opt, backend, loss_kind, data.train[0]), device)
+            lambda: capture_step(model, fwd, opt, backend, task, data.train[0]), device)
         notes.append("graphed step includes copying each batch into the graph's static input buffers")
     elif policy.graph == "fwd_bwd":  # the optimizer step stays eager
         fwd, metrics["capture_ms"] = _sync_time(lambda: backend.make_graphed(fwd, data.train[0][0]), device)
         opt.zero_grad(set_to_none=True)
-        step = make_step(fwd, opt, backend, loss_kind, scaler)
+        step = make_step(fwd, opt, backend, task, scaler)
     else:
-        step = make_step(fwd, opt, backend, loss_kind, scaler)
+        step = make_step(fwd, opt, backend, task, scaler)
     metrics["notes"] = "; ".join(notes)
     return step, metrics
 

@@ -15,8 +15,16 @@ import torch.nn.functional as F
 class Targets:
     """Teacher outputs for one batch, computed once before any student trains."""
 
-    out: torch.Tensor
+    out: torch.Tensor  # the teacher's output (mlp) or its logits (lm)
     hidden: list[torch.Tensor] | None = None  # per-block states, only for loss='hidden'
+    next_tokens: torch.Tensor | None = None  # lm: the text's next tokens, for cross-entropy and metrics
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.out, *(self.hidden or []), *([] if self.next_tokens is None else [self.next_tokens])]
+
+    def clone(self) -> "Targets":
+        return Targets(self.out.clone(), [h.clone() for h in self.hidden] if self.hidden else None,
+                       None if self.next_tokens is None else self.next_tokens.clone())
 
 
 def mse(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

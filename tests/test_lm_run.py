@@ -1,0 +1,73 @@
+"""The language-model path end to end on a CPU: a GPT student distilled from a trained GPT teacher on the
+offline corpus, the no-KD student beside it, the held-out metrics in the rows; a Hugging Face model as
+teacher and as student."""
+import pandas as pd
+import pytest
+
+from workbench import config, results, runner
+
+
+@pytest.fixture(scope="module")
+def gpt_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lm")
+    cfg = config.from_preset("gpt-cpu", corpus_mb=0.3, backends="torch_fp32,te_fp8:delayed")
+    return cfg, runner.run(cfg, out=out, run_id="gpt", progress=False)
+
+
+def test_gpt_cpu_writes_the_usual_files_with_the_lm_metrics(gpt_run):
+    cfg, run_dir = gpt_run
+    for name in ("students.csv", "losses.csv", "summary.json", "config.json", "env.json", "task.json",
+                 "loss_curves.png", "step_time.png", "done.json"):
+        assert (run_dir / name).exists(), name
+    df = results.load(run_dir).set_index("student")
+    assert list(df.index) == ["torch_fp32", "te_fp8:delayed", "torch_fp32:no_kd"]
+    for col in ("heldout_ce_nats", "heldout_ppl", "kl_teacher_student_t1_nats", "top1_agreement",
+                "teacher_heldout_ppl", "tflops", "tokens_per_s"):
+        assert df[col].notna().all(), col
+    assert (df["initial_loss"] == df.loc["torch_fp32", "initial_loss"]).iloc[:2].all()  # the KD students
+    assert df.loc["te_fp8:delayed", "status"] == "fallback"  # no TE on a CPU: says so, still runs
+    losses = results.load_losses(run_dir)
+    assert len(losses) == cfg.train.steps * 3
+
+
+def test_distillation_brings_the_student_closer_to_its_teacher_than_text_alone(gpt_run):
+    _, run_dir = gpt_run
+    df = results.load(run_dir).set_index("student")
+    kd, no_kd = df.loc["torch_fp32"], df.loc["torch_fp32:no_kd"]
+    assert kd["kl_teacher_student_t1_nats"] < no_kd["kl_teacher_student_t1_nats"]
+    assert kd["top1_agreement"] > no_kd["top1_agreement"]
+
+
+def test_the_teacher_is_trained_once_and_reused(gpt_run, tmp_path):
+    cfg, run_dir = gpt_run
+    first = results.read_json(run_dir / "task.json")
+    assert first["teacher_source"] == "train" and first["teacher_cached"] is False
+    again = runner.run(cfg.replace(steps=2, backends="torch_fp32", no_kd_student=False),
+                       out=run_dir.parent, run_id="again", progress=False)
+    second = results.read_json(again / "task.json")
+    assert second["teacher_cached"] is True and second["teacher_checkpoint"] == first["teacher_checkpoint"]
+
+
+def test_lm_config_errors_name_the_field():
+    with pytest.raises(config.ConfigError, match="distill.loss must be one of"):
+        config.from_preset("gpt-cpu", loss="mse")
+    with pytest.raises(config.ConfigError, match="model.hidden=100 must be a multiple of model.heads=8"):
+        config.from_preset("gpt-cpu", hidden=100, heads=8)
+    with pytest.raises(config.ConfigError, match="lm.tokenizer"):
+        config.from_preset("gpt-cpu", tokenizer="words")
+
+
+def test_a_hugging_face_llama_as_teacher_and_as_student(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    hf = tmp_path / "tiny-llama"
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=128)).save_pretrained(hf)
+    cfg = config.from_preset("gpt-cpu", kind="llama", vocab=256, tokenizer="bytes", corpus_mb=0.2, teacher=str(hf),
+                             student=str(hf), steps=3, backends="torch_fp32,torch_bf16", no_kd_student=False)
+    run_dir = runner.run(cfg, out=tmp_path, run_id="hf", progress=False)
+    df = results.load(run_dir).set_index("student")
+    assert (df["status"] == "ok").all(), df["reason"].to_dict()
+    assert df.loc["torch_fp32", "initial_loss"] == df.loc["torch_bf16", "initial_loss"]
+    assert pd.notna(df.loc["torch_fp32", "heldout_ppl"]) and df.loc["torch_fp32", "tflops"] > 0
+    assert results.read_json(run_dir / "task.json")["teacher_source"] == str(hf)

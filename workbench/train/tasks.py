@@ -1,0 +1,215 @@
+"""What a run distils. A task owns the teacher, the reference student every backend converts a copy of,
+the batches with the teacher's targets, the loss and the held-out evaluation; one trainer runs them all.
+
+  MLPTask  the tutorial's: MLP blocks on random tokens, the student regresses the teacher's output.
+  LMTask   a causal LM (gpt / llama, or your Hugging Face model) distilled on real text: KL on the
+           logits mixed with cross-entropy; held-out perplexity, KL to the teacher, top-1 agreement.
+
+Teacher targets are computed once per batch, before any student trains, and never inside a timed step.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workbench import backends, results
+from workbench.models import Student, Teacher, reference_student
+from workbench.train import lm_metrics, lm_objectives, objectives
+from workbench.train.loop import Data
+
+LM_BENCH_BATCHES = 4  # distinct timed batches, cycled: an LM batch's teacher logits take GBs at vocab 32k
+
+
+def for_config(cfg, device: torch.device, tdtype, cache_dir: str | Path) -> "MLPTask | LMTask":
+    return MLPTask(cfg, device, tdtype) if cfg.model.kind == "mlp" else LMTask(cfg, device, tdtype, cache_dir)
+
+
+class MLPTask:
+    """The tutorial's set-up (REFERENCE §1): random tokens, the teacher's output as the regression target."""
+
+    def __init__(self, cfg, device: torch.device, tdtype):
+        self.cfg, self.device, self.tdtype = cfg, device, tdtype
+        self.kind = cfg.distill.loss
+        self.needs_hidden = objectives.needs_hidden(self.kind)
+        self.info: dict[str, Any] = {}
+        torch.manual_seed(cfg.train.seed)
+        self.teacher = Teacher(cfg.model).to(device).eval().requires_grad_(False)
+        # The one torch model every student is a converted copy of (matched init by construction)
+        self.reference = reference_student(cfg.model, Student(cfg.model).state_dict())
+
+    def loss(self, out, targets: objectives.Targets) -> torch.Tensor:
+        return objectives.loss(self.kind, out, targets)
+
+    def make_data(self) -> Data:
+        """Random-token batches from a seeded generator and the teacher's targets, computed once."""
+        cfg, m = self.cfg, self.cfg.model
+        gen = torch.Generator().manual_seed(cfg.train.seed + 1)
+
+        def batches(n: int):
+            return [self._targets(torch.randint(0, m.vocab, (m.batch, m.seq_len), generator=gen).to(self.device))
+                    for _ in range(n)]
+
+        return Data(train=batches(cfg.train.steps), bench=batches(cfg.bench.warmup + cfg.bench.iters),
+                    eval=batches(cfg.train.eval_batches))
+
+    def _targets(self, tokens: torch.Tensor):
+        with torch.no_grad(), backends.autocast(self.device, self.tdtype):
+            y = self.teacher(tokens, return_hidden=self.needs_hidden)
+        out, hidden = y if self.needs_hidden else (y, None)
+        return tokens, objectives.Targets(out.float(), [h.float() for h in hidden] if hidden else None)
+
+    @torch.no_grad()
+    def evaluate(self, model, backend, batches) -> dict[str, Any]:
+        """Mean output MSE against the teacher on held-out batches (the tutorial's eval), in fp32."""
+        vals = []
+        for tokens, targets in batches:
+            with backend.forward_context():
+                vals.append(float(objectives.mse(model(tokens), targets.out)))
+        return {"eval_mse": sum(vals) / len(vals)}
+
+    def no_kd(self) -> None:
+        return None  # regression on the teacher's output has no teacher-free counterpart
+
+
+class LMTask:
+    """A causal LM student distilled from a causal LM teacher on the offline corpus (or your text)."""
+
+    def __init__(self, cfg, device: torch.device, tdtype, cache_dir: str | Path, ce_only: bool = False):
+        from workbench.data import TextSpec, load_text
+
+        self.cfg, self.device, self.tdtype, self.cache_dir = cfg, device, tdtype, Path(cache_dir)
+        self.needs_hidden, self.ce_only = False, ce_only
+        m, lm = cfg.model, cfg.lm
+        self.text = load_text(TextSpec(files=tuple(lm.corpus_files), max_bytes=int(lm.corpus_mb * 1e6),
+                                       tokenizer=lm.tokenizer, vocab_size=m.vocab if lm.tokenizer == "bpe" else 256,
+                                       heldout_fraction=lm.heldout_fraction), self.cache_dir)
+        self.info = {"text_folder": str(self.text.folder), "tokenizer_vocab": self.text.vocab_size}
+        torch.manual_seed(cfg.train.seed)
+        self.teacher = self._teacher().to(device).eval().requires_grad_(False)
+        torch.manual_seed(cfg.train.seed)  # the students' init does not depend on how the teacher came to be
+        self.reference = self._student()
+
+    # ---- models ---------------------------------------------------------------------------------
+    def shape(self, teacher: bool = False):
+        from workbench.models import LMShape
+
+        m, lm = self.cfg.model, self.cfg.lm
+        hidden = (lm.teacher_hidden or m.hidden) if teacher else m.hidden
+        ratio = m.intermediate / m.hidden
+        head_dim = m.hidden // m.heads
+        return LMShape(kind=m.kind, vocab=m.vocab, hidden=hidden, intermediate=int(hidden * ratio),
+                       layers=(lm.teacher_layers or m.layers) if teacher else m.layers,
+                       heads=max(1, hidden // head_dim), seq_len=m.seq_len)
+
+    def _student(self) -> torch.nn.Module:
+        from workbench.models import CausalLM
+
+        if self.cfg.lm.student:
+            from workbench.models.hf import load_causal_lm
+
+            return load_causal_lm(self.cfg.lm.student, seq_len=self.cfg.model.seq_len)
+        return CausalLM(self.shape())
+
+    def _teacher(self) -> torch.nn.Module:
+        from workbench.models import CausalLM
+
+        source = self.cfg.lm.teacher
+        self.info["teacher_source"] = source
+        if source == "random":
+            return CausalLM(self.shape(teacher=True))
+        if source != "train":
+            from workbench.models.hf import load_causal_lm
+
+            return load_causal_lm(source, seq_len=self.cfg.model.seq_len)
+        return self._trained_teacher()
+
+    def _trained_teacher(self) -> torch.nn.Module:
+        """A teacher trained on the corpus's train split, cached under <cache>/teacher-<key>/ (its weights,
+        and meta.json last) and reused by every later run with the same text, shape and recipe."""
+        from workbench.models import CausalLM
+
+        cfg, shape = self.cfg, self.shape(teacher=True)
+        recipe = {"shape": dataclasses.asdict(shape), "text": self.text.folder.name, "steps": cfg.lm.teacher_steps,
+                  "lr": cfg.lm.teacher_lr, "seed": cfg.train.seed, "batch": cfg.model.batch}
+        key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
+        folder = self.cache_dir / f"teacher-{key}"
+        model = CausalLM(shape)
+        self.info["teacher_checkpoint"] = str(folder)
+        if (folder / "meta.json").exists():
+            model.load_state_dict(torch.load(folder / "teacher.pt", map_location="cpu", weights_only=True))
+            self.info["teacher_cached"] = True
+            return model
+        t0 = time.monotonic()
+        losses = train_lm(model, self.text.batches("train", cfg.model.batch, cfg.model.seq_len, cfg.lm.teacher_steps,
+                                                   cfg.train.seed + 7), cfg.lm.teacher_lr, self.device, self.tdtype)
+        folder.mkdir(parents=True, exist_ok=True)
+        buf = folder / ".teacher.pt.tmp"
+        torch.save(model.state_dict(), buf)
+        buf.replace(folder / "teacher.pt")
+        results.write_json(folder / "meta.json", {**recipe, "final_loss": losses[-1], "train_s": time.monotonic() - t0})
+        self.info.update(teacher_cached=False, teacher_train_s=round(time.monotonic() - t0, 2), teacher_final_loss=losses[-1])
+        return model
+
+    # ---- data, loss, evaluation -----------------------------------------------------------------
+    def make_data(self) -> Data:
+        cfg, m, seed = self.cfg, self.cfg.model, self.cfg.train.seed
+
+        def batches(split: str, n: int, offset: int):
+            return [self._targets(b) for b in self.text.batches(split, m.batch, m.seq_len, n, seed + offset)]
+
+        return Data(train=batches("train", cfg.train.steps, 1),
+                    bench=batches("train", min(LM_BENCH_BATCHES, cfg.bench.warmup + cfg.bench.iters), 2),
+                    eval=batches("heldout", cfg.train.eval_batches, 3))
+
+    def _targets(self, window: torch.Tensor):
+        tokens, next_tokens = window[:, :-1].to(self.device), window[:, 1:].to(self.device)
+        with torch.no_grad(), backends.autocast(self.device, self.tdtype):
+            logits = self.teacher(tokens)
+        return tokens, objectives.Targets(logits, next_tokens=next_tokens)
+
+    def loss(self, out, targets: objectives.Targets) -> torch.Tensor:
+        d = self.cfg.distill
+        if self.ce_only:
+            return lm_objectives.lm_loss(out, None, targets.next_tokens, ce_weight=1.0, chunk_tokens=d.loss_chunk_tokens)
+        return lm_objectives.lm_loss(out, targets.out, targets.next_tokens, kind=d.loss, temperature=d.temperature,
+                                     ce_weight=d.ce_weight, beta=d.jsd_beta, chunk_tokens=d.loss_chunk_tokens)
+
+    @torch.no_grad()
+    def evaluate(self, model, backend, batches) -> dict[str, Any]:
+        """Held-out cross-entropy and perplexity, KL(teacher‖student) at T=1 and top-1 agreement, and the
+        teacher's own perplexity on the same tokens; fp32, token-weighted."""
+        acc = lm_metrics.LMMetrics(self.cfg.distill.loss_chunk_tokens)
+        for tokens, targets in batches:
+            with backend.forward_context():
+                acc.add(model(tokens), targets.out, targets.next_tokens)
+        return acc.result()
+
+    def no_kd(self) -> "LMTask":
+        """The same task with a cross-entropy-only loss: the student that shows what distillation adds."""
+        other = copy.copy(self)
+        other.ce_only = True
+        return other
+
+
+def train_lm(model: torch.nn.Module, windows: list[torch.Tensor], lr: float, device: torch.device, dtype) -> list[float]:
+    """Next-token training (cross-entropy) of a teacher on token windows [batch, seq+1]; returns the losses."""
+    model.to(device).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    losses = []
+    for w in windows:
+        w = w.to(device)
+        with backends.autocast(device, dtype):
+            logits = model(w[:, :-1])
+        loss = lm_objectives.lm_loss(logits, None, w[:, 1:], ce_weight=1.0)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return losses

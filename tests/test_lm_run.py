@@ -17,7 +17,7 @@ def gpt_run(tmp_path_factory):
 def test_gpt_cpu_writes_the_usual_files_with_the_lm_metrics(gpt_run):
     cfg, run_dir = gpt_run
     for name in ("students.csv", "losses.csv", "summary.json", "config.json", "env.json", "task.json",
-                 "loss_curves.png", "step_time.png", "done.json"):
+                 "loss_curves.png", "step_time.png", "heldout_quality.png", "done.json"):
         assert (run_dir / name).exists(), name
     df = results.load(run_dir).set_index("student")
     assert list(df.index) == ["torch_fp32", "te_fp8:delayed", "torch_fp32:no_kd"]

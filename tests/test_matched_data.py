@@ -5,6 +5,7 @@ import torch
 
 from workbench import backends, config, results, runner
 from workbench.backends import te_bf16
+from workbench.train import tasks
 
 
 def _cfg(**kw):
@@ -36,10 +37,7 @@ def test_a_student_that_writes_into_the_shared_batches_is_flagged_and_the_next_o
 
 def test_data_fingerprint_sees_a_changed_token_and_a_changed_target():
     cfg = _cfg()
-    torch.manual_seed(0)
-    from workbench.models import Teacher
-
-    data = runner.make_data(cfg, Teacher(cfg.model).eval(), torch.device("cpu"), None)
+    data = tasks.MLPTask(cfg, torch.device("cpu"), None).make_data()
     before = data.fingerprint()
     data.bench[-1][0][0, 0] += 1
     assert not torch.equal(before, data.fingerprint())

@@ -73,7 +73,8 @@ def _title(df: pd.DataFrame, what: str) -> str:
 
 
 def _label(r) -> str:
-    return r["student"] if r["status"] != "fallback" else f"{r['student']} (fallback)"
+    label = r["student"] if r["status"] != "fallback" else f"{r['student']} (fallback)"
+    return f"{label} (cross-entropy only)" if str(r["student"]).endswith(":no_kd") else label
 
 
 def loss_curves(run_dir: str | Path) -> plt.Figure:
@@ -153,7 +154,26 @@ def peak_memory(run_dir: str | Path) -> plt.Figure:
     return fig
 
 
+def heldout_quality(run_dir: str | Path) -> plt.Figure:
+    """Language models: each student's held-out perplexity and KL to its teacher (T=1), the teacher's own
+    perplexity as a line; the losses of KD and no-KD students are not comparable, these are."""
+    df = results.load(run_dir, include_incomplete=True)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
+    axes[0].set(ylabel="perplexity", title="held-out perplexity (lower is better)")
+    axes[1].set(ylabel="nats per token", title="KL(teacher ‖ student), T=1, held out")
+    _bars(axes[0], df, "heldout_ppl")
+    _bars(axes[1], df, "kl_teacher_student_t1_nats")
+    teacher = df["teacher_heldout_ppl"].dropna()
+    if len(teacher):
+        axes[0].axhline(float(teacher.iloc[0]), color="black", ls="--", lw=1, label=f"teacher {teacher.iloc[0]:.3g}")
+        axes[0].legend(fontsize=8)
+    fig.suptitle(_title(df, "Held-out quality"), fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 PLOTS = {"loss_curves": loss_curves, "step_time": step_time, "peak_memory": peak_memory}
+LM_PLOTS = {"heldout_quality": heldout_quality}
 
 
 def _write_all(plots: dict, folder: str | Path, close: bool) -> dict[str, plt.Figure]:
@@ -169,7 +189,8 @@ def _write_all(plots: dict, folder: str | Path, close: bool) -> dict[str, plt.Fi
 
 def plot_run(run_dir: str | Path, close: bool = True) -> dict[str, plt.Figure]:
     """Write every plot of the run as PNG and SVG (atomically) and return the figures."""
-    return _write_all(PLOTS, Path(run_dir), close)
+    lm = "heldout_ppl" in results.load(run_dir, include_incomplete=True)
+    return _write_all({**PLOTS, **(LM_PLOTS if lm else {})}, Path(run_dir), close)
 
 
 # ---- bench (workbench.bench): read only bench.csv --------------------------------------------------

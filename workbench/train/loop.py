@@ -151,7 +151,7 @@ def initial_loss(model: torch.nn.Module, task, batch: tuple[torch.Tensor, object
     ref.load_state_dict(state)  # strict: a conversion keeps every name, so a missing one is a bug
     with torch.no_grad():
         out = ref(tokens, return_hidden=True) if task.needs_hidden else ref(tokens)
-        return float(task.loss(out, targets))
+        return float(task.matched_loss(out, targets))
 
 
 def run_student(backend: Backend, cfg, task, data: Data, device: torch.device,

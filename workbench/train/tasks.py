@@ -47,6 +47,8 @@ class MLPTask:
     def loss(self, out, targets: objectives.Targets) -> torch.Tensor:
         return objectives.loss(self.kind, out, targets)
 
+    matched_loss = loss  # the measure of a student's starting weights (see loop.initial_loss)
+
     def make_data(self) -> Data:
         """Random-token batches from a seeded generator and the teacher's targets, computed once."""
         cfg, m = self.cfg, self.cfg.model
@@ -178,6 +180,12 @@ class LMTask:
         d = self.cfg.distill
         if self.ce_only:
             return lm_objectives.lm_loss(out, None, targets.next_tokens, ce_weight=1.0, chunk_tokens=d.loss_chunk_tokens)
+        return self.matched_loss(out, targets)
+
+    def matched_loss(self, out, targets: objectives.Targets) -> torch.Tensor:
+        """The run's distillation loss, also for the no-KD student: its starting weights are checked
+        against the others' with the same measure."""
+        d = self.cfg.distill
         return lm_objectives.lm_loss(out, targets.out, targets.next_tokens, kind=d.loss, temperature=d.temperature,
                                      ce_weight=d.ce_weight, beta=d.jsd_beta, chunk_tokens=d.loss_chunk_tokens)
 

@@ -10,7 +10,7 @@ from workbench import config, results, runner
 @pytest.fixture(scope="module")
 def gpt_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("lm")
-    cfg = config.from_preset("gpt-cpu", corpus_mb=0.3, backends="torch_fp32,te_fp8:delayed")
+    cfg = config.from_preset("gpt-cpu", corpus_mb=0.3, backends="torch_fp32,te_fp8:delayed", eval_every=20)
     return cfg, runner.run(cfg, out=out, run_id="gpt", progress=False)
 
 
@@ -72,3 +72,15 @@ def test_a_hugging_face_llama_as_teacher_and_as_student(tmp_path):
     assert df.loc["torch_fp32", "initial_loss"] == df.loc["torch_bf16", "initial_loss"]
     assert pd.notna(df.loc["torch_fp32", "heldout_ppl"]) and df.loc["torch_fp32", "tflops"] > 0
     assert results.read_json(run_dir / "task.json")["teacher_source"] == str(hf)
+
+
+def test_held_out_metrics_during_training_make_a_curve(gpt_run):
+    cfg, run_dir = gpt_run
+    curve = pd.read_csv(run_dir / "eval_curve.csv")
+    df = results.load(run_dir).set_index("student")
+    steps = list(range(cfg.train.eval_every, cfg.train.steps + 1, cfg.train.eval_every))
+    for student, c in curve.groupby("student"):
+        assert list(c["step"]) == steps, student
+        # the last point is the row's own held-out result
+        assert c["heldout_ppl"].iloc[-1] == pytest.approx(df.loc[student, "heldout_ppl"])
+    assert (run_dir / "heldout_curves.png").exists()

@@ -172,6 +172,28 @@ def heldout_quality(run_dir: str | Path) -> plt.Figure:
     return fig
 
 
+def heldout_curves(run_dir: str | Path) -> plt.Figure:
+    """Language models with train.eval_every: held-out perplexity and KL to the teacher against the
+    training step, one line per student (eval_curve.csv)."""
+    df = results.load(run_dir, include_incomplete=True)
+    curve = pd.read_csv(Path(run_dir) / "eval_curve.csv")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
+    styles = ["-", "--", ":", "-."]
+    for i, (student, c) in enumerate(curve.groupby("student", sort=False)):
+        r = df[df["student"] == student]
+        label = _label(r.iloc[0]) if len(r) else student
+        for ax, col in zip(axes, ("heldout_ppl", "kl_teacher_student_t1_nats")):
+            ax.plot(c["step"], c[col], marker=".", ls=styles[i % len(styles)], color=student_color(student), label=label)
+    axes[0].set(xlabel="training step", ylabel="perplexity", title="held-out perplexity")
+    axes[1].set(xlabel="training step", ylabel="nats per token", title="KL(teacher ‖ student), T=1, held out")
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(_title(df, "Held-out quality during training"), fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 PLOTS = {"loss_curves": loss_curves, "step_time": step_time, "peak_memory": peak_memory}
 LM_PLOTS = {"heldout_quality": heldout_quality}
 
@@ -190,7 +212,8 @@ def _write_all(plots: dict, folder: str | Path, close: bool) -> dict[str, plt.Fi
 def plot_run(run_dir: str | Path, close: bool = True) -> dict[str, plt.Figure]:
     """Write every plot of the run as PNG and SVG (atomically) and return the figures."""
     lm = "heldout_ppl" in results.load(run_dir, include_incomplete=True)
-    return _write_all({**PLOTS, **(LM_PLOTS if lm else {})}, Path(run_dir), close)
+    curves = {"heldout_curves": heldout_curves} if lm and (Path(run_dir) / "eval_curve.csv").exists() else {}
+    return _write_all({**PLOTS, **(LM_PLOTS if lm else {}), **curves}, Path(run_dir), close)
 
 
 # ---- bench (workbench.bench): read only bench.csv --------------------------------------------------

@@ -127,13 +127,14 @@ def _all_students(cfg: Config, run_dir: Path, task, data: Data, device, progress
     cross-entropy only): (rows, loss rows). A student that changes the shared batches is flagged, and the
     batches are rebuilt for the ones after it."""
     ctx = backends.Context(device=device, cfg=cfg)
-    rows, loss_rows = [], []
+    rows, loss_rows, curve_rows = [], [], []
     data_sums = data.fingerprint()
     no_kd = task.no_kd() if cfg.distill.no_kd_student else None
     runs = [(spec, spec, task) for spec in cfg.backends] + ([(cfg.baseline, f"{cfg.baseline}:no_kd", no_kd)] if no_kd else [])
     for spec, name, student_task in runs:
         row, losses = _one_student(spec, cfg, ctx, student_task, data, device, progress, name=name)
         _write_profile(run_dir, name, row.pop("profile", None))
+        curve_rows += [{"student": name, **point} for point in row.pop("curve", None) or []]
         if not torch.equal(data.fingerprint(), data_sums):
             # Its own numbers may be fine, but what the other students see would not be the same data.
             row.update(status="error", reason=("this student wrote into the batches shared by all students; "
@@ -149,6 +150,8 @@ def _all_students(cfg: Config, run_dir: Path, task, data: Data, device, progress
             # peaks growing by GBs when only empty_cache ran.
             gc.collect()
             torch.cuda.empty_cache()
+    if curve_rows:  # held-out metrics during training (train.eval_every)
+        results.write_csv(run_dir / "eval_curve.csv", pd.DataFrame(curve_rows))
     return rows, loss_rows
 
 

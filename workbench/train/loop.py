@@ -173,14 +173,32 @@ def run_student(backend: Backend, cfg, task, data: Data, device: torch.device,
     # Measured after compilation and graph capture (which ran real warm-up updates and restored them),
     # so a bad restore shows up here as a mismatch with the other students.
     metrics["initial_loss"] = initial_loss(model, task, data.train[0])
-    losses = train(step, data, metrics, on_step)
-    model.eval()
-    metrics.update(task.evaluate(model, backend, data.eval), **backend.describe(model))
-    model.train()
+    curve: list[dict] = []
+
+    def after_step(i: int, loss: float) -> None:
+        if cfg.train.eval_every and i % cfg.train.eval_every == 0 and i < len(data.train):
+            curve.append({"step": i, **held_out(model, task, backend, data)})
+        if on_step:
+            on_step(i, loss)
+
+    losses = train(step, data, metrics, after_step)
+    final = held_out(model, task, backend, data)
+    metrics.update(final, **backend.describe(model))
+    if cfg.train.eval_every:  # for the run's eval_curve.csv, not a row cell
+        metrics["curve"] = curve + [{"step": len(losses), **final}]
     train_flops = flops.tokens_per_step(cfg.model) * task.reference.train_flops_per_token()
     metrics.update(time_steps(step, cfg, data, device, train_flops))
     del model, step
     return metrics, losses
+
+
+def held_out(model: torch.nn.Module, task, backend: Backend, data: Data) -> dict[str, Any]:
+    """The task's held-out metrics of the model as it is now (eval mode for the pass, then back)."""
+    model.eval()
+    try:
+        return task.evaluate(model, backend, data.eval)
+    finally:
+        model.train()
 
 
 def prepare_step(backend: Backend, model: torch.nn.Module, cfg, task, data: Data, device: torch.device):

@@ -84,3 +84,20 @@ def test_held_out_metrics_during_training_make_a_curve(gpt_run):
         # the last point is the row's own held-out result
         assert c["heldout_ppl"].iloc[-1] == pytest.approx(df.loc[student, "heldout_ppl"])
     assert (run_dir / "heldout_curves.png").exists()
+
+
+def test_the_teacher_command_trains_once_then_finds_it(tmp_path, capsys):
+    import json
+
+    from workbench import cli
+
+    argv = ["teacher", "--preset", "gpt-cpu", "--out", str(tmp_path), "--set", "corpus_mb=0.2",
+            "--set", "teacher_steps=5"]
+    assert cli.main(argv) == 0
+    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert cli.main(argv) == 0
+    second = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert first["teacher_cached"] is False and second["teacher_cached"] is True
+    assert first["teacher_checkpoint"] == second["teacher_checkpoint"] and second["teacher_heldout_ppl"] > 1
+    assert cli.main(["teacher", "--preset", "cpu-smoke", "--out", str(tmp_path)]) == 2
+    assert "model.kind" in capsys.readouterr().err

@@ -1,0 +1,47 @@
+"""`workbench teacher`: train (or find) the language-model teacher of a config, before any run needs it.
+
+    python -m workbench teacher --preset gpt-cpu --set teacher_steps=600
+    python -m workbench teacher --preset lm-distill --set seed=2
+
+The teacher is the one a `run` with the same config uses (model.kind gpt/llama with lm.teacher=train): it
+is trained on the corpus's train split and cached under <out>/cache/teacher-<key>/ (its weights, and
+meta.json last), keyed by its shape, the text, the steps, the learning rate and the seed. Prints where it
+is and its held-out perplexity; a second call finds it instead of training again.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from workbench import config
+from workbench.errors import ConfigError
+
+
+def add_arguments(p) -> None:
+    from workbench.cli import add_run_arguments
+
+    add_run_arguments(p)
+
+
+def main(args) -> int:
+    import torch
+
+    from workbench import backends, runner
+    from workbench.train import lm_metrics, tasks
+
+    cfg = config.from_preset(args.preset, **config.parse_set(args.overrides))
+    if cfg.model.kind == "mlp" or cfg.lm.teacher != "train":
+        raise ConfigError("workbench teacher trains a language-model teacher: set model.kind to gpt or llama "
+                          f"and lm.teacher to 'train' (got kind {cfg.model.kind!r}, teacher {cfg.lm.teacher!r})")
+    device = runner.resolve_device(cfg)
+    tdtype = runner.teacher_dtype(cfg, device)
+    task = tasks.LMTask(cfg, device, tdtype, Path(args.out) / "cache")
+    acc = lm_metrics.LMMetrics(cfg.distill.loss_chunk_tokens)
+    with torch.no_grad():
+        for window in task.text.batches("heldout", cfg.model.batch, cfg.model.seq_len, cfg.train.eval_batches,
+                                        cfg.train.seed + 3):
+            w = window.to(device)
+            with backends.autocast(device, tdtype):
+                acc.add(task.teacher(w[:, :-1]), None, w[:, 1:])
+    print(json.dumps({**task.info, "teacher_heldout_ppl": acc.result()["heldout_ppl"]}, default=str))
+    return 0

@@ -87,6 +87,8 @@ heldout_fraction: Optional[float] = None  # Share of the text held out for perpl
 teacher: Optional[str] = None  # 'train' (a teacher trained here on the corpus, cached and reused), 'random' (untrained: for speed only), or the folder of your Hugging Face causal LM (loaded offline).
 teacher_hidden: Optional[int] = None  # Teacher width (0: the student's); a distilled student is usually narrower.
 teacher_layers: Optional[int] = None  # Teacher depth (0: the student's).
+teacher_intermediate: Optional[int] = None  # Teacher MLP width (0: the student's ratio to hidden, applied to the teacher's hidden). Set it, and teacher_heads, to keep one teacher across a sweep over the student's sizes.
+teacher_heads: Optional[int] = None  # Teacher attention heads (0: the student's head size, applied to the teacher's hidden).
 teacher_steps: Optional[int] = None  # Training steps of a teacher trained here (teacher 'train').
 teacher_lr: Optional[float] = None  # AdamW learning rate of a teacher trained here.
 student: Optional[str] = None  # '' (a gpt/llama student built from the model fields) or the folder of a Hugging Face causal LM whose architecture and weights every student starts from.
@@ -117,6 +119,9 @@ plots.step_time(run_dir);
 
 # %%
 notebook.peak_memory(run_dir);
+
+# %%
+notebook.language_model_plots(run_dir);
 
 # %% [markdown]
 # ## Details: every student's row (`reason` says why a student fell back or was skipped) and summary.json

@@ -126,6 +126,11 @@ class LMConfig:
     """Teacher width (0: the student's); a distilled student is usually narrower."""
     teacher_layers: int = 0
     """Teacher depth (0: the student's)."""
+    teacher_intermediate: int = 0
+    """Teacher MLP width (0: the student's ratio to hidden, applied to the teacher's hidden). Set it, and
+    teacher_heads, to keep one teacher across a sweep over the student's sizes."""
+    teacher_heads: int = 0
+    """Teacher attention heads (0: the student's head size, applied to the teacher's hidden)."""
     teacher_steps: int = 300
     """Training steps of a teacher trained here (teacher 'train')."""
     teacher_lr: float = 1e-3
@@ -261,7 +266,7 @@ class Config:
         _choice("lm.tokenizer", lm.tokenizer, TOKENIZERS)
         if lm.tokenizer == "bpe" and (m.vocab % 64 or m.vocab < 320):
             raise ConfigError(f"model.vocab={m.vocab}: a bpe tokenizer needs a multiple of 64, at least 320")
-        for name in ("teacher_hidden", "teacher_layers"):
+        for name in ("teacher_hidden", "teacher_layers", "teacher_intermediate", "teacher_heads"):
             if getattr(lm, name) < 0:
                 raise ConfigError(f"lm.{name} must be >= 0 (0: the student's), got {getattr(lm, name)!r}")
         _positive("lm.teacher_steps", lm.teacher_steps)

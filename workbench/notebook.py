@@ -128,6 +128,19 @@ def summary_table(run_dir: str | Path) -> pd.DataFrame:
     return table.set_index("student")
 
 
+def language_model_plots(run_dir: str | Path) -> list | None:
+    """Language-model runs: each student's held-out perplexity and KL to the teacher, and their curves
+    during training (with train.eval_every); nothing for the MLP task. Returns the figures."""
+    from workbench import plots  # matplotlib in the kernel only, not in the `workbench notebook` driver
+
+    if "heldout_ppl" not in results.load(run_dir):
+        return None
+    figs = [plots.heldout_quality(run_dir)]
+    if (Path(run_dir) / "eval_curve.csv").exists():
+        figs.append(plots.heldout_curves(run_dir))
+    return figs
+
+
 def versions_line(run_dir: str | Path) -> str:
     """Where the numbers come from, in one line: GPU (or CPU), torch, CUDA, TE and the git sha of the run."""
     stamp = results.load(run_dir).iloc[0]

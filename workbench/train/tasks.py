@@ -103,12 +103,15 @@ class LMTask:
         from workbench.models import LMShape
 
         m, lm = self.cfg.model, self.cfg.lm
-        hidden = (lm.teacher_hidden or m.hidden) if teacher else m.hidden
-        ratio = m.intermediate / m.hidden
-        head_dim = m.hidden // m.heads
-        return LMShape(kind=m.kind, vocab=m.vocab, hidden=hidden, intermediate=int(hidden * ratio),
-                       layers=(lm.teacher_layers or m.layers) if teacher else m.layers,
-                       heads=max(1, hidden // head_dim), seq_len=m.seq_len)
+        if not teacher:
+            return LMShape(kind=m.kind, vocab=m.vocab, hidden=m.hidden, intermediate=m.intermediate, layers=m.layers,
+                           heads=m.heads, seq_len=m.seq_len)
+        hidden = lm.teacher_hidden or m.hidden
+        # unset teacher fields follow the student's proportions (MLP ratio, head size) at the teacher's width
+        intermediate = lm.teacher_intermediate or int(hidden * m.intermediate / m.hidden)
+        heads = lm.teacher_heads or max(1, hidden // (m.hidden // m.heads))
+        return LMShape(kind=m.kind, vocab=m.vocab, hidden=hidden, intermediate=intermediate,
+                       layers=lm.teacher_layers or m.layers, heads=heads, seq_len=m.seq_len)
 
     def _student(self) -> torch.nn.Module:
         from workbench.models import CausalLM

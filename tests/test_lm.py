@@ -175,3 +175,20 @@ def test_torchao_converts_the_lm_and_the_head_only_when_its_dims_are_multiples_o
     assert isinstance(model.head, Float8Linear) is head_float8
     backends.check_matched(model, reference)
     assert model(torch.randint(0, vocab, (2, 16))).shape == (2, 16, vocab)
+
+
+@pytest.mark.parametrize("selection, backend, warned", [
+    ({"use_fused_attention": "1", "fused_attention_backend": "1"}, "fused (sub-backend 1)", False),
+    ({"use_unfused_attention": "True"}, "unfused", True),
+])
+def test_a_te_student_records_its_attention_backend_and_warns_on_the_slowest(fake_te, monkeypatch, selection,
+                                                                            backend, warned):
+    """TE's record of its selection (faked: real TE runs on the H200) becomes the row's attention_backend;
+    its unfused attention is a warning, since it silently costs TE its advantage."""
+    monkeypatch.setattr(_te, "last_attention_selection", lambda: selection)
+    cfg = config.from_preset("gpt-cpu", hidden=64, heads=4)
+    b = backends.make("te_bf16")
+    model = b.build(lm("gpt"), cfg, torch.device("cpu"))
+    row = b.describe(model)
+    assert row["attention_backend"] == backend and row["converted_modules"] > 0
+    assert ("attention_warning" in row) == warned

@@ -188,6 +188,8 @@ def _try_student(row: dict, spec: str, cfg: Config, ctx, task, data: Data, devic
         losses = e.losses
     finally:  # what ran, also when it diverged or failed: a fallback's dtype is known once it is built
         row["gemm_precision"] = backend.gemm_precision
+    if row.get("attention_warning"):
+        _say(progress, f"[{row['student']}] warning: {row['attention_warning']}")
     held_out = (f"held-out ppl {row['heldout_ppl']}, KL to teacher {row.get('kl_teacher_student_t1_nats')}"
                 if row.get("heldout_ppl") is not None else f"eval mse {row.get('eval_mse')}")
     _say(progress, f"[{row['student']}] {row['status']}: final loss {row.get('final_train_loss')}, "

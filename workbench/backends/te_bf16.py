@@ -58,7 +58,10 @@ class TEBF16(Backend):
         out = {"converted_modules": len(getattr(self, "converted", [])),
                "kept_torch_modules": "; ".join(getattr(self, "kept_torch", []))[:1000] or None}
         if any(isinstance(m, TEAttention) for m in model.modules()):
-            out["attention_backend"] = _te.describe_selection(_te.last_attention_selection())
+            out["attention_backend"] = selected = _te.describe_selection(_te.last_attention_selection())
+            if selected == "unfused":  # flash-attn absent and cuDNN's fused attention failed to load
+                out["attention_warning"] = ("TE ran its unfused attention, the slowest; `workbench probe` shows "
+                                            "TE's reasons (te_attention.log) and `workbench doctor` the fix")
         return out
 
     def can_graph(self, cfg, device):

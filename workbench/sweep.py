@@ -393,6 +393,10 @@ def main(args) -> int:
     try:
         summary = run_sweep(spec, root=args.out, workers=args.workers)
     except KeyboardInterrupt:
+        # Stopping already: a late SIGINT (shutting the kernel down can interrupt its process group, which
+        # may be ours) must not turn exit status 130 into death by signal halfway through the exit.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         print(f"workbench sweep: interrupted; run the same command (or --name {spec.name}) to resume",
               file=sys.stderr)
         return 130

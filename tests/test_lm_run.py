@@ -128,3 +128,49 @@ def test_a_language_model_sweep_through_papermill_with_its_plots_and_report(tmp_
     report_dir = sweep.report_only(tmp_path / "lm", reference="torch_fp32")
     report = pd.read_csv(report_dir / "sweep.csv")
     assert sorted(report["cfg_hidden"]) == [32, 64] and report["heldout_ppl"].notna().all()
+
+
+def test_a_random_teacher_of_the_students_shape_is_not_their_copy(tmp_path):
+    import torch
+
+    from workbench.train import tasks
+
+    cfg = config.from_preset("gpt-cpu", corpus_mb=0.2, teacher="random", teacher_hidden=0, teacher_layers=0)
+    task = tasks.LMTask(cfg, torch.device("cpu"), None, tmp_path)
+    t, s = task.teacher.state_dict(), task.reference.state_dict()
+    assert t.keys() == s.keys() and not all(torch.equal(t[k], s[k]) for k in t)
+
+
+def test_lm_shapes_that_cannot_work_are_refused_up_front():
+    with pytest.raises(config.ConfigError, match="bytes tokenizer needs at least 256"):
+        config.from_preset("gpt-cpu", tokenizer="bytes", vocab=128)
+    with pytest.raises(config.ConfigError, match="teacher's width 100 must be a multiple of its 6 heads"):
+        config.from_preset("gpt-cpu", teacher_hidden=100)
+
+
+def test_teacher_logits_that_cannot_fit_the_gpu_are_refused_before_any_work(monkeypatch):
+    import types
+
+    import torch
+
+    from workbench.train import tasks
+
+    cfg = config.from_preset("lm-a", steps=300)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (140 * 2**30, 141 * 2**30))
+    fake = types.SimpleNamespace(device=torch.device("cuda"), cfg=cfg, tdtype=torch.bfloat16)
+    with pytest.raises(config.ConfigError, match="teacher's logits for 306 batches need 153.0 GiB"):
+        tasks.LMTask._check_targets_fit(fake)
+    tasks.LMTask._check_targets_fit(types.SimpleNamespace(device=fake.device, cfg=config.from_preset("lm-a"),
+                                                          tdtype=torch.bfloat16))  # 16 batches: 8 GiB, fine
+
+
+def test_a_hugging_face_model_with_another_vocabulary_is_one_clear_error(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    hf = tmp_path / "tiny"
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=128)).save_pretrained(hf)
+    cfg = config.from_preset("gpt-cpu", kind="llama", vocab=256, tokenizer="bytes", corpus_mb=0.2, teacher=str(hf),
+                             backends="torch_fp32", no_kd_student=False)
+    with pytest.raises(config.ConfigError, match="vocabulary has 320 tokens, model.vocab is 256"):
+        runner.run(cfg, out=tmp_path, run_id="hf", progress=False)

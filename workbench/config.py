@@ -266,6 +266,13 @@ class Config:
         _choice("lm.tokenizer", lm.tokenizer, TOKENIZERS)
         if lm.tokenizer == "bpe" and (m.vocab % 64 or m.vocab < 320):
             raise ConfigError(f"model.vocab={m.vocab}: a bpe tokenizer needs a multiple of 64, at least 320")
+        if lm.tokenizer == "bytes" and m.vocab < 256:
+            raise ConfigError(f"model.vocab={m.vocab}: the bytes tokenizer needs at least 256 (one token per byte)")
+        t_hidden = lm.teacher_hidden or m.hidden
+        t_heads = lm.teacher_heads or max(1, t_hidden // (m.hidden // m.heads))  # the rule LMTask.shape uses
+        if t_hidden % t_heads:
+            raise ConfigError(f"the teacher's width {t_hidden} must be a multiple of its {t_heads} heads; "
+                              "set lm.teacher_heads (or lm.teacher_hidden)")
         for name in ("teacher_hidden", "teacher_layers", "teacher_intermediate", "teacher_heads"):
             if getattr(lm, name) < 0:
                 raise ConfigError(f"lm.{name} must be >= 0 (0: the student's), got {getattr(lm, name)!r}")

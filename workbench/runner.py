@@ -140,8 +140,9 @@ def _all_students(cfg: Config, run_dir: Path, task, data: Data, device, progress
             row.update(status="error", reason=("this student wrote into the batches shared by all students; "
                                                "they were rebuilt for the next students. " + row["reason"]).strip())
             _say(progress, f"[{name}] changed the shared batches; rebuilding them")
-            data = None  # free the damaged copy first: at the large sizes the batches take GBs
+            data = None  # free this frame's damaged copy first: at the large sizes the batches take GBs
             data = task.make_data()
+            data_sums = data.fingerprint()  # the next students are checked against the rebuilt batches
         rows.append(row)
         loss_rows += [{"step": i + 1, "student": name, "loss": v} for i, v in enumerate(losses)]
         if device.type == "cuda":

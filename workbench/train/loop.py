@@ -174,6 +174,8 @@ def run_student(backend: Backend, cfg, task, data: Data, device: torch.device,
     # so a bad restore shows up here as a mismatch with the other students.
     metrics["initial_loss"] = initial_loss(model, task, data.train[0])
     curve: list[dict] = []
+    if cfg.train.eval_every:  # for the run's eval_curve.csv, not a row cell (kept, too, if the student diverges)
+        metrics["curve"] = curve
 
     def after_step(i: int, loss: float) -> None:
         if cfg.train.eval_every and i % cfg.train.eval_every == 0 and i < len(data.train):
@@ -184,8 +186,8 @@ def run_student(backend: Backend, cfg, task, data: Data, device: torch.device,
     losses = train(step, data, metrics, after_step)
     final = held_out(model, task, backend, data)
     metrics.update(final, **backend.describe(model))
-    if cfg.train.eval_every:  # for the run's eval_curve.csv, not a row cell
-        metrics["curve"] = curve + [{"step": len(losses), **final}]
+    if cfg.train.eval_every:
+        curve.append({"step": len(losses), **final})
     train_flops = flops.tokens_per_step(cfg.model) * task.reference.train_flops_per_token()
     metrics.update(time_steps(step, cfg, data, device, train_flops))
     del model, step

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from workbench import backends, results
+from workbench.errors import ConfigError
 from workbench.models import Student, Teacher, reference_student
 from workbench.train import lm_metrics, lm_objectives, objectives
 from workbench.train.loop import Data
@@ -97,6 +98,12 @@ class LMTask:
         self.teacher = self._teacher().to(device).eval().requires_grad_(False)
         torch.manual_seed(cfg.train.seed)  # the students' init does not depend on how the teacher came to be
         self.reference = self._student()
+        for who, model in (("lm.teacher", self.teacher), ("lm.student", self.reference)):
+            vocab = getattr(getattr(model, "model", None), "config", None)
+            vocab = getattr(vocab, "vocab_size", None)
+            if vocab is not None and vocab != m.vocab:  # a Hugging Face model brings its own vocabulary size
+                raise ConfigError(f"{who}: the Hugging Face model's vocabulary has {vocab} tokens, model.vocab is "
+                                  f"{m.vocab}; set model.vocab={vocab} (the text is tokenized to model.vocab tokens)")
 
     # ---- models ---------------------------------------------------------------------------------
     def shape(self, teacher: bool = False):
@@ -128,6 +135,8 @@ class LMTask:
         source = self.cfg.lm.teacher
         self.info["teacher_source"] = source
         if source == "random":
+            # another seed than the students': with the student's shape it would otherwise be their exact copy
+            torch.manual_seed(self.cfg.train.seed + 10_000)
             return CausalLM(self.shape(teacher=True))
         if source != "train":
             from workbench.models.hf import load_causal_lm
@@ -165,6 +174,7 @@ class LMTask:
     # ---- data, loss, evaluation -----------------------------------------------------------------
     def make_data(self) -> Data:
         cfg, m, seed = self.cfg, self.cfg.model, self.cfg.train.seed
+        self._check_targets_fit()
 
         def batches(split: str, n: int, offset: int):
             return [self._targets(b) for b in self.text.batches(split, m.batch, m.seq_len, n, seed + offset)]
@@ -172,6 +182,19 @@ class LMTask:
         return Data(train=batches("train", cfg.train.steps, 1),
                     bench=batches("train", min(LM_BENCH_BATCHES, cfg.bench.warmup + cfg.bench.iters), 2),
                     eval=batches("heldout", cfg.train.eval_batches, 3))
+
+    def _check_targets_fit(self) -> None:
+        """The teacher's logits of every batch stay on the device (computed once, before any student): say so
+        up front when they cannot fit, instead of running out of memory halfway."""
+        if self.device.type != "cuda":
+            return
+        cfg, m = self.cfg, self.cfg.model
+        n = cfg.train.steps + min(LM_BENCH_BATCHES, cfg.bench.warmup + cfg.bench.iters) + cfg.train.eval_batches
+        need = n * m.batch * m.seq_len * m.vocab * (2 if self.tdtype is not None else 4)
+        free, _ = torch.cuda.mem_get_info(self.device)
+        if need > 0.6 * free:
+            raise ConfigError(f"the teacher's logits for {n} batches need {need / 2**30:.1f} GiB on the GPU, "
+                              f"{free / 2**30:.1f} GiB are free; lower train.steps, model.batch or model.seq_len")
 
     def _targets(self, window: torch.Tensor):
         tokens, next_tokens = window[:, :-1].to(self.device), window[:, 1:].to(self.device)

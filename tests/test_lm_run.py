@@ -7,6 +7,15 @@ import pytest
 from workbench import config, results, runner
 
 
+def tiny_llama(folder, vocab: int, layers: int):
+    """A randomly initialised tiny Llama saved as a local Hugging Face model folder (skips without transformers)."""
+    transformers = pytest.importorskip("transformers")
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=128)).save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def gpt_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("lm")
@@ -59,11 +68,7 @@ def test_lm_config_errors_name_the_field():
 
 
 def test_a_hugging_face_llama_as_teacher_and_as_student(tmp_path):
-    transformers = pytest.importorskip("transformers")
-    hf = tmp_path / "tiny-llama"
-    transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, max_position_embeddings=128)).save_pretrained(hf)
+    hf = tiny_llama(tmp_path / "tiny-llama", vocab=256, layers=2)
     cfg = config.from_preset("gpt-cpu", kind="llama", vocab=256, tokenizer="bytes", corpus_mb=0.2, teacher=str(hf),
                              student=str(hf), steps=3, backends="torch_fp32,torch_bf16", no_kd_student=False)
     run_dir = runner.run(cfg, out=tmp_path, run_id="hf", progress=False)
@@ -165,11 +170,7 @@ def test_teacher_logits_that_cannot_fit_the_gpu_are_refused_before_any_work(monk
 
 
 def test_a_hugging_face_model_with_another_vocabulary_is_one_clear_error(tmp_path):
-    transformers = pytest.importorskip("transformers")
-    hf = tmp_path / "tiny"
-    transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
-        num_key_value_heads=4, max_position_embeddings=128)).save_pretrained(hf)
+    hf = tiny_llama(tmp_path / "tiny", vocab=320, layers=1)
     cfg = config.from_preset("gpt-cpu", kind="llama", vocab=256, tokenizer="bytes", corpus_mb=0.2, teacher=str(hf),
                              backends="torch_fp32", no_kd_student=False)
     with pytest.raises(config.ConfigError, match="vocabulary has 320 tokens, model.vocab is 256"):

@@ -366,7 +366,9 @@ def _bench_row(meta, peak, variant, r, obs, teacher_obs, run_dir) -> dict[str, A
         "layout": r.get("cfg_layout"), "param_dtype": r.get("cfg_param_dtype"),
         "fused_optimizer": r.get("cfg_fused_optimizer"),
         "step_ms_median": step, "step_ms_p20": r.get("step_ms_p20"), "step_ms_p80": r.get("step_ms_p80"),
-        "tokens_per_s": r.get("tokens_per_s"), "train_gflop_per_step": flops.train_flops(m) / 1e9,
+        # runs written before rows carried their model's count (MLP students only): recount from the config
+        "tokens_per_s": r.get("tokens_per_s"),
+        "train_gflop_per_step": r.get("train_gflop_per_step") or flops.train_flops(m) / 1e9,
         "tflops": r.get("tflops"),
         "measured_peak_tflops": measured, "pct_of_measured_peak": _pct(r.get("tflops"), measured),
         "datasheet_peak_tflops": sheet, "pct_of_datasheet_peak": _pct(r.get("tflops"), sheet),

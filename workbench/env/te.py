@@ -106,19 +106,25 @@ print({_OK!r} + json.dumps(verdict), flush=True)
 """
 
 
+def _run_child(code: str, timeout_s: float, env: dict[str, str] | None = None):
+    """(finished process, its JSON verdict or None) of `code` run in a fresh interpreter, which ends by
+    printing _OK + JSON; raises subprocess.TimeoutExpired."""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, errors="replace",
+                       timeout=timeout_s, env=env or _child_env())
+    marker = next((line for line in reversed(p.stdout.splitlines()) if line.startswith(_OK)), None)
+    return p, (None if marker is None else json.loads(marker[len(_OK):]))
+
+
 def import_check(timeout_s: float = IMPORT_TIMEOUT_S) -> str:
     """'' if TE imports in a fresh interpreter exactly as `load` imports it, else why not (a crash, a
     hang, an exit or an exception, in words)."""
     what = "importing transformer_engine.pytorch"
     try:
-        p = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, errors="replace",
-                           timeout=timeout_s, env=_child_env())
+        p, verdict = _run_child(CHILD, timeout_s)
     except subprocess.TimeoutExpired:
         return f"{what} hung (no answer after {timeout_s:.0f} s in a child process); not imported in this one"
     tail = " | ".join((p.stderr or "").strip().splitlines()[-5:])
-    marker = next((line for line in reversed(p.stdout.splitlines()) if line.startswith(_OK)), None)
-    if marker is not None:
-        verdict = json.loads(marker[len(_OK):])
+    if verdict is not None:
         return "" if verdict["ok"] else f"transformer_engine.pytorch does not import: {verdict['error']}"
     if p.returncode < 0:
         try:
@@ -196,16 +202,13 @@ def attention_backend(timeout_s: float = IMPORT_TIMEOUT_S) -> dict[str, Any]:
     child: TE reads its debug switches at import."""
     env = {**_child_env(), "NVTE_DEBUG": "1", "NVTE_DEBUG_LEVEL": "2"}
     try:
-        p = subprocess.run([sys.executable, "-c", ATTENTION_CHILD], capture_output=True, text=True,
-                           errors="replace", timeout=timeout_s, env=env)
+        p, chosen = _run_child(ATTENTION_CHILD, timeout_s, env)
     except subprocess.TimeoutExpired:
         return {"selected": None, "error": f"no answer after {timeout_s:.0f} s"}
     log = [line.strip()[:300] for line in p.stderr.splitlines()
            if "Disabling" in line or "Selected backend" in line or "Available backends" in line][:20]
-    marker = next((line for line in reversed(p.stdout.splitlines()) if line.startswith(_OK)), None)
-    if marker is None:
+    if chosen is None:
         return {"selected": None, "error": " | ".join(p.stderr.strip().splitlines()[-5:]), "log": log}
-    chosen = json.loads(marker[len(_OK):])
     selected = describe_selection(chosen)
     disabled = [line for line in log if "Disabling" in line]
     slower = selected == "unfused" and any("FusedAttention" in line or "FlashAttention" in line for line in disabled)

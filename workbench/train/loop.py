@@ -34,8 +34,8 @@ class Data:
         next students train and are measured on; the runner compares this before and after each."""
         sums = []
         for tokens, targets in (*self.train, *self.bench, *self.eval):
-            sums.append(tokens.double().sum())
-            sums += [t.double().sum() for t in targets.tensors()]
+            # accumulate in fp64 without an fp64 copy of each tensor (LM logits are GBs)
+            sums += [t.sum(dtype=torch.float64) for t in (tokens, *targets.tensors())]
         return torch.stack(sums).cpu()
 
 
@@ -266,6 +266,7 @@ def time_steps(step, cfg, data: Data, device: torch.device, train_flops: int) ->
         **t.repeat_summary("step_ms"),
         "tokens_per_s": flops.tokens_per_step(cfg.model) / (t.median * 1e-3) if t.median else None,
         "tflops": flops.tflops(train_flops, t.median),
+        "train_gflop_per_step": train_flops / 1e9,  # the model's own count: readers need not redo it
         "peak_mem_allocated_mb": alloc, "peak_mem_reserved_mb": reserved,
     }
     if t.profile is not None:  # the summary in the row; the whole record (per-kernel detail) under "profile"

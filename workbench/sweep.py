@@ -41,13 +41,16 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import fcntl
+import importlib.util
 import json
+import logging
 import os
 import re
 import shutil
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -180,66 +183,168 @@ def student_problems(point_dir: Path) -> tuple[str, str | None]:
     return text, kind
 
 
-# ---- workers -------------------------------------------------------------------------------------
-def worker_slots(workers: str | int) -> list[str | None]:
-    """One slot per worker: a CUDA device id each on a GPU machine, a single `None` slot on a CPU
-    (parallel CPU runs would time each other)."""
+# ---- where the points run: a Dask cluster -----------------------------------------------------------
+@dataclass(frozen=True)
+class ClusterPlan:
+    """The embedded cluster's workers: one entry each, its CUDA_VISIBLE_DEVICES ('0', or '0,1' for a
+    2-GPU worker), or None on a CPU."""
+    workers: list[str | None]
+    gpus_per_worker: int
+
+
+def check_workers(workers: str | int) -> str | int:
+    """'auto' or a positive number (`--workers`); anything else is a ConfigError."""
+    if str(workers) == "auto":
+        return "auto"
+    if str(workers).isdigit() and int(workers) > 0:
+        return int(workers)
+    raise ConfigError(f"--workers must be 'auto' or a positive number, got {workers!r}")
+
+
+def cluster_plan(gpu_ids: list[str], workers: str | int, nprocs: list[int]) -> ClusterPlan:
+    """The embedded cluster for `nprocs` (each point's GPU count) on a machine with GPUs `gpu_ids`.
+
+    GPUs: every worker gets k GPUs, k = the most any point asks for (capped at the machine's), as one
+    CUDA_VISIBLE_DEVICES list, so a k-GPU point runs on any worker. The price: while a 1-GPU point of
+    a sweep that also holds k-GPU points runs, the other k-1 GPUs of its worker idle; sweeps that mix
+    sizes are rarer than sweeps of one size, and a worker that picked GPUs per task would be the
+    hand-made allocator this replaces. 'auto' = as many workers as there are whole groups of k GPUs; a
+    number caps that. CPU: one worker unless asked for more (parallel CPU runs time each other)."""
+    workers = check_workers(workers)
+    if not gpu_ids:
+        return ClusterPlan([None] * (1 if workers == "auto" else workers), 0)
+    k = max(1, min(max(nprocs, default=1), len(gpu_ids)))
+    groups = [",".join(gpu_ids[i:i + k]) for i in range(0, len(gpu_ids) - k + 1, k)]
+    return ClusterPlan(groups if workers == "auto" else groups[:workers], k)
+
+
+def visible_gpus() -> list[str]:
+    """The CUDA device ids this process may use (its CUDA_VISIBLE_DEVICES, else 0..n-1); [] on a CPU."""
     import torch
 
-    n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if n_gpus == 0:
-        return [None]
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    ids = [v.strip() for v in visible.split(",")] if visible else [str(i) for i in range(n_gpus)]
-    ids = ids[:n_gpus]
-    n = len(ids) if str(workers) == "auto" else max(1, min(int(workers), len(ids)))
-    return [None] if n == 1 else ids[:n]  # one worker keeps the parent's CUDA_VISIBLE_DEVICES
+    ids = [v.strip() for v in visible.split(",") if v.strip()] if visible else [str(i) for i in range(n)]
+    return ids[:n]
 
 
-def _worker(gpu: str, tasks, events, sweep_dir: str, preset: str, cell_timeout: int | None) -> None:
-    """A worker process pinned to one GPU: the kernels it starts inherit CUDA_VISIBLE_DEVICES."""
-    os.environ["CUDA_VISIBLE_DEVICES"] = gpu
-    for point_id, overrides in iter(tasks.get, None):
-        events.put(("start", point_id, gpu, {}))
-        events.put(("end", point_id, gpu, run_point(Path(sweep_dir), preset, point_id, overrides, cell_timeout)))
+def embedded_cluster(cp: ClusterPlan):
+    """A cluster on this machine for the sweep's lifetime (the driver closes it). Workers are processes
+    with one thread each: a worker runs one point (one notebook kernel) at a time."""
+    from distributed import LocalCluster, Nanny, Scheduler, SpecCluster
+
+    quiet = {"dashboard_address": None, "silence_logs": logging.WARNING}  # the sweep's own lines stay readable
+    if not cp.gpus_per_worker:
+        return LocalCluster(n_workers=len(cp.workers), threads_per_worker=1, processes=True, **quiet)
+    gpus = {"GPU": cp.gpus_per_worker}
+    if cp.gpus_per_worker == 1 and importlib.util.find_spec("dask_cuda") is not None:
+        from dask_cuda import LocalCUDACluster  # one worker per GPU, pinned (and its CPUs bound to that GPU)
+
+        return LocalCUDACluster(CUDA_VISIBLE_DEVICES=cp.workers, threads_per_worker=1, resources=gpus, **quiet)
+    # k GPUs per worker (or no dask-cuda): the workers are spelled out, each with its own device list
+    worker = {"cls": Nanny, "options": {"nthreads": 1, "host": "127.0.0.1", "resources": gpus,
+                                        "silence_logs": logging.WARNING}}
+    specs = {f"gpu{ids}": {**worker, "options": {**worker["options"], "env": {"CUDA_VISIBLE_DEVICES": ids}}}
+             for ids in cp.workers}
+    return SpecCluster(workers=specs, silence_logs=logging.WARNING,
+                       scheduler={"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard_address": None}})
 
 
-def _execute(points: list[Point], slots: list[str | None], sweep_dir: Path, preset: str,
-             cell_timeout: int | None) -> Iterator[tuple]:
-    """Yield ('start'|'end', point id, worker, fields) events as the points run."""
-    if len(slots) == 1:  # in this process: simplest, and Ctrl-C stops it cleanly
-        for p in points:
-            yield "start", p.id, slots[0], {}
-            yield "end", p.id, slots[0], run_point(sweep_dir, preset, p.id, p.overrides, cell_timeout)
+@contextlib.contextmanager
+def dask_client(scheduler: str | None, workers: str | int, nprocs: list[int]) -> Iterator[tuple[Any, int]]:
+    """(client, GPUs per worker; 0 when the workers have no GPU resources) for the sweep's points:
+    a running cluster at `scheduler`, or an embedded one started here and closed on the way out."""
+    from distributed import Client
+
+    if scheduler:
+        with Client(scheduler, timeout="30s") as client:
+            info = client.scheduler_info(n_workers=-1)["workers"].values()
+            yield client, int(max((w.get("resources", {}).get("GPU", 0) for w in info), default=0))
         return
-    import multiprocessing as mp
-    import queue
+    cp = cluster_plan(visible_gpus(), workers, nprocs)
+    with embedded_cluster(cp) as cluster, Client(cluster) as client:
+        yield client, cp.gpus_per_worker
 
-    ctx = mp.get_context("spawn")  # a fresh interpreter per worker: no CUDA state inherited
-    tasks, events = ctx.Queue(), ctx.Queue()
-    for p in points:
-        tasks.put((p.id, p.overrides))
-    procs = [ctx.Process(target=_worker, args=(gpu, tasks, events, str(sweep_dir), preset, cell_timeout), daemon=True)
-             for gpu in slots]
-    for proc in procs:
-        tasks.put(None)
-        proc.start()
-    ended = 0
+
+def _run_on_worker(sweep_dir: str, preset: str, point_id: str, overrides: dict[str, Any],
+                   cell_timeout: int | None, topic: str) -> dict[str, Any]:
+    """One point, on a Dask worker: announce its start (the driver's index shows when it really started)
+    and run it. A worker with GPU resources g hands its first g devices to the kernel: dask-cuda's
+    workers see every GPU with their own first."""
+    from distributed import get_worker
+
+    worker = get_worker()
+    g = int(worker.state.total_resources.get("GPU", 0))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if g and visible:
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible = ",".join(visible.split(",")[:g])
+    where = {"worker": f"{worker.address}" + (f" GPU {visible}" if visible else ""), "started_at": _now()}
+    worker.log_event(topic, {"point": point_id, "address": worker.address, **where})
+    return {**run_point(Path(sweep_dir), preset, point_id, overrides, cell_timeout), **where}
+
+
+def _execute(client, points: list[Point], gpus_per_worker: int, sweep_dir: Path, preset: str,
+             cell_timeout: int | None) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """Submit the points; yield ('start'|'end', point id, fields) as they run on the workers. A point
+    asking for more GPUs than a worker has ends at once as failed. Pending points are cancelled when the
+    caller stops; on a running cluster, the workers still running one of ours are restarted (their
+    kernels with them), so nothing keeps writing into a point folder that the next start reruns."""
+    import queue
+    import uuid
+
+    events: queue.Queue = queue.Queue()
+    topic = f"workbench-sweep-{uuid.uuid4().hex[:12]}"
+    client.subscribe_topic(topic, lambda event: events.put(("start", event[1]["point"], event[1])))
+    futures, running = [], {}
     try:
-        while ended < len(points):
-            try:
-                ev = events.get(timeout=5)
-            except queue.Empty:
-                if not any(proc.is_alive() for proc in procs):
-                    return  # every worker died; what did not end becomes 'interrupted' and reruns next time
+        for p in points:
+            if gpus_per_worker and p.nproc > gpus_per_worker:
+                yield "end", p.id, {"status": "failed", "error_kind": "resources", "finished_at": _now(),
+                                    "error": f"the point asks for {p.nproc} GPUs (parallel.nproc) but the "
+                                             f"largest Dask worker has {gpus_per_worker}"}
                 continue
-            ended += ev[0] == "end"
-            yield ev
+            future = client.submit(_run_on_worker, str(sweep_dir.resolve()), preset, p.id, p.overrides, cell_timeout,
+                                   topic, key=f"point-{p.id}-{topic}", pure=False,
+                                   resources={"GPU": p.nproc} if gpus_per_worker else None)
+            future.add_done_callback(lambda f, pid=p.id: events.put(("end", pid, f)))
+            futures.append(future)
+        ended: set[str] = set()
+        while len(ended) < len(futures):
+            try:
+                kind, pid, payload = events.get(timeout=1)
+            except queue.Empty:
+                continue
+            if kind == "start" and pid not in ended:
+                running[pid] = payload["address"]
+                yield kind, pid, {"worker": payload["worker"], "started_at": payload["started_at"]}
+            elif kind == "end":
+                ended.add(pid)
+                running.pop(pid, None)
+                yield kind, pid, _future_fields(payload)
     finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.terminate()
-            proc.join(timeout=10)
+        client.unsubscribe_topic(topic)
+        client.cancel(futures)
+        if running and client.cluster is None:
+            client.restart_workers(sorted(set(running.values())), raise_for_error=False)
+
+
+def _events(scheduler: str | None, workers: str | int, points: list[Point], sweep_dir: Path, preset: str,
+            cell_timeout: int | None) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """_execute's events on the sweep's cluster; no cluster at all when every point is complete."""
+    if points:
+        with dask_client(scheduler, workers, [p.nproc for p in points]) as (client, gpus_per_worker):
+            yield from _execute(client, points, gpus_per_worker, sweep_dir, preset, cell_timeout)
+
+
+def _future_fields(future) -> dict[str, Any]:
+    """A finished task's index fields; a task that raised (its worker died, say) is a failed point."""
+    if future.status == "finished":
+        return future.result()
+    if future.status == "cancelled":
+        return {"status": "interrupted", "error_kind": "interrupted", "finished_at": _now(),
+                "error": "the Dask cluster cancelled the point; a restart reruns it"}
+    kind, msg = describe_failure(future.exception())
+    return {"status": "failed", "error_kind": kind, "error": msg, "finished_at": _now()}
 
 
 # ---- the sweep -------------------------------------------------------------------------------------
@@ -273,11 +378,13 @@ def describe_point(p: Point, n: int, total: int) -> str:
 
 
 def run_sweep(spec: Spec, root: str | Path = DEFAULT_ROOT, workers: str | int = "auto",
-              progress: bool = True) -> dict[str, Any]:
-    """Run every incomplete point of `spec` into <root>/<name>/; return counts and the folder."""
+              progress: bool = True, scheduler: str | None = None) -> dict[str, Any]:
+    """Run every incomplete point of `spec` into <root>/<name>/; return counts and the folder. The points
+    run on a Dask cluster: the one at `scheduler`, else one started here (`workers`: cluster_plan)."""
     from tqdm.auto import tqdm
 
     points = plan(spec)  # validates every point before any kernel starts
+    check_workers(workers)
     sweep_dir = sweep_folder(results.output_root(root), spec.name)
     sweep_dir.mkdir(exist_ok=True)
     with sweep_lock(sweep_dir):
@@ -286,21 +393,21 @@ def run_sweep(spec: Spec, root: str | Path = DEFAULT_ROOT, workers: str | int = 
         todo = [p for p in points if not results.is_complete(sweep_dir / p.id)]
         by_id = {p.id: p for p in points}
         position = {p.id: n for n, p in enumerate(points, 1)}
-        counts = {"points": len(points), "skipped": len(points) - len(todo), "done": 0, "failed": 0}
+        counts = {"points": len(points), "skipped": len(points) - len(todo), "done": 0, "failed": 0, "interrupted": 0}
         bar = tqdm(total=len(points), initial=counts["skipped"], desc=f"sweep {spec.name}", unit="point",
                    disable=not progress, file=sys.stderr)
         running: set[str] = set()
+        events = _events(scheduler, workers, todo, sweep_dir, spec.preset, spec.cell_timeout)
         try:
-            for kind, pid, worker, fields in _execute(todo, worker_slots(workers), sweep_dir, spec.preset,
-                                                      spec.cell_timeout):
+            for kind, pid, fields in events:
                 line = describe_point(by_id[pid], position[pid], len(points))
                 if kind == "start":
                     running.add(pid)
-                    index.update(by_id[pid], status="running", started_at=_now(), finished_at=None,
-                                 worker=worker or "", error_kind=None, error=None, problems=None, wall_s=None)
+                    index.update(by_id[pid], status="running", finished_at=None, error_kind=None, error=None,
+                                 problems=None, wall_s=None, **fields)
                     bar.set_postfix_str(line)
                     if progress:
-                        bar.write(f"sweep {spec.name}: {line} started", file=sys.stderr)
+                        bar.write(f"sweep {spec.name}: {line} started on {fields['worker']}", file=sys.stderr)
                     continue
                 running.discard(pid)
                 index.update(by_id[pid], **fields)
@@ -310,10 +417,13 @@ def run_sweep(spec: Spec, root: str | Path = DEFAULT_ROOT, workers: str | int = 
                               file=sys.stderr)
                 bar.update(1)
         finally:
-            bar.close()
-            for pid in running:  # the driver is stopping (Ctrl-C, SIGTERM, an error) or its workers died
-                index.update(by_id[pid], status="interrupted", error_kind="interrupted", finished_at=_now(),
-                             error="the sweep driver stopped while this point ran; a restart reruns it")
+            try:
+                events.close()  # now, not when garbage-collected: the cluster stops before the index says so
+            finally:
+                bar.close()
+                for pid in running:  # the driver is stopping (Ctrl-C, SIGTERM, an error) or its cluster went away
+                    index.update(by_id[pid], status="interrupted", error_kind="interrupted", finished_at=_now(),
+                                 error="the sweep driver stopped while this point ran; a restart reruns it")
     counts["complete"] = sum(results.is_complete(sweep_dir / p.id) for p in points)
     return {"sweep_dir": str(sweep_dir), **counts}
 
@@ -342,7 +452,12 @@ def add_arguments(p) -> None:
     p.add_argument("--out", default=str(DEFAULT_ROOT), help="parent folder of the sweep folder")
     p.add_argument("--cell-timeout", type=int, default=None, metavar="SECONDS",
                    help="a point fails ('timeout') when one notebook cell runs longer (kept in sweep.json)")
-    p.add_argument("--workers", default="auto", help="'auto': one per visible GPU, one on a CPU; or a number")
+    p.add_argument("--workers", default="auto",
+                   help="workers of the embedded Dask cluster: 'auto' (one per visible GPU, or per group of k GPUs "
+                        "when a point needs k; one on a CPU) or a number")
+    p.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                   help="run the points on a running Dask cluster (e.g. tcp://host:8786) instead of one started "
+                        "here; the sweep folder must be at the same path on its workers")
     p.add_argument("--reference", default="torch_bf16", help="student the report compares with")
     p.add_argument("--no-report", action="store_true", help="skip the report notebook at the end")
     p.add_argument("--report-only", action="store_true", help="only (re)write the report of an existing sweep")
@@ -391,7 +506,7 @@ def main(args) -> int:
     # the lock released, and the interrupted point (no done.json) reruns on the next start.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        summary = run_sweep(spec, root=args.out, workers=args.workers)
+        summary = run_sweep(spec, root=args.out, workers=args.workers, scheduler=args.scheduler)
     except KeyboardInterrupt:
         # Stopping already: a late SIGINT (shutting the kernel down can interrupt its process group, which
         # may be ours) must not turn exit status 130 into death by signal halfway through the exit.

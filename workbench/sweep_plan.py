@@ -83,6 +83,13 @@ class Point:
     """This point's grid values (what distinguishes it from the sweep's other points)."""
     overrides: dict[str, Any]
     """Everything passed to the notebook: the spec's fixed overrides and the grid values."""
+    nproc: int = 1
+    """GPUs the point's run uses (its config's `parallel.nproc`): the sweep gives it a worker with that many."""
+
+
+def point_nproc(cfg: config.Config) -> int:
+    """GPUs a run of `cfg` uses: `parallel.nproc` where the config has that section, else one."""
+    return int(getattr(getattr(cfg, "parallel", None), "nproc", 1) or 1)
 
 
 def config_hash(cfg: config.Config) -> str:
@@ -105,7 +112,7 @@ def plan(spec: Spec) -> list[Point]:
         flat = cfg.flat()
         typed_grid = {k: flat[config.locate(k)[1]] for k in grid}
         pid = config_hash(cfg)
-        points.setdefault(pid, Point(pid, typed_grid, overrides))  # two grid entries, one config: one run
+        points.setdefault(pid, Point(pid, typed_grid, overrides, point_nproc(cfg)))  # two grid entries, one config: one run
     return list(points.values())
 
 

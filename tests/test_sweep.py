@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from workbench import cli, report, results, sweep
+from workbench import cli, report, results, sweep, sweep_plan
 from workbench.config import ConfigError
 
 # Tiny points: a sweep point is a papermill kernel start plus a few milliseconds of training.
@@ -72,22 +72,38 @@ def test_a_second_driver_of_the_same_sweep_is_refused(tmp_path):
         pass
 
 
-@pytest.mark.parametrize("gpus, visible, workers, slots", [
-    (0, None, "auto", [None]), (0, None, 4, [None]),             # CPU: one worker, never parallel timing
-    (4, None, "auto", ["0", "1", "2", "3"]), (4, None, 2, ["0", "1"]),
-    (4, "5,7", "auto", ["5", "7"]),                              # pinned to the ids the parent was given
-    (4, None, 1, [None]),                                        # one worker keeps the parent's devices
+@pytest.mark.parametrize("gpus, workers, nprocs, plan", [
+    ([], "auto", [1, 1], ([None], 0)), ([], 2, [1], ([None, None], 0)),    # CPU: one worker unless asked
+    ([], "auto", [2], ([None], 0)),                                         # no GPUs to give: nproc ranks share the CPU
+    (["0", "1", "2", "3"], "auto", [1], (["0", "1", "2", "3"], 1)),        # one worker per GPU
+    (["0", "1", "2", "3"], 2, [1, 1], (["0", "1"], 1)),
+    (["5", "7"], "auto", [], (["5", "7"], 1)),                              # the ids this process was given
+    (["0", "1", "2", "3"], "auto", [1, 2], (["0,1", "2,3"], 2)),           # a 2-GPU point: every worker gets 2
+    (["0", "1", "2"], "auto", [2], (["0,1"], 2)),                           # a GPU left over idles
+    (["0", "1"], "auto", [4, 1], (["0,1"], 2)),                             # capped: the 4-GPU point will fail
 ])
-def test_worker_slots(monkeypatch, gpus, visible, workers, slots):
+def test_cluster_plan(gpus, workers, nprocs, plan):
+    assert sweep.cluster_plan(gpus, workers, nprocs) == sweep.ClusterPlan(*plan)
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "two", "1.5"])
+def test_workers_must_be_auto_or_a_positive_number(tmp_path, capsys, bad):
+    assert cli.main(["sweep", "--name", "w", "--grid", "hidden=16", "--out", str(tmp_path), f"--workers={bad}"]) == 2
+    assert f"--workers must be 'auto' or a positive number, got '{bad}'" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("count, visible, ids", [(0, None, []), (2, None, ["0", "1"]), (2, "5,7,9", ["5", "7"])])
+def test_visible_gpus(monkeypatch, count, visible, ids):
     import torch
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
     if visible is None:
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     else:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    assert sweep.worker_slots(workers) == slots
+    assert sweep.visible_gpus() == ids
 
 
 @pytest.mark.slow
@@ -98,11 +114,13 @@ def test_sweep_with_a_failing_point_then_resume_runs_only_what_is_missing(tmp_pa
         "grid": {"case": [{"hidden": 32}, {"hidden": 48}, {"hidden": 64}, {"hidden": 32, "vocab": OOM_VOCAB}]},
     }))
     root = tmp_path / "sweeps"
-    first = sweep.run_sweep(sweep.Spec.from_dict(yaml.safe_load(spec_file.read_text())), root=root, progress=False)
+    first = sweep.run_sweep(sweep.Spec.from_dict(yaml.safe_load(spec_file.read_text())), root=root, progress=False,
+                            workers=2)  # a local Dask cluster of two worker processes
     assert (first["points"], first["done"], first["failed"], first["skipped"]) == (4, 3, 1, 0)
     sweep_dir = root / "tiny"
     idx = sweep.read_index(sweep_dir).set_index("point")
     assert sorted(idx["status"]) == ["done", "done", "done", "failed"]
+    assert idx["worker"].str.startswith("tcp://127.0.0.1:").all() and (idx["started_at"] <= idx["finished_at"]).all()
     failed = idx[idx["status"] == "failed"].iloc[0]
     assert failed["error_kind"] == "oom" and "allocate" in failed["error"] and failed["grid_vocab"] == OOM_VOCAB
     assert (sweep_dir / failed.name / "distill_benchmark.ipynb").exists()  # how far it got
@@ -120,7 +138,7 @@ def test_sweep_with_a_failing_point_then_resume_runs_only_what_is_missing(tmp_pa
     index.to_csv(sweep_dir / sweep.INDEX_FILE, index=False)
 
     # A bare restart by name resumes the stored spec; it reruns the failed and the killed point only.
-    rc = cli.main(["sweep", "--name", "tiny", "--out", str(root)])
+    rc = cli.main(["sweep", "--name", "tiny", "--out", str(root), "--workers", "2"])
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rc == 1  # the OOM point fails again, and says so
     assert (summary["skipped"], summary["done"], summary["failed"], summary["complete"]) == (2, 1, 1, 3)
@@ -165,14 +183,34 @@ def test_problems_of_a_finished_point_are_summarised(tmp_path):
 
 
 @pytest.mark.slow
-def test_one_worker_process_per_gpu_slot(tmp_path, monkeypatch):
-    """The multi-GPU path (spawned workers, each with its CUDA_VISIBLE_DEVICES), exercised on a CPU."""
-    monkeypatch.setattr(sweep, "worker_slots", lambda workers: ["0", "1"])
-    spec = sweep.Spec("mp", "cpu-smoke", {**TINY, "backends": "torch_fp32", "baseline": "torch_fp32"}, {"hidden": [32, 48]})
+def test_gpu_workers_get_their_devices_and_a_point_wanting_more_fails_alone(tmp_path, monkeypatch):
+    """The GPU path on a CPU (its devices are only environment values here): two visible GPUs and a point
+    asking for 3 make one worker of two GPUs; the 3-GPU point fails up front, the other runs there."""
+    monkeypatch.setattr(sweep, "visible_gpus", lambda: ["0", "1"])
+    monkeypatch.setattr(sweep_plan, "point_nproc", lambda cfg: 3 if cfg.flat()["hidden"] == 48 else 1)
+    spec = sweep.Spec("gpus", "cpu-smoke", {**TINY, "backends": "torch_fp32", "baseline": "torch_fp32"}, {"hidden": [32, 48]})
     summary = sweep.run_sweep(spec, root=tmp_path, progress=False)
-    assert (summary["done"], summary["failed"]) == (2, 0)
-    idx = sweep.read_index(tmp_path / "mp")
-    assert set(idx["worker"].astype(str)) <= {"0", "1"} and (idx["status"] == "done").all()
+    assert (summary["done"], summary["failed"]) == (1, 1)
+    idx = sweep.read_index(tmp_path / "gpus").set_index("grid_hidden")
+    assert idx.loc[32, "status"] == "done" and idx.loc[32, "worker"].endswith(" GPU 0,1")
+    assert (idx.loc[48, "status"], idx.loc[48, "error_kind"]) == ("failed", "resources")
+    assert "asks for 3 GPUs (parallel.nproc) but the largest Dask worker has 2" in idx.loc[48, "error"]
+
+
+@pytest.mark.slow
+def test_points_go_to_a_running_cluster_at_scheduler_address(tmp_path, capsys):
+    from distributed import LocalCluster
+
+    args = ["sweep", "--name", "remote", "--preset", "cpu-smoke", "--grid", "hidden=32", "--out", str(tmp_path),
+            "--no-report", "--set", "backends=torch_fp32", "--set", "baseline=torch_fp32"]
+    args += [a for k, v in TINY.items() for a in ("--set", f"{k}={v}")]
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        assert cli.main([*args, "--scheduler", cluster.scheduler_address]) == 0
+        worker = next(iter(cluster.scheduler.workers))
+        assert cluster.status.name == "running"  # the driver left the cluster it did not start running
+    row = sweep.read_index(tmp_path / "remote").iloc[0]
+    assert (row["status"], row["worker"]) == ("done", worker)
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["done"] == 1
 
 
 # ---- faults: the lock, a damaged index, interrupted and timed-out points -----------------------------

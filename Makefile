@@ -16,7 +16,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv --system-site-packages $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[dev,notebook,lm]"
+	$(BIN)/python -m pip install -q -e ".[dev,notebook,lm,sweep]"
 	touch $@
 
 # Executes notebooks/distill_benchmark.ipynb with papermill; results and the executed copy go to

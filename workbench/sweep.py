@@ -480,6 +480,9 @@ def spec_from_args(args) -> Spec:
     return Spec.from_dict(d, name=name)
 
 
+NO_DASK = "sweeps run on Dask, which is not installed here: pip install 'te-workbench[sweep]'"
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -502,6 +505,9 @@ def main(args) -> int:
         print(json.dumps({"report_dir": str(out)}))
         return 0
     spec = spec_from_args(args)
+    if importlib.util.find_spec("distributed") is None:
+        print(f"workbench sweep: {NO_DASK}", file=sys.stderr)
+        return 2
     # `timeout`, a scheduler or `kill` stop the sweep like Ctrl-C does: the running kernel is shut down,
     # the lock released, and the interrupted point (no done.json) reruns on the next start.
     signal.signal(signal.SIGTERM, _interrupt)

@@ -35,6 +35,29 @@ restart retries it. Points running when the driver is stopped (Ctrl-C, SIGTERM) 
 Students that error or diverge inside a finished point are rows of its students.csv (status/reason)
 and are summarised in the index's `problems` column. index.csv can always be rebuilt from the points'
 folders, and is, with a line saying so, when it is found damaged.
+
+Where the points run: a Dask cluster, one task per point (the `sweep` extra: dask, distributed). By
+default the driver starts one on this machine and closes it at the end (no running cluster needed):
+with GPUs, one worker per GPU pinned by CUDA_VISIBLE_DEVICES (dask-cuda's LocalCUDACluster when it is
+installed), the point's kernel inheriting its worker's devices; on a CPU one worker (parallel CPU runs
+would time each other), `--workers N` for more. A point whose config asks for k GPUs (parallel.nproc)
+takes a Dask resource GPU=k; when any point does, every embedded worker gets k GPUs (cluster_plan says
+what that costs), and a point asking for more than any worker has fails alone, before it starts.
+`--scheduler ADDRESS` sends the points to a running cluster instead, for a node or a Slurm
+allocation; the sweep folder must then be at the same path on every worker (a shared filesystem):
+
+    dask scheduler --port 8786 &                                        # any host the workers reach
+    dask worker tcp://HOST:8786 --nworkers 1 --nthreads 1 --resources GPU=1   # per GPU (dask-cuda:
+    python -m workbench sweep sizes.yaml --scheduler tcp://HOST:8786        # `dask cuda worker ...`)
+
+On Slurm, dask-jobqueue (not a dependency) submits such workers as jobs:
+    cluster = dask_jobqueue.SLURMCluster(cores=8, processes=1, memory="64GB", walltime="02:00:00",
+        job_extra_directives=["--gres=gpu:1"], worker_extra_args=["--nthreads", "1", "--resources", "GPU=1"])
+    cluster.scale(jobs=4); print(cluster.scheduler_address)   # keep this process alive; --scheduler that
+docs/sweeps.md has the whole recipe. The driver holds the sweep lock and writes index.csv; a point's row
+says which worker ran it (address and GPUs) and when it really started there (the task reports it).
+Stopping the driver cancels the pending points; its embedded cluster closes (a worker's kernel exits
+with it), and on a running cluster the workers still running its points are restarted.
 """
 from __future__ import annotations
 

@@ -185,14 +185,15 @@ def test_problems_of_a_finished_point_are_summarised(tmp_path):
 @pytest.mark.slow
 def test_gpu_workers_get_their_devices_and_a_point_wanting_more_fails_alone(tmp_path, monkeypatch):
     """The GPU path on a CPU (its devices are only environment values here): two visible GPUs and a point
-    asking for 3 make one worker of two GPUs; the 3-GPU point fails up front, the other runs there."""
+    asking for 3 make one worker of two GPUs; the 3-GPU point fails up front, the other runs there and its
+    kernel sees one of them."""
     monkeypatch.setattr(sweep, "visible_gpus", lambda: ["0", "1"])
     monkeypatch.setattr(sweep_plan, "point_nproc", lambda cfg: 3 if cfg.flat()["hidden"] == 48 else 1)
     spec = sweep.Spec("gpus", "cpu-smoke", {**TINY, "backends": "torch_fp32", "baseline": "torch_fp32"}, {"hidden": [32, 48]})
     summary = sweep.run_sweep(spec, root=tmp_path, progress=False)
     assert (summary["done"], summary["failed"]) == (1, 1)
     idx = sweep.read_index(tmp_path / "gpus").set_index("grid_hidden")
-    assert idx.loc[32, "status"] == "done" and idx.loc[32, "worker"].endswith(" GPU 0,1")
+    assert idx.loc[32, "status"] == "done" and idx.loc[32, "worker"].endswith(" GPU 0")
     assert (idx.loc[48, "status"], idx.loc[48, "error_kind"]) == ("failed", "resources")
     assert "asks for 3 GPUs (parallel.nproc) but the largest Dask worker has 2" in idx.loc[48, "error"]
 

@@ -43,19 +43,23 @@ installed), the point's kernel inheriting its worker's devices; on a CPU one wor
 would time each other), `--workers N` for more. A point whose config asks for k GPUs (parallel.nproc)
 takes a Dask resource GPU=k; when any point does, every embedded worker gets k GPUs (cluster_plan says
 what that costs), and a point asking for more than any worker has fails alone, before it starts.
-`--scheduler ADDRESS` sends the points to a running cluster instead, for a node or a Slurm
-allocation; the sweep folder must then be at the same path on every worker (a shared filesystem):
+`--scheduler ADDRESS` sends the points to a running cluster instead (a node, several, a Slurm
+allocation); the sweep folder must then be at the same path on every worker (a shared filesystem), and
+each worker runs one thread with `--resources GPU=<its GPUs>`:
 
-    dask scheduler --port 8786 &                                        # any host the workers reach
-    dask worker tcp://HOST:8786 --nworkers 1 --nthreads 1 --resources GPU=1   # per GPU (dask-cuda:
-    python -m workbench sweep sizes.yaml --scheduler tcp://HOST:8786        # `dask cuda worker ...`)
+    dask scheduler --port 8786                                         # on a host the workers reach
+    CUDA_VISIBLE_DEVICES=0 dask worker tcp://HOST:8786 --nthreads 1 --resources GPU=1   # one per GPU
+    dask cuda worker tcp://HOST:8786 --resources GPU=1               # or dask-cuda: all GPUs of a host
+    python -m workbench sweep sizes.yaml --scheduler tcp://HOST:8786
 
-On Slurm, dask-jobqueue (not a dependency) submits such workers as jobs:
+On Slurm, dask-jobqueue (not a dependency) starts the workers as jobs, from a process that stays alive:
+
     cluster = dask_jobqueue.SLURMCluster(cores=8, processes=1, memory="64GB", walltime="02:00:00",
         job_extra_directives=["--gres=gpu:1"], worker_extra_args=["--nthreads", "1", "--resources", "GPU=1"])
-    cluster.scale(jobs=4); print(cluster.scheduler_address)   # keep this process alive; --scheduler that
-docs/sweeps.md has the whole recipe. The driver holds the sweep lock and writes index.csv; a point's row
-says which worker ran it (address and GPUs) and when it really started there (the task reports it).
+    cluster.scale(jobs=4); print(cluster.scheduler_address)           # the ADDRESS for --scheduler
+
+(docs/sweeps.md has more). The driver holds the sweep lock and writes index.csv; a point's row says
+which worker ran it (address and GPUs) and when it really started there (the task reports it).
 Stopping the driver cancels the pending points; its embedded cluster closes (a worker's kernel exits
 with it), and on a running cluster the workers still running its points are restarted.
 """
@@ -290,17 +294,16 @@ def dask_client(scheduler: str | None, workers: str | int, nprocs: list[int]) ->
 
 
 def _run_on_worker(sweep_dir: str, preset: str, point_id: str, overrides: dict[str, Any],
-                   cell_timeout: int | None, topic: str) -> dict[str, Any]:
+                   cell_timeout: int | None, gpus: int, topic: str) -> dict[str, Any]:
     """One point, on a Dask worker: announce its start (the driver's index shows when it really started)
-    and run it. A worker with GPU resources g hands its first g devices to the kernel: dask-cuda's
-    workers see every GPU with their own first."""
+    and run it. A point of `gpus` GPUs gets the first that many of its worker's devices (dask-cuda's
+    workers see every GPU, their own first); the worker runs one point at a time (one thread)."""
     from distributed import get_worker
 
     worker = get_worker()
-    g = int(worker.state.total_resources.get("GPU", 0))
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if g and visible:
-        os.environ["CUDA_VISIBLE_DEVICES"] = visible = ",".join(visible.split(",")[:g])
+    if gpus and visible:
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible = ",".join(visible.split(",")[:gpus])
     where = {"worker": f"{worker.address}" + (f" GPU {visible}" if visible else ""), "started_at": _now()}
     worker.log_event(topic, {"point": point_id, "address": worker.address, **where})
     return {**run_point(Path(sweep_dir), preset, point_id, overrides, cell_timeout), **where}
@@ -326,9 +329,10 @@ def _execute(client, points: list[Point], gpus_per_worker: int, sweep_dir: Path,
                                     "error": f"the point asks for {p.nproc} GPUs (parallel.nproc) but the "
                                              f"largest Dask worker has {gpus_per_worker}"}
                 continue
+            gpus = p.nproc if gpus_per_worker else 0
             future = client.submit(_run_on_worker, str(sweep_dir.resolve()), preset, p.id, p.overrides, cell_timeout,
-                                   topic, key=f"point-{p.id}-{topic}", pure=False,
-                                   resources={"GPU": p.nproc} if gpus_per_worker else None)
+                                   gpus, topic, key=f"point-{p.id}-{topic}", pure=False,
+                                   resources={"GPU": gpus} if gpus else None)
             future.add_done_callback(lambda f, pid=p.id: events.put(("end", pid, f)))
             futures.append(future)
         ended: set[str] = set()

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from workbench import crosscheck, flops, timing
 from workbench.backends import Backend
@@ -147,7 +148,9 @@ def initial_loss(model: torch.nn.Module, task, batch: tuple[torch.Tensor, object
     are the same, which is what "matched students" promises."""
     tokens, targets = batch
     ref = copy.deepcopy(task.reference).to(tokens.device).float()
-    state = {k: v.float() for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+    # a distributed student's state: DDP names it under "module.", FSDP2 holds shards (gathered here)
+    state = {k.removeprefix("module."): (v.full_tensor() if isinstance(v, DTensor) else v).float()
+             for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
     ref.load_state_dict(state)  # strict: a conversion keeps every name, so a missing one is a bug
     with torch.no_grad():
         out = ref(tokens, return_hidden=True) if task.needs_hidden else ref(tokens)
@@ -172,7 +175,8 @@ def run_student(backend: Backend, cfg, task, data: Data, device: torch.device,
     metrics["mem_floor_mb"] = floor
     # Measured after compilation and graph capture (which ran real warm-up updates and restored them),
     # so a bad restore shows up here as a mismatch with the other students.
-    metrics["initial_loss"] = initial_loss(model, task, data.train[0])
+    # on the first held-out batch: the one batch every rank of a data-parallel run shares
+    metrics["initial_loss"] = initial_loss(model, task, data.eval[0])
     curve: list[dict] = []
     if cfg.train.eval_every:  # for the run's eval_curve.csv, not a row cell (kept, too, if the student diverges)
         metrics["curve"] = curve

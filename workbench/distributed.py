@@ -249,7 +249,7 @@ def merge_rows(rows: list[dict], losses: list[list[float]], world: World) -> tup
             row.update(first_step_loss=curve[0], final_train_loss=curve[-1])
     else:
         curve = losses[0] if losses else []
-    row.update(world_size=world.world_size, strategy=world.strategy)
+    row.update(world_size=world.world_size, strategy=world.strategy, scaling_efficiency=None)  # see scaling()
     return row, curve
 
 

@@ -5,8 +5,10 @@ import re
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 
 from workbench import config, distributed, notebook, results, runner
 
@@ -83,6 +85,7 @@ def _equal_initial_losses(df):
     assert max(init) - min(init) <= 1e-6 * abs(init[0]), init
 
 
+@pytest.mark.slow
 def test_two_process_ddp_run_writes_one_set_of_files(tmp_path):
     """runner.run (so the CLI, the notebook's run cell and the panel) with nproc=2 launches torchrun."""
     cfg = config.from_preset("cpu-smoke", nproc=2, **SMALL)
@@ -104,6 +107,7 @@ def test_two_process_ddp_run_writes_one_set_of_files(tmp_path):
     assert table.loc["torch_fp32", "ranks"] == 2 and table.loc["torch_fp32", "scaling eff."] > 0
 
 
+@pytest.mark.slow
 def test_fsdp2_over_two_nodes_on_one_host(tmp_path):
     """Two torchrun agents meeting at one c10d rendezvous, one process each: only node 0 writes files."""
     with socket.socket() as s:
@@ -130,3 +134,31 @@ def test_a_multi_node_run_needs_a_run_id(tmp_path):
     with pytest.raises(config.ConfigError, match="--run-id"):
         runner.run(cfg, out=tmp_path, progress=False)
     assert not any(tmp_path.iterdir())
+
+
+def _train_two_ranks(rank: int, port: int, out: str) -> None:
+    """One rank of test_a_rank_that_diverges_stops_every_rank: rank 1's loss turns non-finite at step 2."""
+    import torch.distributed as dist
+    from workbench.train import loop
+
+    dist.init_process_group("gloo", init_method=f"tcp://localhost:{port}", rank=rank, world_size=2)
+    data = loop.Data(train=[(None, None)] * 4, bench=[], eval=[])
+    values = iter([1.0, float("nan") if rank else 0.9, 0.8, 0.7])
+    try:
+        loop.train(lambda *_: next(values), data, {}, distributed.stop_together(torch.device("cpu")))
+        outcome = "finished"
+    except loop.Diverged as e:
+        outcome = f"{len(e.losses)}: {e}"
+    Path(out, str(rank)).write_text(outcome)
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_a_rank_that_diverges_stops_every_rank(tmp_path):
+    """Every rank leaves training at the same step: one stopping alone would leave the others waiting."""
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    torch.multiprocessing.spawn(_train_two_ranks, args=(port, str(tmp_path)), nprocs=2)
+    assert (tmp_path / "0").read_text() == "2: non-finite loss on another rank at training step 2"
+    assert (tmp_path / "1").read_text() == "2: non-finite loss nan at training step 2"

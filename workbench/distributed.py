@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import json
+import math
 import os
 import subprocess
 import sys
@@ -38,9 +39,12 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel
 
 from workbench import results
 from workbench.config import PRESETS, Config, ConfigError
+from workbench.train import Diverged
 
 REFERENCE_SUFFIX = "@1gpu"  # the one-process reference row of a student: '<student>@1gpu'
 
@@ -179,15 +183,11 @@ def broadcast_module(module: torch.nn.Module, device: torch.device) -> None:
 def wrap(model: torch.nn.Module, world: World, device: torch.device) -> torch.nn.Module:
     """The converted student spread over the ranks: DDP, or FSDP2 per block then the root."""
     if world.strategy == "fsdp2":
-        from torch.distributed.fsdp import fully_shard
-
         for m in list(model.modules()):
             if isinstance(m, torch.nn.ModuleList):
                 for block in m:
                     fully_shard(block)
         return fully_shard(model)
-    from torch.nn.parallel import DistributedDataParallel
-
     return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
 
@@ -217,15 +217,25 @@ class Spread:
         return dataclasses.replace(p, graph=None, notes=tuple(notes))
 
 
+def stop_together(device: torch.device):
+    """run_student's on_step in a distributed run: when any rank's loss is non-finite every rank stops at
+    that step (Diverged), instead of one leaving the others waiting in the next step's collectives."""
+    def on_step(step: int, loss: float) -> None:
+        bad = torch.tensor([0.0 if math.isfinite(loss) else 1.0], device=device)
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        if bad.item() and math.isfinite(loss):
+            raise Diverged(f"non-finite loss on another rank at training step {step}")
+    return on_step
+
+
 # ---- one row from every rank's --------------------------------------------------------------------
 def merge_rows(rows: list[dict], losses: list[list[float]], world: World) -> tuple[dict, list[float]]:
     """One student's row of a distributed run from every rank's row, and its loss curve (the mean over
     ranks, i.e. the global batch's loss). Step-time cells are the slowest rank's; memory the largest; a
     rank that failed makes the row fail with its reason."""
     row = dict(rows[0])
-    bad = next((r for r in rows if r["status"] != rows[0]["status"]), None)
-    if bad is not None:
-        rank = rows.index(bad)
+    if len({r["status"] for r in rows}) > 1:  # the ranks disagree: the row is the first failed rank's
+        rank, bad = next(((i, r) for i, r in enumerate(rows) if r["status"] not in results.RAN), (0, rows[0]))
         row.update(status=bad["status"], reason=f"rank {rank}: {bad['reason']}".strip())
     medians = [r.get("step_ms_median") for r in rows]
     if all(m is not None for m in medians):

@@ -103,7 +103,7 @@ def _run(cfg: Config, world: distributed.World, device, out, run_id, requested, 
     """The run on this process; under torchrun every rank runs it and only rank 0 writes files."""
     t0 = time.monotonic()
     run_dir = results.create_run_dir(out, run_id, new_run_id(cfg)) if world.writes else None  # exclusive
-    run_dir = Path(world.from_rank0(str(run_dir)))
+    run_dir = world.from_rank0(run_dir)
     run_id = run_dir.name
     tdtype = teacher_dtype(cfg, device)
     if world.writes:
@@ -232,11 +232,12 @@ def _try_student(row: dict, spec: str, cfg: Config, ctx, task, data: Data, devic
             return row, []
         row.update(status="fallback", mode=fb.mode, reason=f"{reason} -> ran PyTorch autocast instead")
         backend = fb
+    on_step = None
     if world is not None and world.active:
-        backend = distributed.Spread(backend, world)
+        backend, on_step = distributed.Spread(backend, world), distributed.stop_together(device)
     _say(progress, f"[{row['student']}] training {cfg.train.steps} steps ({row['mode']})")
     try:
-        metrics, losses = run_student(backend, cfg, task, data, device)
+        metrics, losses = run_student(backend, cfg, task, data, device, on_step=on_step)
         row.update(metrics)
     except Diverged as e:
         row.update(e.metrics, status="diverged", reason=str(e), steps_run=len(e.losses))

@@ -241,12 +241,14 @@ def train(step, data: Data, metrics: dict, on_step: Callable[[int, float], None]
     for i, (tokens, targets) in enumerate(data.train):
         loss = float(step(tokens, targets))  # .item() syncs: fine here, training is not timed
         losses.append(loss)
-        if on_step:
-            on_step(i + 1, loss)
-        if not math.isfinite(loss):
-            err = Diverged(f"non-finite loss {loss} at training step {i + 1}")
+        try:
+            if on_step:
+                on_step(i + 1, loss)  # may raise Diverged too (a distributed run: another rank's loss)
+            if not math.isfinite(loss):
+                raise Diverged(f"non-finite loss {loss} at training step {i + 1}")
+        except Diverged as err:
             err.losses, err.metrics = losses, metrics
-            raise err
+            raise
     metrics.update(first_step_loss=losses[0], final_train_loss=losses[-1], steps_run=len(losses))
     return losses
 

@@ -1,6 +1,9 @@
 """GPU-only checks of what CPU tests cannot reach: CUDA-graph capture keeps students matched, TE FP8
 trains, peak memory is measured. Run on the H200 with scripts/gpu_tests.sh; skipped without CUDA."""
+import json
+
 import pytest
+import torch
 
 from workbench import config, results, runner
 from workbench.env import te as _te
@@ -72,3 +75,20 @@ def test_te_selects_a_fused_or_flash_attention_backend():
     assert att["selected"] and not att["selected"].startswith("unfused"), att
     assert not att["fell_back_to_slower"], att
     assert len(att["cudnn_dirs"]) == 1, att
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_two_gpus_under_torchrun_start_matched_and_report_scaling(tmp_path):
+    """`seed` over two GPUs (DDP, NCCL) through runner.run's torchrun launch: one set of files from rank 0, every
+    rank starting every student from the same weights, and per-rank step time and memory in the rows."""
+    students = "torch_bf16,te_fp8:delayed" if _te.load()[0] is not None else "torch_bf16"
+    cfg = config.from_preset("seed", steps=4, warmup=2, iters=5, eval_batches=2, nproc=2, backends=students)
+    run_dir = runner.run(cfg, out=tmp_path, run_id="two", progress=False)
+    assert [p.name for p in tmp_path.iterdir()] == ["two"]
+    df = results.load(run_dir).set_index("student")
+    assert (df["status"] == "ok").all(), df["reason"].to_dict()
+    two = df[df["world_size"] == 2]
+    assert list(two.index) == students.split(",") and (two["scaling_efficiency"] > 0).all()
+    for cell in two["peak_mem_allocated_mb_ranks"]:
+        assert len(json.loads(cell)) == 2 and min(json.loads(cell)) > 0
+    assert results.load_summary(run_dir)["initial_losses_equal"] is True

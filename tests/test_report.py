@@ -227,6 +227,9 @@ def test_panel_run_button_runs_each_size_with_the_notebook_call(tmp_path):
 
     p = panel.Panel(preset="cpu-smoke", out=tmp_path)
     assert "te_fp8:current" in p.backends.options and p.ratio.value == 4
+    p.nproc.value = 2  # a multi-GPU run goes through run_cell, as the notebook's: its config asks for 2 processes
+    assert {ns["nproc"] for ns in p.namespaces()} == {2}
+    p.nproc.value = 1
     p.sizes.value = "32, 48"
     p.backends.value = ("torch_fp32", "torch_bf16")
     p.run_button.click()

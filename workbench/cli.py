@@ -3,6 +3,7 @@
   probe [--json]                              the environment probe (env.json)
   run --preset P --set field=value ... --out DIR
                                               one run without a notebook; last stdout line = summary JSON
+                                              (--set nproc=N: over N GPUs under torchrun, docs/distributed.md)
   notebook --preset P --set ... --out DIR     the same run, driven through papermill and the main notebook
 Other modules add commands by exposing `add_arguments(parser)` and `main(args)` (see COMMANDS).
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 
 from workbench import results
@@ -47,6 +49,8 @@ def main_run(args: argparse.Namespace) -> int:
     overrides = config.parse_set(args.overrides)
     cfg = config.from_preset(args.preset, **overrides)
     run_dir = runner.run(cfg, out=args.out, run_id=args.run_id, requested={"preset": args.preset, **overrides})
+    if os.environ.get("RANK", "0") != "0" or cfg.parallel.node_rank > 0:  # rank 0 (on node 0) reports the run
+        return 0
     summary = results.load_summary(run_dir)
     summary["run_dir"] = str(run_dir)
     print(json.dumps(summary, default=str))  # last line: machine-readable

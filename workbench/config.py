@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from dataclasses import dataclass, field, fields, asdict
 from typing import Any
 
@@ -151,6 +152,30 @@ class BackendOptions:
     """TE delayed scaling: 'max' or 'most_recent' over the amax history."""
 
 
+@dataclass
+class ParallelConfig:
+    """One run over several processes (GPUs) with torchrun, data parallel (see workbench.distributed)."""
+
+    nproc: int = 1
+    """Processes per node, one GPU each; above 1 the run is launched under torchrun and every rank trains
+    on its own batches (global batch: nproc x nnodes x model.batch sequences)."""
+    strategy: str = "ddp"
+    """How a student is spread over the ranks: 'ddp' (DistributedDataParallel, a full copy per rank) or
+    'fsdp2' (fully_shard per block, then the whole model: parameters, gradients and optimizer state sharded)."""
+    nnodes: int = 1
+    """Nodes of a multi-node run; start the same command on every node, each with its node_rank."""
+    node_rank: int = 0
+    """This node's rank among nnodes (node 0 writes the result files)."""
+    rdzv_endpoint: str = ""
+    """host:port of torchrun's c10d rendezvous, the same on every node (needed when nnodes is above 1)."""
+    scaling_reference: bool = True
+    """Also train and time each student alone on rank 0 (world size 1, row '<student>@1gpu') while the other
+    ranks wait: the reference of the scaling efficiency."""
+    timeout_s: int = 900
+    """Seconds a rank waits for the others at a collective before the run fails (a rank that died or
+    hangs); it must cover one student's one-GPU reference run."""
+
+
 DEFAULT_BACKENDS = ("torch_fp32", "torch_bf16", "te_bf16", "te_fp8:delayed", "te_fp8:current")
 
 
@@ -162,6 +187,7 @@ class Config:
     distill: DistillConfig = field(default_factory=DistillConfig)
     lm: LMConfig = field(default_factory=LMConfig)
     options: BackendOptions = field(default_factory=BackendOptions)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     backends: list[str] = field(default_factory=lambda: list(DEFAULT_BACKENDS))
     """Students to compare, as 'backend' or 'backend:recipe' (see `workbench.backends.BACKENDS`)."""
     baseline: str = "torch_bf16"
@@ -243,6 +269,7 @@ class Config:
         _positive("options.te_amax_history_len", self.options.te_amax_history_len)
         _choice("options.te_amax_compute_algo", self.options.te_amax_compute_algo, AMAX_ALGOS)
         _choice("device", self.device, DEVICES)
+        self._validate_parallel()
         if not self.backends:
             raise ConfigError("backends must list at least one student")
         from workbench.backends import parse_spec  # late: backends import torch
@@ -255,6 +282,16 @@ class Config:
             raise ConfigError(f"baseline {self.baseline!r} must be one of backends {self.backends}")
         return self
 
+    def _validate_parallel(self) -> None:
+        p = self.parallel
+        for name in ("nproc", "nnodes", "timeout_s"):
+            _positive(f"parallel.{name}", getattr(p, name))
+        _choice("parallel.strategy", p.strategy, STRATEGIES)
+        if isinstance(p.node_rank, bool) or not isinstance(p.node_rank, int) or not 0 <= p.node_rank < p.nnodes:
+            raise ConfigError(f"parallel.node_rank must be an integer in [0, {p.nnodes - 1}] (parallel.nnodes={p.nnodes}), "
+                              f"got {p.node_rank!r}")
+        if p.nnodes > 1 and not re.fullmatch(r"[^\s:]+:\d+", p.rdzv_endpoint):
+            raise ConfigError(f"parallel.rdzv_endpoint must be host:port when parallel.nnodes > 1, got {p.rdzv_endpoint!r}")
 
     def _validate_lm(self) -> None:
         m, lm, d = self.model, self.lm, self.distill
@@ -299,8 +336,9 @@ KINDS = ("mlp", "gpt", "llama")
 TOKENIZERS = ("bpe", "bytes")
 TEACHER_PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 DEVICES = ("auto", "cuda", "cpu")
+STRATEGIES = ("ddp", "fsdp2")
 SECTIONS = {"model": ModelConfig, "train": TrainConfig, "bench": BenchConfig, "distill": DistillConfig,
-            "lm": LMConfig, "options": BackendOptions}
+            "lm": LMConfig, "options": BackendOptions, "parallel": ParallelConfig}
 
 
 def _positive(name: str, value: Any) -> None:

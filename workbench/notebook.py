@@ -107,7 +107,8 @@ def _sig(x: Any, digits: int = 3) -> float | None:
 def summary_table(run_dir: str | Path) -> pd.DataFrame:
     """The run at a glance, one row per student from students.csv: status, median step time, speedup over
     the baseline student (its step time / this one's), final train loss, eval MSE and peak allocated
-    memory in GiB (empty on a CPU: memory is measured on GPUs only). Three significant digits."""
+    memory in GiB (empty on a CPU: memory is measured on GPUs only); a distributed run adds the ranks and
+    the scaling efficiency against the student's one-process row. Three significant digits."""
     df = results.load(run_dir)
     baseline = results.load_config(run_dir).baseline
     base = df.loc[df["student"] == baseline, "step_ms_median"]
@@ -121,6 +122,8 @@ def summary_table(run_dir: str | Path) -> pd.DataFrame:
         "eval MSE": df["eval_mse"].map(_sig),
         "peak GiB": (df["peak_mem_allocated_mb"] / 1024).map(_sig),
     })
+    if "world_size" in df and (df["world_size"] > 1).any():  # a distributed run: ranks and weak-scaling efficiency
+        table = table.assign(ranks=df["world_size"], **{"scaling eff.": df["scaling_efficiency"].map(_sig)})
     if "heldout_ppl" in df:  # a language model: held-out quality instead of the output MSE
         table = table.drop(columns="eval MSE").assign(**{
             "held-out ppl": df["heldout_ppl"].map(_sig), "KL to teacher": df["kl_teacher_student_t1_nats"].map(_sig),

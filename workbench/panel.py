@@ -1,4 +1,4 @@
-"""The main notebook's widget panel: pick a preset, hidden sizes and backends, press Run, watch it go.
+"""The main notebook's widget panel: pick a preset, hidden sizes, GPUs and backends, press Run, watch it go.
 
     from workbench import panel
     panel.maybe_show(globals())      # the notebook's last cell
@@ -56,10 +56,13 @@ class Panel:
         specs = backends.all_specs()
         self.backends = w.SelectMultiple(options=specs, value=tuple(s for s in base.backends if s in specs),
                                          description="backends", rows=min(10, len(specs)))
+        self.nproc = w.BoundedIntText(value=base.parallel.nproc, min=1, max=64, description="GPUs",
+                                      tooltip="processes (GPUs) per run: above 1 the run goes through torchrun")
         self.run_button = w.Button(description="Run", button_style="primary", icon="play")
         self.output = w.Output()
         self.run_button.on_click(lambda _: self.run())
-        self.widget = w.VBox([w.HBox([self.preset, self.sizes, self.ratio]), self.backends, self.run_button, self.output])
+        self.widget = w.VBox([w.HBox([self.preset, self.sizes, self.ratio, self.nproc]), self.backends, self.run_button,
+                              self.output])
         self.last_runs: list[Path] = []
 
     def namespaces(self) -> list[dict[str, Any]]:
@@ -71,8 +74,9 @@ class Panel:
         out = []
         for h in sizes:
             ns = {"preset": self.preset.value, "hidden": h, "intermediate": self.ratio.value * h,
-                  "backends": list(self.backends.value), "out": str(folder), "run_id": f"hidden{h}"}
-            config.from_preset(ns["preset"], **{k: ns[k] for k in ("hidden", "intermediate", "backends")})
+                  "backends": list(self.backends.value), "nproc": self.nproc.value, "out": str(folder),
+                  "run_id": f"hidden{h}"}
+            config.from_preset(ns["preset"], **{k: ns[k] for k in ("hidden", "intermediate", "backends", "nproc")})
             out.append(ns)
         return out
 

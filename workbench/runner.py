@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import datetime as _dt
 import gc
+import json
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 
-from workbench import backends, crosscheck, results, timing
+from workbench import backends, crosscheck, distributed, results, timing
 from workbench.env import probe
 from workbench.config import Config
 from workbench.train import Data, Diverged, run_student, tasks
@@ -84,90 +86,140 @@ def new_run_id(cfg: Config) -> str:
 
 def run(cfg: Config, out: str | Path = "results", run_id: str | None = None, requested: dict | None = None,
         progress: bool = True) -> Path:
-    """Run every student in `cfg.backends`; return the run folder. `out` is the parent folder."""
+    """Run every student in `cfg.backends`; return the run folder. `out` is the parent folder.
+    With parallel.nproc > 1 outside torchrun, the run is launched under torchrun (workbench.distributed)."""
     cfg.validate()
     device = resolve_device(cfg)
+    if distributed.should_launch(cfg):
+        return distributed.launch(cfg, out, run_id, new_run_id(cfg), progress)
+    world, device = distributed.setup(cfg, device)
+    try:
+        return _run(cfg, world, device, out, run_id, requested, progress and world.writes)
+    finally:
+        world.close()
+
+
+def _run(cfg: Config, world: distributed.World, device, out, run_id, requested, progress: bool) -> Path:
+    """The run on this process; under torchrun every rank runs it and only rank 0 writes files."""
     t0 = time.monotonic()
-    run_dir = results.create_run_dir(out, run_id, new_run_id(cfg))  # exclusive: never two runs in one folder
+    run_dir = results.create_run_dir(out, run_id, new_run_id(cfg)) if world.writes else None  # exclusive
+    run_dir = world.from_rank0(run_dir)
     run_id = run_dir.name
-    env = probe.probe()
-    env["te_install"] = last_install()
     tdtype = teacher_dtype(cfg, device)
-    results.write_json(run_dir / "env.json", env)
-    results.write_json(run_dir / "config.json", {
-        "schema_version": results.SCHEMA_VERSION, "run_id": run_id,
-        "requested": requested or {}, "config": cfg.to_dict(),
-        "derived": {"device": str(device), "teacher_dtype": str(tdtype or torch.float32)},
-    })
-
+    if world.writes:
+        env = probe.probe()
+        env["te_install"] = last_install()
+        results.write_json(run_dir / "env.json", env)
+        results.write_json(run_dir / "config.json", {
+            "schema_version": results.SCHEMA_VERSION, "run_id": run_id,
+            "requested": requested or {}, "config": cfg.to_dict(),
+            "derived": {"device": str(device), "teacher_dtype": str(tdtype or torch.float32),
+                        "world_size": world.world_size, "strategy": world.strategy},
+        })
+    if not world.writes:
+        world.barrier()  # rank 0 builds the task first: the text, tokenizer and teacher caches are written once
     task = tasks.for_config(cfg, device, tdtype, cache_dir=Path(out) / "cache")
-    results.write_json(run_dir / "task.json", task.info)
-    data = task.make_data()
-    teacher_cells, teacher_profile = time_teacher(cfg, task.teacher, data, device, tdtype)
-    _write_profile(run_dir, "teacher", teacher_profile)
-    common = {"schema_version": results.SCHEMA_VERSION, "run_id": run_id, **teacher_cells,
-              **{f"cfg_{k}": (",".join(v) if isinstance(v, list) else v) for k, v in cfg.flat().items()},
-              **{k: env.get(k) for k in results.ENV_STAMP}}
-    rows, loss_rows = _all_students(cfg, run_dir, task, data, device, progress)
-    rows = [{**row, **common} for row in rows]
+    if world.writes:
+        world.barrier()
+        results.write_json(run_dir / "task.json", task.info)
+    if world.active:  # every rank distils rank 0's teacher into rank 0's initial weights
+        for module in (task.teacher, task.reference):
+            distributed.broadcast_module(module, device)
+    data = task.make_data(shard=world.rank)
+    if world.writes:
+        teacher_cells, teacher_profile = time_teacher(cfg, task.teacher, data, device, tdtype)
+        _write_profile(run_dir, "teacher", teacher_profile)
+    rows, loss_rows = _all_students(cfg, run_dir, task, data, device, progress, world)
+    if world.writes:
+        common = {"schema_version": results.SCHEMA_VERSION, "run_id": run_id, **teacher_cells,
+                  **{f"cfg_{k}": (",".join(v) if isinstance(v, list) else v) for k, v in cfg.flat().items()},
+                  **{k: env.get(k) for k in results.ENV_STAMP}}
+        df = results.students_frame([{**row, **common} for row in rows])
+        results.write_csv(run_dir / "students.csv", df)
+        results.write_csv(run_dir / "losses.csv", pd.DataFrame(loss_rows, columns=["step", "student", "loss"]))
+        results.write_json(run_dir / "summary.json", summarize(cfg, env, df, run_id, device, tdtype))
+        from workbench import plots  # matplotlib only once there is something to plot
 
-    df = results.students_frame(rows)
-    results.write_csv(run_dir / "students.csv", df)
-    results.write_csv(run_dir / "losses.csv", pd.DataFrame(loss_rows, columns=["step", "student", "loss"]))
-    results.write_json(run_dir / "summary.json", summarize(cfg, env, df, run_id, device, tdtype))
-    from workbench import plots  # matplotlib only once there is something to plot
-
-    plots.plot_run(run_dir)
-    results.mark_complete(run_dir, run_id=run_id, wall_s=round(time.monotonic() - t0, 2))  # last: the run is complete
+        plots.plot_run(run_dir)
+        results.mark_complete(run_dir, run_id=run_id, wall_s=round(time.monotonic() - t0, 2))  # last: the run is complete
+    world.barrier()  # every rank returns once the files are there
     return run_dir
 
 
-def _all_students(cfg: Config, run_dir: Path, task, data: Data, device, progress: bool):
+def _all_students(cfg: Config, run_dir: Path, task, data: Data, device, progress: bool, world: distributed.World):
     """Every student of the run, one after the other (and, for language models, the baseline trained on
     cross-entropy only): (rows, loss rows). A student that changes the shared batches is flagged, and the
-    batches are rebuilt for the ones after it."""
+    batches are rebuilt for the ones after it. In a distributed run each student's row is merged from every
+    rank's, followed by its one-process reference row (rank 0 alone) when parallel.scaling_reference asks."""
     ctx = backends.Context(device=device, cfg=cfg)
     rows, loss_rows, curve_rows = [], [], []
     data_sums = data.fingerprint()
     no_kd = task.no_kd() if cfg.distill.no_kd_student else None
     runs = [(spec, spec, task) for spec in cfg.backends] + ([(cfg.baseline, f"{cfg.baseline}:no_kd", no_kd)] if no_kd else [])
     for spec, name, student_task in runs:
-        row, losses = _one_student(spec, cfg, ctx, student_task, data, device, progress, name=name)
-        _write_profile(run_dir, name, row.pop("profile", None))
-        curve_rows += [{"student": name, **point} for point in row.pop("curve", None) or []]
+        row, losses = _one_student(spec, cfg, ctx, student_task, data, device, progress, name=name, world=world)
+        done = [(row, losses, row.pop("profile", None), row.pop("curve", None) or [])]
+        if world.active:
+            done = _across_ranks(cfg, world, done[0], lambda: _one_student(
+                spec, cfg, ctx, student_task, data, device, progress, name=f"{name}{distributed.REFERENCE_SUFFIX}"))
+        for row, losses, profile, curve in done:
+            row.setdefault("world_size", 1)
+            if world.writes:
+                _write_profile(run_dir, row["student"], profile)
+            curve_rows += [{"student": row["student"], **point} for point in curve]
+            rows.append(row)
+            loss_rows += [{"step": i + 1, "student": row["student"], "loss": v} for i, v in enumerate(losses)]
         if not torch.equal(data.fingerprint(), data_sums):
             # Its own numbers may be fine, but what the other students see would not be the same data.
-            row.update(status="error", reason=("this student wrote into the batches shared by all students; "
-                                               "they were rebuilt for the next students. " + row["reason"]).strip())
+            rows[-len(done)].update(status="error", reason=(
+                "this student wrote into the batches shared by all students; they were rebuilt for the next "
+                "students. " + rows[-len(done)]["reason"]).strip())
             _say(progress, f"[{name}] changed the shared batches; rebuilding them")
             data = None  # free this frame's damaged copy first: at the large sizes the batches take GBs
-            data = task.make_data()
+            data = task.make_data(shard=world.rank)
             data_sums = data.fingerprint()  # the next students are checked against the rebuilt batches
-        rows.append(row)
-        loss_rows += [{"step": i + 1, "student": name, "loss": v} for i, v in enumerate(losses)]
         if device.type == "cuda":
             # Each student's memory peak starts from the same floor. gc first: graphed / compiled students
             # hold reference cycles (callables <-> module), and the H200 bench showed later students'
             # peaks growing by GBs when only empty_cache ran.
             gc.collect()
             torch.cuda.empty_cache()
-    if curve_rows:  # held-out metrics during training (train.eval_every)
+    if curve_rows and world.writes:  # held-out metrics during training (train.eval_every)
         results.write_csv(run_dir / "eval_curve.csv", pd.DataFrame(curve_rows))
     return rows, loss_rows
 
 
-def _one_student(spec: str, cfg: Config, ctx, task, data: Data, device, progress: bool, name: str | None = None):
+def _across_ranks(cfg: Config, world: distributed.World, own: tuple, alone) -> list[tuple]:
+    """One student of a distributed run: its row merged from every rank's (profile and curve: rank 0's),
+    then, with parallel.scaling_reference, its one-process reference row, run by `alone()` on rank 0 while
+    the other ranks wait. [(row, losses, profile, curve)], in that order."""
+    row, losses, profile, curve = own
+    gathered = world.gather((row, losses))
+    row, losses = distributed.merge_rows([r for r, _ in gathered], [x for _, x in gathered], world)
+    if not (cfg.parallel.scaling_reference and row["status"] in results.RAN):
+        return [(row, losses, profile, curve)]
+    ref = None
+    if world.writes:
+        ref, ref_losses = alone()
+        ref_profile, ref_curve = ref.pop("profile", None), ref.pop("curve", None) or []
+    world.barrier()
+    row = distributed.scaling(row, world.from_rank0(ref))
+    return [(row, losses, profile, curve)] + ([(ref, ref_losses, ref_profile, ref_curve)] if world.writes else [])
+
+
+def _one_student(spec: str, cfg: Config, ctx, task, data: Data, device, progress: bool, name: str | None = None,
+                 world: distributed.World | None = None):
     row: dict[str, Any] = {"student": name or spec, "backend": spec.partition(":")[0], "recipe": spec.partition(":")[2] or None,
                            "mode": None, "status": "ok", "reason": ""}
     try:
-        return _try_student(row, spec, cfg, ctx, task, data, device, progress)
+        return _try_student(row, spec, cfg, ctx, task, data, device, progress, world)
     except Exception as e:  # one failing student must not take down the others; the row says why
         row.update(status="error", reason=f"{type(e).__name__}: {e}".strip()[:2000])
         _say(progress, traceback.format_exc())
         return row, []
 
 
-def _try_student(row: dict, spec: str, cfg: Config, ctx, task, data: Data, device, progress: bool):
+def _try_student(row: dict, spec: str, cfg: Config, ctx, task, data: Data, device, progress: bool, world=None):
     backend = backends.make(spec)
     row.update(backend=backend.name, recipe=backend.recipe, mode=backend.mode, gemm_precision=backend.gemm_precision)
     ok, reason = backend.availability(ctx)
@@ -180,9 +232,12 @@ def _try_student(row: dict, spec: str, cfg: Config, ctx, task, data: Data, devic
             return row, []
         row.update(status="fallback", mode=fb.mode, reason=f"{reason} -> ran PyTorch autocast instead")
         backend = fb
+    on_step = None
+    if world is not None and world.active:
+        backend, on_step = distributed.Spread(backend, world), distributed.stop_together(device)
     _say(progress, f"[{row['student']}] training {cfg.train.steps} steps ({row['mode']})")
     try:
-        metrics, losses = run_student(backend, cfg, task, data, device)
+        metrics, losses = run_student(backend, cfg, task, data, device, on_step=on_step)
         row.update(metrics)
     except Diverged as e:
         row.update(e.metrics, status="diverged", reason=str(e), steps_run=len(e.losses))
@@ -236,8 +291,12 @@ def summarize(cfg: Config, env: dict, df: pd.DataFrame, run_id: str, device, tdt
         for r in (_row(df, s) for s in df[(df["backend"] == "te_fp8") & (df["status"] == "ok")]["student"])
     }
     # a diverged student measured its initial loss before training: it still says whether init matched
-    init = df[df["status"].isin(results.STARTED)]["initial_loss"].dropna().astype(float)
-    spread = float((init.max() - init.min()) / abs(init.mean())) if len(init) else None
+    started = df[df["status"].isin(results.STARTED)]
+    init = started["initial_loss"].dropna().astype(float).tolist()
+    if "initial_loss_ranks" in started:  # a distributed run: every rank measured every student's start
+        init += [v for cell in started["initial_loss_ranks"].dropna() for v in json.loads(cell) if v is not None]
+    spread = float((max(init) - min(init)) / abs(np.mean(init))) if init else None
+    world = int(df["world_size"].max()) if "world_size" in df and df["world_size"].notna().any() else 1
     return {
         # the tutorial's keys
         "gpu_name": env.get("gpu_name"), "compute_capability": env.get("compute_capability"),
@@ -255,6 +314,9 @@ def summarize(cfg: Config, env: dict, df: pd.DataFrame, run_id: str, device, tdt
         "initial_loss_rel_spread": spread, "initial_losses_equal": spread is not None and spread <= 1e-5,
         "bf16_reference_student": bf16_ref, "fp8_vs_bf16": fp8_vs_bf16,
         "te_install": env.get("te_install"),
+        "world_size": world, "strategy": cfg.parallel.strategy if world > 1 else None,
+        "scaling_efficiency": ({r["student"]: r.get("scaling_efficiency") for r in ran.to_dict("records")
+                                if r.get("world_size") == world} if world > 1 else None),
         "students": {r["student"]: {"status": r["status"], "reason": r["reason"]} for r in df.to_dict("records")},
         "students_with_metrics": len(ran),  # 0: a complete run in which every student diverged, failed or was skipped
     }

@@ -57,6 +57,7 @@ class TEFP8(TEBF16):
     recipes = tuple(RECIPES)
     default_recipe = "delayed"
     mode = "TE-FP8"
+    amax_reduction_group = None  # a distributed run's data-parallel group (set by workbench.distributed)
 
     @property
     def gemm_precision(self) -> str:
@@ -88,5 +89,5 @@ class TEFP8(TEBF16):
         te, _, _ = _te.load()
         stack = contextlib.ExitStack()
         stack.enter_context(autocast(self.device, torch.bfloat16))  # exactly the bf16 students' autocast
-        stack.enter_context(_te.autocast(te, self.fp8_recipe))
+        stack.enter_context(_te.autocast(te, self.fp8_recipe, self.amax_reduction_group))
         return stack

@@ -233,8 +233,9 @@ def check(fn: Callable | None, what: str) -> tuple[bool, str]:
     return ok, ("" if ok else (why or f"{what} not available on this GPU"))
 
 
-def autocast(te: Any, recipe: Any):
-    """te.autocast (TE >= 2.9) or the older te.fp8_autocast; wraps the forward only."""
+def autocast(te: Any, recipe: Any, amax_reduction_group: Any = None):
+    """te.autocast (TE >= 2.9) or the older te.fp8_autocast; wraps the forward only. `amax_reduction_group`:
+    the data-parallel group of a distributed run, over which delayed scaling reduces its amax."""
     if hasattr(te, "autocast"):
-        return te.autocast(enabled=True, recipe=recipe)
-    return te.fp8_autocast(enabled=True, fp8_recipe=recipe)
+        return te.autocast(enabled=True, recipe=recipe, amax_reduction_group=amax_reduction_group)
+    return te.fp8_autocast(enabled=True, fp8_recipe=recipe, fp8_group=amax_reduction_group)

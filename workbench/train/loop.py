@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from workbench import crosscheck, flops, timing
 from workbench.backends import Backend
@@ -147,7 +148,9 @@ def initial_loss(model: torch.nn.Module, task, batch: tuple[torch.Tensor, object
     are the same, which is what "matched students" promises."""
     tokens, targets = batch
     ref = copy.deepcopy(task.reference).to(tokens.device).float()
-    state = {k: v.float() for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+    # a distributed student's state: DDP names it under "module.", FSDP2 holds shards (gathered here)
+    state = {k.removeprefix("module."): (v.full_tensor() if isinstance(v, DTensor) else v).float()
+             for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
     ref.load_state_dict(state)  # strict: a conversion keeps every name, so a missing one is a bug
     with torch.no_grad():
         out = ref(tokens, return_hidden=True) if task.needs_hidden else ref(tokens)
@@ -172,7 +175,8 @@ def run_student(backend: Backend, cfg, task, data: Data, device: torch.device,
     metrics["mem_floor_mb"] = floor
     # Measured after compilation and graph capture (which ran real warm-up updates and restored them),
     # so a bad restore shows up here as a mismatch with the other students.
-    metrics["initial_loss"] = initial_loss(model, task, data.train[0])
+    # on the first held-out batch: the one batch every rank of a data-parallel run shares
+    metrics["initial_loss"] = initial_loss(model, task, data.eval[0])
     curve: list[dict] = []
     if cfg.train.eval_every:  # for the run's eval_curve.csv, not a row cell (kept, too, if the student diverges)
         metrics["curve"] = curve
@@ -237,12 +241,14 @@ def train(step, data: Data, metrics: dict, on_step: Callable[[int, float], None]
     for i, (tokens, targets) in enumerate(data.train):
         loss = float(step(tokens, targets))  # .item() syncs: fine here, training is not timed
         losses.append(loss)
-        if on_step:
-            on_step(i + 1, loss)
-        if not math.isfinite(loss):
-            err = Diverged(f"non-finite loss {loss} at training step {i + 1}")
+        try:
+            if on_step:
+                on_step(i + 1, loss)  # may raise Diverged too (a distributed run: another rank's loss)
+            if not math.isfinite(loss):
+                raise Diverged(f"non-finite loss {loss} at training step {i + 1}")
+        except Diverged as err:
             err.losses, err.metrics = losses, metrics
-            raise err
+            raise
     metrics.update(first_step_loss=losses[0], final_train_loss=losses[-1], steps_run=len(losses))
     return losses
 

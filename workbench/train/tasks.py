@@ -26,6 +26,7 @@ from workbench.train import lm_metrics, lm_objectives, objectives
 from workbench.train.loop import Data
 
 LM_BENCH_BATCHES = 4  # distinct timed batches, cycled: an LM batch's teacher logits take GBs at vocab 32k
+SHARD_SEED_STRIDE = 7919  # a data-parallel rank's batch seeds: seed + offset + this x rank (apart from rank 0's)
 
 
 def for_config(cfg, device: torch.device, tdtype, cache_dir: str | Path) -> "MLPTask | LMTask":
@@ -50,17 +51,20 @@ class MLPTask:
 
     matched_loss = loss  # the measure of a student's starting weights (see loop.initial_loss)
 
-    def make_data(self) -> Data:
-        """Random-token batches from a seeded generator and the teacher's targets, computed once."""
+    def make_data(self, shard: int = 0) -> Data:
+        """Random-token batches from a seeded generator and the teacher's targets, computed once. `shard`:
+        a data-parallel rank's own training and timed batches (the held-out ones are every rank's)."""
         cfg, m = self.cfg, self.cfg.model
         gen = torch.Generator().manual_seed(cfg.train.seed + 1)
 
-        def batches(n: int):
-            return [self._targets(torch.randint(0, m.vocab, (m.batch, m.seq_len), generator=gen).to(self.device))
-                    for _ in range(n)]
+        def tokens(n: int):
+            return [torch.randint(0, m.vocab, (m.batch, m.seq_len), generator=gen) for _ in range(n)]
 
-        return Data(train=batches(cfg.train.steps), bench=batches(cfg.bench.warmup + cfg.bench.iters),
-                    eval=batches(cfg.train.eval_batches))
+        train, bench, held_out = tokens(cfg.train.steps), tokens(cfg.bench.warmup + cfg.bench.iters), tokens(cfg.train.eval_batches)
+        if shard:
+            gen = torch.Generator().manual_seed(cfg.train.seed + 1 + SHARD_SEED_STRIDE * shard)
+            train, bench = tokens(cfg.train.steps), tokens(cfg.bench.warmup + cfg.bench.iters)
+        return Data(*([self._targets(t.to(self.device)) for t in part] for part in (train, bench, held_out)))
 
     def _targets(self, tokens: torch.Tensor):
         with torch.no_grad(), backends.autocast(self.device, self.tdtype):
@@ -172,15 +176,17 @@ class LMTask:
         return model
 
     # ---- data, loss, evaluation -----------------------------------------------------------------
-    def make_data(self) -> Data:
+    def make_data(self, shard: int = 0) -> Data:
+        """`shard`: a data-parallel rank's own training and timed batches (the held-out ones are every rank's)."""
         cfg, m, seed = self.cfg, self.cfg.model, self.cfg.train.seed
         self._check_targets_fit()
 
         def batches(split: str, n: int, offset: int):
             return [self._targets(b) for b in self.text.batches(split, m.batch, m.seq_len, n, seed + offset)]
 
-        return Data(train=batches("train", cfg.train.steps, 1),
-                    bench=batches("train", min(LM_BENCH_BATCHES, cfg.bench.warmup + cfg.bench.iters), 2),
+        own = SHARD_SEED_STRIDE * shard
+        return Data(train=batches("train", cfg.train.steps, 1 + own),
+                    bench=batches("train", min(LM_BENCH_BATCHES, cfg.bench.warmup + cfg.bench.iters), 2 + own),
                     eval=batches("heldout", cfg.train.eval_batches, 3))
 
     def _check_targets_fit(self) -> None:

@@ -1,0 +1,164 @@
+"""One config over several processes: the torchrun command, the validation of the parallel section, how
+rows of every rank merge, and real two-process gloo runs on the CPU (DDP; FSDP2 as two "nodes" on one host)."""
+import json
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from workbench import config, distributed, notebook, results, runner
+
+SMALL = dict(backends="torch_fp32,torch_bf16", baseline="torch_fp32", steps=2, warmup=1, iters=2, eval_batches=1)
+
+
+def _sets(cmd: list[str]) -> dict:
+    return config.parse_set([cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"])
+
+
+def test_torchrun_command_single_node_carries_the_same_config():
+    cfg = config.from_preset("cpu-smoke", nproc=2, strategy="fsdp2", lr=3e-4, **SMALL)
+    cmd = distributed.torchrun_command(cfg, "/o", "rid", python="py")
+    assert cmd[:6] == ["py", "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone"]
+    assert cmd[6:14] == ["-m", "workbench", "run", "--out", "/o", "--run-id", "rid", "--preset"]
+    assert cmd[14] == "cpu-smoke" and "--nnodes" not in cmd
+    assert config.from_preset(cmd[14], **_sets(cmd)) == cfg  # the ranks rebuild exactly this config
+
+
+def test_torchrun_command_multi_node_uses_torchruns_rendezvous():
+    cfg = config.from_preset("cpu-smoke", nproc=4, nnodes=2, node_rank=1, rdzv_endpoint="node0:29500")
+    cmd = distributed.torchrun_command(cfg, "/o", "rid", python="py")
+    assert cmd[3:15] == ["--nproc-per-node", "4", "--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "c10d",
+                         "--rdzv-endpoint", "node0:29500", "--rdzv-id", "rid"]
+    assert "--standalone" not in cmd
+
+
+def test_a_config_not_made_from_a_preset_round_trips():
+    cfg = config.Config(preset="mine", backends=["torch_fp32"], baseline="torch_fp32").replace(nproc=2)
+    cmd = distributed.torchrun_command(cfg, "/o", "rid", python="py")
+    assert config.from_preset("seed", **_sets(cmd)) == cfg
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    (dict(strategy="zero3"), "parallel.strategy must be one of ['ddp', 'fsdp2']"),
+    (dict(nproc=0), "parallel.nproc must be a positive integer"),
+    (dict(nnodes=2), "parallel.rdzv_endpoint must be host:port"),
+    (dict(nnodes=2, node_rank=2, rdzv_endpoint="h:1"), "parallel.node_rank must be an integer in [0, 1]"),
+])
+def test_bad_parallel_settings_name_the_field(overrides, needle):
+    with pytest.raises(config.ConfigError, match=re.escape(needle)):
+        config.from_preset("cpu-smoke", **overrides)
+
+
+def test_rows_of_every_rank_merge_into_one():
+    world = distributed.World(rank=0, world_size=2, strategy="ddp")
+    base = dict(student="s", status="ok", reason="", tokens_per_s=100.0, tflops=1.0, initial_loss=0.5,
+                final_train_loss=0.3, first_step_loss=0.5, step_ms_p20=1.0)
+    rows = [dict(base, step_ms_median=10.0, peak_mem_allocated_mb=5.0, peak_mem_reserved_mb=6.0),
+            dict(base, step_ms_median=12.0, step_ms_p20=11.0, tokens_per_s=80.0, peak_mem_allocated_mb=7.0,
+                 peak_mem_reserved_mb=8.0)]
+    row, curve = distributed.merge_rows(rows, [[1.0, 0.4], [0.8, 0.2]], world)
+    assert row["step_ms_median"] == 12.0 and row["step_ms_p20"] == 11.0  # the slowest rank's cells
+    assert row["step_ms_median_rank_median"] == 11.0 and json.loads(row["step_ms_median_ranks"]) == [10.0, 12.0]
+    assert row["tokens_per_s"] == 160.0  # both ranks at the slowest one's pace
+    assert row["peak_mem_allocated_mb"] == 7.0 and json.loads(row["peak_mem_allocated_mb_ranks"]) == [5.0, 7.0]
+    assert curve == pytest.approx([0.9, 0.3]) and row["final_train_loss"] == pytest.approx(0.3)
+    assert (row["world_size"], row["strategy"]) == (2, "ddp")
+    assert distributed.scaling(row, {"status": "ok", "step_ms_median": 9.0})["scaling_efficiency"] == 0.75
+    failed, _ = distributed.merge_rows([rows[0], dict(rows[1], status="error", reason="OOM")], [[1.0], []], world)
+    assert failed["status"] == "error" and failed["reason"] == "rank 1: OOM"
+
+
+def _only_rank0_wrote(out, run_id):
+    assert [p.name for p in out.iterdir()] == [run_id]  # one run folder, nothing else from any rank
+    run_dir = out / run_id
+    assert not list(run_dir.glob(".*")), "no temporary or partial files"
+    assert results.is_complete(run_dir)
+    return run_dir
+
+
+def _equal_initial_losses(df):
+    init = [v for cell in df["initial_loss_ranks"].dropna() for v in json.loads(cell)] + list(df["initial_loss"])
+    assert max(init) - min(init) <= 1e-6 * abs(init[0]), init
+
+
+@pytest.mark.slow
+def test_two_process_ddp_run_writes_one_set_of_files(tmp_path):
+    """runner.run (so the CLI, the notebook's run cell and the panel) with nproc=2 launches torchrun."""
+    cfg = config.from_preset("cpu-smoke", nproc=2, **SMALL)
+    run_dir = runner.run(cfg, out=tmp_path, run_id="ddp", progress=False)
+    assert run_dir == _only_rank0_wrote(tmp_path, "ddp")
+    df = results.load(run_dir).set_index("student")
+    assert list(df.index) == ["torch_fp32", "torch_fp32@1gpu", "torch_bf16", "torch_bf16@1gpu"]
+    assert (df["status"] == "ok").all(), df["reason"].to_dict()
+    assert df["world_size"].tolist() == [2, 1, 2, 1]
+    assert df.loc["torch_fp32", "strategy"] == "ddp" and df.loc["torch_fp32", "scaling_efficiency"] > 0
+    assert len(json.loads(df.loc["torch_bf16", "step_ms_median_ranks"])) == 2
+    _equal_initial_losses(df.reset_index())
+    summary = results.load_summary(run_dir)
+    assert summary["initial_losses_equal"] and summary["world_size"] == 2
+    assert set(summary["scaling_efficiency"]) == {"torch_fp32", "torch_bf16"}
+    assert results.read_json(run_dir / "config.json")["derived"]["world_size"] == 2
+    assert set(results.load_losses(run_dir)["student"]) == set(df.index)
+    table = notebook.summary_table(run_dir)
+    assert table.loc["torch_fp32", "ranks"] == 2 and table.loc["torch_fp32", "scaling eff."] > 0
+
+
+@pytest.mark.slow
+def test_fsdp2_over_two_nodes_on_one_host(tmp_path):
+    """Two torchrun agents meeting at one c10d rendezvous, one process each: only node 0 writes files."""
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    sets = [f"{k}={v}" for k, v in SMALL.items()] + ["strategy=fsdp2", "nnodes=2", f"rdzv_endpoint=localhost:{port}",
+                                                   "scaling_reference=false"]
+    nodes = [subprocess.Popen([sys.executable, "-m", "workbench", "run", "--preset", "cpu-smoke", "--out", str(tmp_path),
+                               "--run-id", "fsdp2", *(a for kv in [*sets, f"node_rank={n}"] for a in ("--set", kv))],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for n in (0, 1)]
+    logs = [p.communicate(timeout=300)[0] for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], logs
+    assert json.loads(logs[0].strip().splitlines()[-1])["world_size"] == 2  # node 0 reports the run
+    df = results.load(_only_rank0_wrote(tmp_path, "fsdp2"))
+    assert list(df["student"]) == ["torch_fp32", "torch_bf16"] and (df["status"] == "ok").all(), df["reason"].tolist()
+    assert (df["strategy"] == "fsdp2").all() and (df["world_size"] == 2).all()
+    assert df["scaling_efficiency"].isna().all()  # no one-process reference asked for
+    _equal_initial_losses(df)
+    assert results.load_summary(tmp_path / "fsdp2")["initial_losses_equal"]
+
+
+def test_a_multi_node_run_needs_a_run_id(tmp_path):
+    cfg = config.from_preset("cpu-smoke", nnodes=2, rdzv_endpoint="localhost:1")
+    with pytest.raises(config.ConfigError, match="--run-id"):
+        runner.run(cfg, out=tmp_path, progress=False)
+    assert not any(tmp_path.iterdir())
+
+
+def _train_two_ranks(rank: int, port: int, out: str) -> None:
+    """One rank of test_a_rank_that_diverges_stops_every_rank: rank 1's loss turns non-finite at step 2."""
+    import torch.distributed as dist
+    from workbench.train import loop
+
+    dist.init_process_group("gloo", init_method=f"tcp://localhost:{port}", rank=rank, world_size=2)
+    data = loop.Data(train=[(None, None)] * 4, bench=[], eval=[])
+    values = iter([1.0, float("nan") if rank else 0.9, 0.8, 0.7])
+    try:
+        loop.train(lambda *_: next(values), data, {}, distributed.stop_together(torch.device("cpu")))
+        outcome = "finished"
+    except loop.Diverged as e:
+        outcome = f"{len(e.losses)}: {e}"
+    Path(out, str(rank)).write_text(outcome)
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_a_rank_that_diverges_stops_every_rank(tmp_path):
+    """Every rank leaves training at the same step: one stopping alone would leave the others waiting."""
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    torch.multiprocessing.spawn(_train_two_ranks, args=(port, str(tmp_path)), nprocs=2)
+    assert (tmp_path / "0").read_text() == "2: non-finite loss on another rank at training step 2"
+    assert (tmp_path / "1").read_text() == "2: non-finite loss nan at training step 2"

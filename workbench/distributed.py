@@ -1,0 +1,271 @@
+"""One run over several processes: torchrun launches them, DDP or FSDP2 spreads each student over them.
+
+    workbench run --preset large --set nproc=2 --set strategy=fsdp2      # launches torchrun itself
+    torchrun --standalone --nproc-per-node 2 -m workbench run --preset large --set strategy=fsdp2
+
+`runner.run` with `parallel.nproc > 1`, outside torchrun, creates the run folder, runs the command
+`torchrun_command` builds (the same config, that run id and folder) and returns the folder rank 0 wrote;
+the notebook's run cell and the panel go through it too. Multi-node uses torchrun's own c10d rendezvous:
+start the same command on every node, each with its node rank (two "nodes" on one host shown here):
+
+    workbench run --preset large --run-id two-nodes --set nproc=1 --set nnodes=2 --set node_rank=0 \\
+        --set rdzv_endpoint=localhost:29511 &
+    workbench run --preset large --run-id two-nodes --set nproc=1 --set nnodes=2 --set node_rank=1 \\
+        --set rdzv_endpoint=localhost:29511
+
+Inside torchrun every rank builds the same task (rank 0 first, so caches are written once), the reference
+student's weights are broadcast from rank 0 (matched init by construction), and each rank trains on its own
+batches (`task.make_data(shard=rank)`; held-out batches are shared): the global batch is world size x
+model.batch. Each student is converted, then wrapped (DDP, or FSDP2: `fully_shard` on every element of
+every ModuleList, i.e. per block, then the root); TE FP8 reduces its amax over the data-parallel group.
+Only rank 0 writes files. A row then carries the slowest rank's step time (`step_ms_*`), the median over
+ranks, every rank's median and peak memory (JSON lists), tokens/s of all ranks together and, with
+`parallel.scaling_reference`, the weak-scaling efficiency against the same student trained and timed
+alone on rank 0 (row '<student>@1gpu'): one-GPU step time / distributed step time.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import math
+import os
+import subprocess
+import sys
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel
+
+from workbench import results
+from workbench.config import PRESETS, Config, ConfigError
+from workbench.train import Diverged
+
+REFERENCE_SUFFIX = "@1gpu"  # the one-process reference row of a student: '<student>@1gpu'
+
+
+def in_torchrun() -> bool:
+    """True in a process torchrun started (it sets RANK and WORLD_SIZE)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def should_launch(cfg: Config) -> bool:
+    p = cfg.parallel
+    return (p.nproc > 1 or p.nnodes > 1) and not in_torchrun()
+
+
+# ---- launching ----------------------------------------------------------------------------------
+def cli_args(cfg: Config) -> list[str]:
+    """`--preset P --set field=value ...`: the command-line form of cfg (its preset, or 'seed' for a config
+    not made from one, and every field that differs from it)."""
+    preset = cfg.preset if cfg.preset in PRESETS else "seed"
+    base = PRESETS[preset]().flat()
+    out = ["--preset", preset]
+    for name, value in cfg.flat().items():
+        if base[name] != value:
+            out += ["--set", f"{name}={json.dumps(value) if isinstance(value, list) else value}"]
+    return out
+
+
+def torchrun_command(cfg: Config, out: str | Path, run_id: str, python: str = sys.executable) -> list[str]:
+    """The torchrun command line of one run over cfg.parallel's processes (pure: builds, never runs)."""
+    p = cfg.parallel
+    cmd = [python, "-m", "torch.distributed.run", "--nproc-per-node", str(p.nproc)]
+    if p.nnodes > 1:  # torchrun's own rendezvous: every node runs this with its node rank
+        cmd += ["--nnodes", str(p.nnodes), "--node-rank", str(p.node_rank), "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", p.rdzv_endpoint, "--rdzv-id", run_id]
+    else:
+        cmd += ["--standalone"]  # a free local port, no rendezvous server to name
+    return cmd + ["-m", "workbench", "run", "--out", str(out), "--run-id", run_id, *cli_args(cfg)]
+
+
+class LaunchError(RuntimeError):
+    """torchrun (or one of its ranks) failed; the message carries the end of its output."""
+
+
+def launch(cfg: Config, out: str | Path, run_id: str | None, auto_id: str, progress: bool = True) -> Path:
+    """Run cfg under torchrun; return the run folder rank 0 wrote. Node 0 creates the folder (exclusively,
+    and hands it to rank 0); the ranks' output is relayed line by line (also into a notebook)."""
+    if cfg.parallel.nnodes > 1 and run_id is None:
+        raise ConfigError("a multi-node run needs --run-id (run_id), the same on every node")
+    if cfg.parallel.node_rank == 0:
+        run_dir = results.create_run_dir(out, run_id, auto_id)
+    else:  # another node's rank 0 writes the files
+        run_dir = results.output_root(out) / results.check_name(run_id, "run id")
+    cmd = torchrun_command(cfg, run_dir.parent, run_dir.name)
+    env = {**os.environ, results.HANDOVER_ENV: str(run_dir), "PYTHONUNBUFFERED": "1"}
+    tail: deque[str] = deque(maxlen=40)
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        for line in proc.stdout:
+            tail.append(line)
+            if progress:
+                print(line, end="", flush=True)
+    if proc.returncode:
+        raise LaunchError(f"torchrun exited with {proc.returncode} ({' '.join(cmd)}); its last lines:\n{''.join(tail)}")
+    return run_dir
+
+
+# ---- inside torchrun ----------------------------------------------------------------------------
+@dataclasses.dataclass
+class World:
+    """This process's place in the run: rank, world size, strategy; world size 1 outside torchrun."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    strategy: str | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def writes(self) -> bool:
+        """Only rank 0 writes result files."""
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.active:
+            dist.barrier()
+
+    def gather(self, obj: Any) -> list[Any]:
+        """obj of every rank, in rank order (small Python objects: rows, losses)."""
+        if not self.active:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def from_rank0(self, obj: Any) -> Any:
+        if not self.active:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def close(self) -> None:
+        if self.active and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def setup(cfg: Config, device: torch.device) -> tuple[World, torch.device]:
+    """Join torchrun's process group (nccl on CUDA, gloo on CPU), each rank on cuda:LOCAL_RANK; the
+    collectives time out after parallel.timeout_s, so a dead rank fails the run instead of hanging it."""
+    if not in_torchrun() or int(os.environ["WORLD_SIZE"]) == 1:
+        return World(), device
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    timeout = _dt.timedelta(seconds=cfg.parallel.timeout_s)
+    if device.type == "cuda":
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", timeout=timeout, device_id=device)
+    else:
+        dist.init_process_group("gloo", timeout=timeout)
+    return World(dist.get_rank(), dist.get_world_size(), local, cfg.parallel.strategy), device
+
+
+def broadcast_module(module: torch.nn.Module, device: torch.device) -> None:
+    """Every tensor of `module` (parameters and buffers) set to rank 0's, wherever it lives (NCCL
+    broadcasts from the GPU)."""
+    with torch.no_grad():
+        for t in module.state_dict().values():
+            if torch.is_tensor(t):
+                buf = t.to(device)
+                dist.broadcast(buf, src=0)
+                t.copy_(buf)
+
+
+def wrap(model: torch.nn.Module, world: World, device: torch.device) -> torch.nn.Module:
+    """The converted student spread over the ranks: DDP, or FSDP2 per block then the root."""
+    if world.strategy == "fsdp2":
+        for m in list(model.modules()):
+            if isinstance(m, torch.nn.ModuleList):
+                for block in m:
+                    fully_shard(block)
+        return fully_shard(model)
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+class Spread:
+    """A backend whose students are wrapped for the run's strategy (everything else is the backend's own):
+    graphs are not applied (a note says so), TE FP8 reduces its amax over the data-parallel group."""
+
+    def __init__(self, inner, world: World):
+        self.inner, self.world = inner, world
+        if hasattr(inner, "amax_reduction_group"):
+            inner.amax_reduction_group = dist.group.WORLD
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def build(self, reference, cfg, device):
+        return wrap(self.inner.build(reference, cfg, device), self.world, device)
+
+    def policy(self, cfg, device):
+        p = self.inner.policy(cfg, device)
+        notes = list(p.notes)
+        if p.graph is not None:
+            notes.append(f"graphs not applied: CUDA graphs of a {self.world.strategy} step are not supported here; ran eager")
+        if self.world.strategy == "fsdp2" and self.inner.name.startswith("te_"):
+            notes.append("FSDP2: plain fully_shard of the converted TE model (TE's quantized_model_init / FP8 "
+                         "all-gather recipe not applied)")
+        return dataclasses.replace(p, graph=None, notes=tuple(notes))
+
+
+def stop_together(device: torch.device):
+    """run_student's on_step in a distributed run: when any rank's loss is non-finite every rank stops at
+    that step (Diverged), instead of one leaving the others waiting in the next step's collectives."""
+    def on_step(step: int, loss: float) -> None:
+        bad = torch.tensor([0.0 if math.isfinite(loss) else 1.0], device=device)
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        if bad.item() and math.isfinite(loss):
+            raise Diverged(f"non-finite loss on another rank at training step {step}")
+    return on_step
+
+
+# ---- one row from every rank's --------------------------------------------------------------------
+def merge_rows(rows: list[dict], losses: list[list[float]], world: World) -> tuple[dict, list[float]]:
+    """One student's row of a distributed run from every rank's row, and its loss curve (the mean over
+    ranks, i.e. the global batch's loss). Step-time cells are the slowest rank's; memory the largest; a
+    rank that failed makes the row fail with its reason."""
+    row = dict(rows[0])
+    if len({r["status"] for r in rows}) > 1:  # the ranks disagree: the row is the first failed rank's
+        rank, bad = next(((i, r) for i, r in enumerate(rows) if r["status"] not in results.RAN), (0, rows[0]))
+        row.update(status=bad["status"], reason=f"rank {rank}: {bad['reason']}".strip())
+    medians = [r.get("step_ms_median") for r in rows]
+    if all(m is not None for m in medians):
+        slowest = rows[int(np.argmax(medians))]
+        row.update({k: v for k, v in slowest.items() if k.startswith("step_ms_")})
+        row["step_ms_median_rank_median"] = float(np.median(medians))
+        row["step_ms_median_ranks"] = json.dumps(medians)
+        if slowest.get("tokens_per_s") is not None:  # every rank steps its own batch at the slowest one's pace
+            row["tokens_per_s"] = slowest["tokens_per_s"] * world.world_size
+        row["tflops"] = slowest.get("tflops")  # per GPU
+    peaks = [r.get("peak_mem_allocated_mb") for r in rows]
+    if any(p is not None for p in peaks):
+        row["peak_mem_allocated_mb"] = max(p for p in peaks if p is not None)
+        row["peak_mem_allocated_mb_ranks"] = json.dumps(peaks)
+        row["peak_mem_reserved_mb"] = max((r.get("peak_mem_reserved_mb") or 0) for r in rows)
+    if any(r.get("initial_loss") is not None for r in rows):
+        row["initial_loss_ranks"] = json.dumps([r.get("initial_loss") for r in rows])
+    if losses and all(len(x) == len(losses[0]) for x in losses) and losses[0]:
+        curve = [float(v) for v in np.mean(losses, axis=0)]
+        if row.get("final_train_loss") is not None:
+            row.update(first_step_loss=curve[0], final_train_loss=curve[-1])
+    else:
+        curve = losses[0] if losses else []
+    row.update(world_size=world.world_size, strategy=world.strategy, scaling_efficiency=None)  # see scaling()
+    return row, curve
+
+
+def scaling(row: dict, reference: dict) -> dict:
+    """The distributed row's weak-scaling efficiency: the one-process step time over its own (1.0 is
+    perfect: N ranks step N batches in the time one took for one)."""
+    a, b = reference.get("step_ms_median"), row.get("step_ms_median")
+    eff = a / b if a and b and reference.get("status") in results.RAN and row.get("status") in results.RAN else None
+    return {**row, "scaling_efficiency": eff}

@@ -84,9 +84,32 @@ class TEFP8(TEBF16):
         self.dtype = torch.bfloat16
         return model
 
-    def forward_context(self):
+    def autocasts(self) -> list:
         te, _, _ = _te.load()
-        stack = contextlib.ExitStack()
-        stack.enter_context(autocast(self.device, torch.bfloat16))  # exactly the bf16 students' autocast
-        stack.enter_context(_te.autocast(te, self.fp8_recipe))
-        return stack
+        # exactly the bf16 students' autocast, then TE's FP8 one
+        return [autocast(self.device, torch.bfloat16), _te.autocast(te, self.fp8_recipe)]
+
+    def outside_training(self, model):
+        delayed = getattr(self.fp8_recipe, "delayed", None)
+        return kept_fp8_scaling(model) if callable(delayed) and delayed() else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def kept_fp8_scaling(model):
+    """Delayed scaling's state as it is on entry, put back on exit: every TE module's scale and amax
+    history. Forwards that are not training steps (held-out evaluation, graph-capture warm-ups) record
+    their amaxes there and would move the scales the next training steps quantise with.
+
+    Through TE's own get_fp8_meta_tensors / reset_fp8_meta_tensors (what te.make_graphed_callables does
+    around its warm-ups), which copy into the same tensors: a captured CUDA graph still reads them. Not
+    get_extra_state / set_extra_state: that pickles (TE 2.20 refuses to load a delayed-scaling pickle
+    without NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1), synchronizes the device and also overwrites the
+    modules' bookkeeping in fp8_meta. A module not yet initialised for FP8 on entry returns to TE's
+    initial state (scale 1, empty history), which is what its first training step would have found."""
+    modules = [m for m in model.modules() if hasattr(m, "get_fp8_meta_tensors") and hasattr(m, "reset_fp8_meta_tensors")]
+    saved = [m.get_fp8_meta_tensors() for m in modules]
+    try:
+        yield
+    finally:
+        for m, state in zip(modules, saved):
+            m.reset_fp8_meta_tensors(state)

@@ -43,12 +43,22 @@ def make_recipe(recipe_mod, name: str, amax_history_len: int = 16, amax_compute_
 
 
 def misaligned(cfg, multiple: int) -> list[str]:
-    """Names of the GEMM dimensions that are not multiples of `multiple` (FP8 kernels need them)."""
+    """Names of the GEMM dimensions that are not multiples of `multiple` (FP8 kernels need them). A Hugging
+    Face student (lm.student) brings its own: every Linear's features are checked, not the config's fields."""
     m = cfg.model
-    dims = {"model.hidden": m.hidden, "model.intermediate": m.intermediate, "tokens (batch*seq_len)": m.batch * m.seq_len}
-    if m.kind != "mlp":  # the LM head is a GEMM over the vocabulary
-        dims["model.vocab"] = m.vocab
-    return [f"{k}={v}" for k, v in dims.items() if v % multiple]
+    dims = {"tokens (batch*seq_len)": m.batch * m.seq_len}
+    if m.kind != "mlp" and cfg.lm.student:
+        from workbench.models.hf import linear_shapes  # needs transformers (the `lm` extra), like lm.student
+
+        for name, (fan_in, fan_out) in linear_shapes(cfg.lm.student).items():
+            dims.setdefault(f"{name}.in_features", fan_in)
+            dims.setdefault(f"{name}.out_features", fan_out)
+    else:
+        dims.update({"model.hidden": m.hidden, "model.intermediate": m.intermediate})
+        if m.kind != "mlp":  # the LM head is a GEMM over the vocabulary
+            dims["model.vocab"] = m.vocab
+    bad = [f"{k}={v}" for k, v in dims.items() if v % multiple]
+    return bad if len(bad) <= 4 else [*bad[:4], f"and {len(bad) - 4} more"]
 
 
 @register

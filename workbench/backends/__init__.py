@@ -1,6 +1,6 @@
 """Precision backends behind one small interface; one file per backend.
 
-A backend answers four questions (gpt-fast / torchtitan / torchao style):
+A backend answers five questions (gpt-fast / torchtitan / torchao style):
   * `availability(ctx)` -> (ok, reason): can it run here, and if not, why, in words a user can act on;
   * `convert(model, cfg)` -> a torch model with its modules swapped for this backend's (TE layers,
     torchao Float8Linear, a parameter dtype), *keeping the weights*. Every student is a converted copy of
@@ -8,6 +8,8 @@ A backend answers four questions (gpt-fast / torchtitan / torchao style):
   * `forward_context()` -> the context manager that wraps the student's forward;
   * `policy(cfg, device)` -> a `StepPolicy`: compile? CUDA graph of the whole step or of forward/backward?
     grad scaler? The trainer follows it without knowing backend names.
+  * `outside_training(model)` -> the context of forwards that are not training steps (held-out evaluation,
+    capture warm-ups): what they would change and training depends on (FP8 delayed scaling) is put back.
 Adding a backend is adding one file in this folder that subclasses `Backend` and decorates it with
 `@register`; the files are discovered.
 

@@ -270,7 +270,7 @@ def place_teacher_logits(choice: str, train_bytes: int, kept_bytes: int, gpu_fre
         choice = "gpu"
     if choice == "host" and host_available is not None and train_bytes > HOST_LOGITS_SHARE * host_available:
         gpu = "" if gpu_free is None else f"the GPU has {gpu_free / gib:.1f} GiB free, "
-        raise ConfigError(f"the teacher's logits of the {train_bytes / gib:.1f} GiB of training batches fit neither place: "
+        raise ConfigError(f"the teacher's logits of the training batches ({train_bytes / gib:.1f} GiB) fit neither place: "
                           f"{gpu}the host {host_available / gib:.1f} GiB available ({HOST_LOGITS_SHARE:.0%} of it is "
                           "their budget); lower train.steps, model.batch or model.seq_len")
     return choice

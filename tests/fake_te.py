@@ -1,16 +1,117 @@
 """A named *fake* of transformer_engine.pytorch's layer classes for CPU tests (real TE cannot exist on a
 CPU machine; the real conversion runs on the H200): TE's constructor signatures, parameter names and
-semantics (attention masks: True = masked out), torch's maths."""
+semantics (attention masks: True = masked out), torch's maths. Two pieces of TE's state are modelled as TE
+keeps them (TE 2.20): delayed scaling's per-module scale and amax history (te.Linear under `autocast`), and
+the process-wide attention selection `_attention_backends`, made from the NVTE_*_ATTN switches whenever it is
+(re)made. `FakeRecipes` stands in for transformer_engine.common.recipe."""
+import contextlib
+import os
+
 import torch
 import torch.nn.functional as F
 
 from workbench.models import LayerNormMLP
 
+E4M3_MAX = 448.0
+# What this fake machine's TE can run (as on the H200: no flash-attn). Tests change it.
+AVAILABLE = {"flash": False, "fused": True, "unfused": True}
+# TE's cache of its last attention selection (dot_product_attention.py), same keys
+_attention_backends = {"attention_params": None, "use_flash_attention": None, "flash_attention_backend": None,
+                       "use_fused_attention": None, "fused_attention_backend": None, "use_unfused_attention": None,
+                       "backend_selection_requires_update": False}
+
+
+class FakeRecipes:
+    """transformer_engine.common.recipe: recipes record what they were built with (and compare as dicts)."""
+
+    class Format:
+        HYBRID, E4M3 = "HYBRID", "E4M3"
+
+    class DelayedScaling(dict):
+        def __init__(self, **kw):
+            super().__init__(kw)
+
+        def delayed(self):
+            return True
+
+    class Float8CurrentScaling(dict):  # stateless: no amax history
+        def delayed(self):
+            return False
+
+    class Float8BlockScaling(Float8CurrentScaling):
+        pass
+
+    class MXFP8BlockScaling(Float8CurrentScaling):
+        pass
+
+    class NVFP4BlockScaling(Float8CurrentScaling):
+        pass
+
+
+class _ScalingState:
+    """One direction of TE's DelayedScalingRecipeState: the fields TE's get/reset_fp8_meta_tensors touch."""
+
+    def __init__(self, history_len: int):
+        self.scale = torch.ones(1)
+        self.amax_history = torch.zeros(history_len, 1)
+
 
 class FakeTEModules:
+    _recipe = None  # the recipe of the enclosing `autocast`
+
+    @staticmethod
+    @contextlib.contextmanager
+    def autocast(enabled=True, calibrating=False, recipe=None, amax_reduction_group=None):
+        previous, FakeTEModules._recipe = FakeTEModules._recipe, (recipe if enabled else None)
+        try:
+            yield
+        finally:
+            FakeTEModules._recipe = previous
+
     class Linear(torch.nn.Linear):
+        """nn.Linear; under a delayed-scaling `autocast` its input is rounded through E4M3 with the scale of
+        the amax history so far, and this forward's amax enters the history (TE updates at autocast exit)."""
+
         def __init__(self, in_features, out_features, bias=True, params_dtype=None, device="cuda"):
             super().__init__(in_features, out_features, bias=bias, dtype=params_dtype)
+            self.fp8_meta = {}
+
+        def forward(self, x):
+            recipe = FakeTEModules._recipe
+            if recipe is None or not recipe.delayed():
+                return super().forward(x)
+            if "scaling_fwd" not in self.fp8_meta:
+                self.fp8_meta["scaling_fwd"] = _ScalingState(recipe.get("amax_history_len", 1024))
+            meta = self.fp8_meta["scaling_fwd"]
+            rounded = (x.float() * meta.scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float() / meta.scale
+            q = x + (rounded.to(x.dtype) - x).detach()  # straight-through, as FP8 training's gradient
+            with torch.no_grad():
+                meta.amax_history.copy_(meta.amax_history.roll(1, 0))
+                meta.amax_history[0] = x.abs().max().float()
+                recent = recipe.get("amax_compute_algo", "max") == "most_recent"
+                amax = meta.amax_history[0] if recent else meta.amax_history.max(0).values
+                meta.scale.copy_(E4M3_MAX / amax.clamp_min(1e-12))
+            return F.linear(q, self.weight, self.bias)
+
+        def get_fp8_meta_tensors(self):
+            """TE's: clones of [scale, amax_history] per direction; None before the first FP8 forward."""
+            if "scaling_fwd" not in self.fp8_meta:
+                return None
+            m = self.fp8_meta["scaling_fwd"]
+            return {"scaling_fwd": [m.scale.clone(), m.amax_history.clone()]}
+
+        def reset_fp8_meta_tensors(self, fp8_meta_tensors=None):
+            """TE's: copied back into the same tensors; None resets to the initial scale 1, empty history."""
+            m = self.fp8_meta.get("scaling_fwd")
+            if m is None:
+                return
+            with torch.no_grad():
+                if fp8_meta_tensors is None:
+                    m.scale.fill_(1.0)
+                    m.amax_history.zero_()
+                else:
+                    m.scale.copy_(fp8_meta_tensors["scaling_fwd"][0])
+                    m.amax_history.copy_(fp8_meta_tensors["scaling_fwd"][1])
 
     class LayerNorm(torch.nn.LayerNorm):
         def __init__(self, hidden_size, eps=1e-5, params_dtype=None, device="cuda"):
@@ -39,6 +140,7 @@ class FakeTEModules:
 
         def forward(self, query_layer, key_layer, value_layer, attention_mask=None, qkv_format=None, attn_mask_type=None):
             fmt, kind = qkv_format or self.qkv_format, attn_mask_type or self.attn_mask_type
+            self._select((self.training, tuple(query_layer.shape), query_layer.dtype, fmt, kind))
             q, k, v = (x.transpose(1, 2) if fmt == "bshd" else x.permute(1, 2, 0, 3) for x in (query_layer, key_layer, value_layer))
             keep = None if attention_mask is None else ~attention_mask  # TE: True = masked out; SDPA: True = attend
             if keep is not None and "causal" in kind:
@@ -47,3 +149,21 @@ class FakeTEModules:
                                                  scale=self.scale)
             out = out.transpose(1, 2) if fmt == "bshd" else out.permute(2, 0, 1, 3)
             return out.reshape(*out.shape[:2], -1)
+
+        @staticmethod
+        def _select(params):
+            """TE's selection: made again only when the inputs change or the cache is marked stale, and then
+            from the NVTE_*_ATTN switches (flash before fused before unfused); none left is TE's ValueError."""
+            cache = _attention_backends
+            if cache["attention_params"] != params:
+                cache.update(attention_params=params, backend_selection_requires_update=True)
+            if cache["backend_selection_requires_update"]:
+                ok = {name: AVAILABLE[name] and os.environ.get(f"NVTE_{name.upper()}_ATTN", "1") == "1" for name in AVAILABLE}
+                flash, fused = ok["flash"], ok["fused"] and not ok["flash"]
+                cache.update(use_flash_attention=flash, flash_attention_backend="2.7.0" if flash else None,
+                             use_fused_attention=fused, fused_attention_backend=1 if fused else None,
+                             use_unfused_attention=ok["unfused"] and not (flash or fused),
+                             backend_selection_requires_update=False)
+            if not (cache["use_flash_attention"] or cache["use_fused_attention"] or cache["use_unfused_attention"]):
+                raise ValueError("No dot product attention backend is available for the provided inputs. Please run "
+                                 "with NVTE_DEBUG=1 NVTE_DEBUG_LEVEL=2 to find out the reasons for disabling all backends.")

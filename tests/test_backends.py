@@ -5,7 +5,7 @@ import torch
 
 from workbench import backends, config
 from workbench.env import te as _te
-from fake_te import FakeTEModules
+from fake_te import FakeRecipes, FakeTEModules
 
 
 class FakeTE:
@@ -153,17 +153,6 @@ def test_the_step_policy_is_the_backends_answer():
     p = fp16.policy(seed, cuda)
     assert p.grad_scaler and p.graph is None and any("not graph-safe" in n for n in p.notes)
     assert backends.make("torch_fp32").policy(seed, torch.device("cpu")).graph is None  # no GPU, no graph
-
-
-class FakeRecipes:
-    """Stands in for transformer_engine.common.recipe: records what a recipe was built with."""
-
-    class Format:
-        HYBRID, E4M3 = "HYBRID", "E4M3"
-
-    class DelayedScaling(dict):
-        def __init__(self, **kw):
-            super().__init__(kw)
 
 
 def test_te_delayed_scaling_takes_its_history_from_the_config(monkeypatch):

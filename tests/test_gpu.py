@@ -92,3 +92,45 @@ def test_two_gpus_under_torchrun_start_matched_and_report_scaling(tmp_path):
     for cell in two["peak_mem_allocated_mb_ranks"]:
         assert len(json.loads(cell)) == 2 and min(json.loads(cell)) > 0
     assert results.load_summary(run_dir)["initial_losses_equal"] is True
+
+
+def _lm_run(tmp_path, run_id, **overrides):
+    """A tiny GPT run on real text (random teacher): seconds on the H200."""
+    cfg = config.from_preset("gpt-cpu", corpus_mb=0.2, teacher="random", steps=6, warmup=1, iters=3, eval_batches=1,
+                             no_kd_student=False, **overrides)
+    run_dir = runner.run(cfg, out=tmp_path, run_id=run_id, progress=False)
+    return results.load(run_dir).set_index("student"), run_dir
+
+
+@pytest.mark.skipif(_te.load()[0] is None, reason="Transformer Engine does not import here")
+def test_a_forced_unfused_attention_is_what_te_selects_and_auto_afterwards_is_tes_own_pick(tmp_path):
+    """TE reads NVTE_*_ATTN when it selects and caches its selection per attention input: the forcing must
+    reach the selection, and a later auto student in the same process must not inherit it."""
+    forced, _ = _lm_run(tmp_path, "unfused", backends="te_bf16", baseline="te_bf16", te_attention="unfused")
+    row = forced.loc["te_bf16"]
+    assert row["status"] == "ok", row["reason"]
+    assert (row["attention_requested"], row["attention_backend"]) == ("unfused", "unfused")
+    auto, _ = _lm_run(tmp_path, "auto", backends="te_bf16", baseline="te_bf16")
+    assert not str(auto.loc["te_bf16", "attention_backend"]).startswith("unfused"), auto.loc["te_bf16"].to_dict()
+
+
+def test_host_placed_teacher_logits_train_like_gpu_placed_ones(tmp_path):
+    """Pinned host logits copied one step ahead on a side stream: the same losses as logits kept on the GPU
+    (a missing stream wait would train on half-copied logits)."""
+    losses = {}
+    for where in ("gpu", "host"):
+        _, run_dir = _lm_run(tmp_path, where, backends="torch_fp32", baseline="torch_fp32", teacher_logits=where)
+        assert results.read_json(run_dir / "task.json")["teacher_logits"] == where
+        losses[where] = list(results.load_losses(run_dir)["loss"])
+    assert losses["host"] == pytest.approx(losses["gpu"], rel=1e-6)
+
+
+@pytest.mark.skipif(_te.load()[0] is None, reason="Transformer Engine does not import here")
+def test_te_delayed_scaling_trains_the_same_with_held_out_evaluation_in_between(tmp_path):
+    """Evaluation forwards under FP8 must not feed the amax history (kept by TE's get/reset_fp8_meta_tensors)."""
+    kw = dict(backends="te_fp8:delayed", baseline="te_fp8:delayed", te_amax_compute_algo="most_recent")
+    without = _run(tmp_path, "no-eval", **kw)
+    with_eval = _run(tmp_path, "eval", eval_every=1, **kw)
+    assert (with_eval["status"] == "ok").all(), with_eval["reason"].to_dict()
+    for col in ("first_step_loss", "final_train_loss"):
+        assert with_eval.loc["te_fp8:delayed", col] == pytest.approx(without.loc["te_fp8:delayed", col], rel=1e-6)

@@ -78,3 +78,22 @@ def test_te_conversion_swaps_linear_and_rmsnorm_and_reports_what_stayed_torch(sa
     tokens = torch.randint(0, 256, (2, 16))
     with torch.no_grad():
         torch.testing.assert_close(model(tokens), reference(tokens))
+
+
+def test_the_fp8_size_check_reads_a_hugging_face_students_own_linears(saved, tmp_path):
+    """A Hugging Face student's GEMMs are its own Linears, not the config's model.hidden/intermediate/vocab
+    (here all multiples of 16): an MLP width of 120 must skip the FP8 students, naming those layers."""
+    from workbench.backends.te_fp8 import misaligned
+
+    torch.manual_seed(0)
+    odd = tmp_path / "odd-llama"
+    load_causal_lm(LlamaConfig(**{**TINY, "intermediate_size": 120})).model.save_pretrained(odd)
+    lm = dict(kind="llama", vocab=256, tokenizer="bytes")
+    assert misaligned(config.from_preset("gpt-cpu", **lm), 16) == []
+    assert misaligned(config.from_preset("gpt-cpu", **lm, student=str(saved)), 16) == []
+    bad = misaligned(config.from_preset("gpt-cpu", **lm, student=str(odd)), 16)
+    assert bad == ["model.layers.0.mlp.gate_proj.out_features=120", "model.layers.0.mlp.up_proj.out_features=120",
+                   "model.layers.0.mlp.down_proj.in_features=120", "model.layers.1.mlp.gate_proj.out_features=120",
+                   "and 2 more"]
+    with pytest.raises(ConfigError, match="no Hugging Face causal LM loads from .*nowhere"):
+        misaligned(config.from_preset("gpt-cpu", **lm, student=str(tmp_path / "nowhere")), 16)

@@ -56,6 +56,7 @@ def test_the_teacher_is_trained_once_and_reused(gpt_run, tmp_path):
                        out=run_dir.parent, run_id="again", progress=False)
     second = results.read_json(again / "task.json")
     assert second["teacher_cached"] is True and second["teacher_checkpoint"] == first["teacher_checkpoint"]
+    assert (first["teacher_logits"], first["teacher_logits_requested"]) == ("gpu", "auto")  # a CPU run: its memory
 
 
 def test_lm_config_errors_name_the_field():
@@ -153,20 +154,50 @@ def test_lm_shapes_that_cannot_work_are_refused_up_front():
         config.from_preset("gpt-cpu", teacher_hidden=100)
 
 
-def test_teacher_logits_that_cannot_fit_the_gpu_are_refused_before_any_work(monkeypatch):
-    import types
+GIB = 2**30
 
+
+def test_teacher_logits_go_to_the_gpu_when_they_fit_else_to_the_host_else_the_run_is_refused():
+    from workbench.train.tasks import place_teacher_logits as place
+
+    # lm-a at 300 steps: 512 MiB of logits per batch, 150 GiB for training, 3 GiB for the timed and held-out ones
+    train, kept = 300 * GIB // 2, 3 * GIB
+    assert place("auto", 10 * GIB, kept, 140 * GIB, 100 * GIB) == "gpu"
+    assert place("auto", train, kept, 140 * GIB, 256 * GIB) == "host"  # 153 GiB > 60% of 140 free
+    assert place("host", 10 * GIB, kept, 140 * GIB, 100 * GIB) == "host"
+    assert place("auto", train, kept, None, None) == "gpu"  # a CPU run: the run's device, nothing to check
+    with pytest.raises(config.ConfigError, match=r"distill.teacher_logits='gpu': the teacher's logits need 153.0 GiB "
+                                                 r"on the GPU, 140.0 GiB are free .*set distill.teacher_logits=host"):
+        place("gpu", train, kept, 140 * GIB, 256 * GIB)
+    with pytest.raises(config.ConfigError, match=r"training batches \(150.0 GiB\) fit neither place: the GPU has 140.0 "
+                                                 r"GiB free, the host 100.0 GiB available"):
+        place("auto", train, kept, 140 * GIB, 100 * GIB)
+    with pytest.raises(config.ConfigError, match=r"timed and held-out batches need 3.0 GiB on the GPU, 4.0 GiB are free"):
+        place("host", 10 * GIB, kept, 4 * GIB, 100 * GIB)
+    with pytest.raises(config.ConfigError, match="distill.teacher_logits must be one of"):
+        config.from_preset("gpt-cpu", teacher_logits="disk")
+
+
+def test_training_on_host_placed_teacher_logits_gives_the_same_losses(tmp_path):
+    """The host path (HostBatches: copied per step, one ahead) against logits kept with the batches; on a
+    CPU both are the same memory, so this checks the code path end to end, bit for bit (the GPU's copies:
+    tests/test_gpu.py)."""
     import torch
 
-    from workbench.train import tasks
+    from workbench import backends
+    from workbench.train import loop, tasks
 
-    cfg = config.from_preset("lm-a", steps=300)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (140 * 2**30, 141 * 2**30))
-    fake = types.SimpleNamespace(device=torch.device("cuda"), cfg=cfg, tdtype=torch.bfloat16)
-    with pytest.raises(config.ConfigError, match="teacher's logits for 306 batches need 153.0 GiB"):
-        tasks.LMTask._check_targets_fit(fake)
-    tasks.LMTask._check_targets_fit(types.SimpleNamespace(device=fake.device, cfg=config.from_preset("lm-a"),
-                                                          tdtype=torch.bfloat16))  # 16 batches: 8 GiB, fine
+    cfg = config.from_preset("gpt-cpu", vocab=256, tokenizer="bytes", corpus_mb=0.1, teacher="random", hidden=32,
+                             heads=4, intermediate=64, layers=1, seq_len=16, batch=4, steps=5, eval_batches=1,
+                             warmup=0, iters=1, eval_every=2)
+    losses = {}
+    for where in ("gpu", "host"):
+        task = tasks.LMTask(cfg.replace(teacher_logits=where), torch.device("cpu"), None, tmp_path)
+        data = task.make_data()
+        assert task.info["teacher_logits"] == where and isinstance(data.train, tasks.HostBatches) == (where == "host")
+        assert len(data.train) == cfg.train.steps
+        _, losses[where] = loop.run_student(backends.make("torch_fp32"), task.cfg, task, data, torch.device("cpu"))
+    assert losses["host"] == losses["gpu"]
 
 
 def test_a_hugging_face_model_with_another_vocabulary_is_one_clear_error(tmp_path):

@@ -105,6 +105,11 @@ class DistillConfig:
     """gpt/llama: tokens per chunk of the fp32 loss, which bounds the logits' memory at large vocabularies."""
     no_kd_student: bool = True
     """gpt/llama: also train the baseline student on cross-entropy only, so the gain from distillation shows."""
+    teacher_logits: str = "auto"
+    """gpt/llama: where the training batches' teacher logits live: 'gpu' (all on the GPU), 'host' (pinned host
+    memory, each batch copied to the GPU one step ahead; the timed and held-out batches stay on the GPU, so
+    step times are unchanged) or 'auto' (the GPU when they fit 60% of its free memory, else the host). The
+    run refuses up front when neither can hold them; task.json records the placement."""
 
 
 @dataclass
@@ -150,6 +155,11 @@ class BackendOptions:
     its tutorials use 16)."""
     te_amax_compute_algo: str = "max"
     """TE delayed scaling: 'max' or 'most_recent' over the amax history."""
+    te_attention: str = "auto"
+    """TE students' attention backend: 'auto' (TE picks: flash-attn, then cuDNN fused, then unfused) or force
+    'flash', 'fused' or 'unfused' (TE's NVTE_FLASH_ATTN / NVTE_FUSED_ATTN / NVTE_UNFUSED_ATTN). A student whose
+    forced backend cannot run here is an error row that says so; rows record the requested and the selected
+    backend. Students without TE's attention ignore it (a note)."""
 
 
 @dataclass
@@ -268,6 +278,8 @@ class Config:
         _choice("distill.teacher_precision", d.teacher_precision, TEACHER_PRECISIONS)
         _positive("options.te_amax_history_len", self.options.te_amax_history_len)
         _choice("options.te_amax_compute_algo", self.options.te_amax_compute_algo, AMAX_ALGOS)
+        _choice("options.te_attention", self.options.te_attention, TE_ATTENTION)
+        _choice("distill.teacher_logits", d.teacher_logits, TEACHER_LOGITS)
         _choice("device", self.device, DEVICES)
         self._validate_parallel()
         if not self.backends:
@@ -328,6 +340,8 @@ class Config:
 
 LAYOUTS = ("separate", "fused")
 AMAX_ALGOS = ("max", "most_recent")
+TE_ATTENTION = ("auto", "flash", "fused", "unfused")
+TEACHER_LOGITS = ("auto", "gpu", "host")
 PARAM_DTYPES = ("fp32", "bf16")
 MLP_LOSSES = ("mse", "cosine", "hidden")
 LM_LOSSES = ("forward_kl", "reverse_kl", "jsd")

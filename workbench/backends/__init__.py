@@ -1,6 +1,6 @@
 """Precision backends behind one small interface; one file per backend.
 
-A backend answers four questions (gpt-fast / torchtitan / torchao style):
+A backend answers five questions (gpt-fast / torchtitan / torchao style):
   * `availability(ctx)` -> (ok, reason): can it run here, and if not, why, in words a user can act on;
   * `convert(model, cfg)` -> a torch model with its modules swapped for this backend's (TE layers,
     torchao Float8Linear, a parameter dtype), *keeping the weights*. Every student is a converted copy of
@@ -8,6 +8,8 @@ A backend answers four questions (gpt-fast / torchtitan / torchao style):
   * `forward_context()` -> the context manager that wraps the student's forward;
   * `policy(cfg, device)` -> a `StepPolicy`: compile? CUDA graph of the whole step or of forward/backward?
     grad scaler? The trainer follows it without knowing backend names.
+  * `outside_training(model)` -> the context of forwards that are not training steps (held-out evaluation,
+    capture warm-ups): what they would change and training depends on (FP8 delayed scaling) is put back.
 Adding a backend is adding one file in this folder that subclasses `Backend` and decorates it with
 `@register`; the files are discovered.
 
@@ -62,6 +64,7 @@ class Backend:
     compilable = True  # torch.compile applies (config bench.compile)
     compile_required = False  # always compiled (torchao float8 is meant to run under torch.compile)
     graph_kind = "step"  # what a CUDA graph covers: "step", or "fwd_bwd" through `make_graphed`
+    runs_te_attention = False  # whether options.te_attention applies (TE students with TE's attention)
 
     def __init__(self, recipe: str | None = None):
         self.recipe = recipe or self.default_recipe
@@ -99,6 +102,9 @@ class Backend:
     def policy(self, cfg: Any, device: torch.device) -> StepPolicy:
         """The step this backend runs under `cfg.bench`'s switches (ask after `build`: fp16 is decided there)."""
         notes = []
+        if cfg.options.te_attention != "auto" and not self.runs_te_attention:
+            notes.append(f"options.te_attention={cfg.options.te_attention!r} not applied: this student does not "
+                         "run TE's attention")
         compile_ = self.compile_required or (cfg.bench.compile and self.compilable)
         if cfg.bench.compile and not compile_:
             notes.append(f"compile not applied: {self.name} modules are skipped by dynamo")
@@ -122,6 +128,11 @@ class Backend:
         return True, ""
 
     def forward_context(self) -> ContextManager:
+        return contextlib.nullcontext()
+
+    def outside_training(self, model: nn.Module) -> ContextManager:
+        """Wraps forwards that are not training steps (held-out evaluation, capture warm-ups): state they
+        would change and the training steps depend on (TE delayed scaling's amax history) is put back after."""
         return contextlib.nullcontext()
 
     def fallback(self, ctx: Context, reason: str) -> "Backend | None":

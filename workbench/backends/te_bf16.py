@@ -4,6 +4,7 @@ Without a usable TE the student runs the PyTorch autocast fallback, and says why
 from __future__ import annotations
 
 import collections
+import contextlib
 
 import torch
 
@@ -31,9 +32,13 @@ class TEBF16(Backend):
     graph_kind = "fwd_bwd"  # te.make_graphed_callables graphs fwd+bwd (FP8 scaling state included)
     fp8_recipe = None
     dtype = torch.bfloat16  # until build() picks fp16 on GPUs without bf16
+    attention = "auto"  # options.te_attention, set by convert()
 
     def availability(self, ctx: Context) -> tuple[bool, str]:
         ok, why = te_usable(ctx)
+        if not ok:
+            return ok, why
+        ok, why = attention_available(ctx.cfg)
         if not ok:
             return ok, why
         te, _, _ = _te.load()
@@ -47,19 +52,34 @@ class TEBF16(Backend):
     def convert(self, model, cfg):
         self.converted = convert_to_te(model, cfg, self.device)
         self.kept_torch = stayed_torch(model, self.converted)
+        self.runs_te_attention = any(isinstance(m, TEAttention) for m in model.modules())
+        self.attention = cfg.options.te_attention
         return model
 
     def forward_context(self):
-        return autocast(self.device, self.dtype)
+        stack = contextlib.ExitStack()
+        stack.enter_context(forced_attention(self.attention))
+        for ctx in self.autocasts():
+            stack.enter_context(ctx)
+        return stack
+
+    def autocasts(self) -> list:
+        """The autocast contexts of this student's forward, outermost first."""
+        return [autocast(self.device, self.dtype)]
 
     def describe(self, model):
         """What the conversion swapped and kept, and the attention backend TE selected for this student's
-        last forward: a slower one (unfused) silently costs TE its advantage, so the row says which ran."""
+        last forward beside the one requested (options.te_attention): a slower one (unfused) silently costs
+        TE its advantage, so the row says which ran."""
         out = {"converted_modules": len(getattr(self, "converted", [])),
                "kept_torch_modules": "; ".join(getattr(self, "kept_torch", []))[:1000] or None}
-        if any(isinstance(m, TEAttention) for m in model.modules()):
+        if self.runs_te_attention:
+            out["attention_requested"] = self.attention
             out["attention_backend"] = selected = _te.describe_selection(_te.last_attention_selection())
-            if selected == "unfused":  # flash-attn absent and cuDNN's fused attention failed to load
+            ran = (selected or "").split(" ")[0]  # 'fused (sub-backend 1)' -> 'fused'
+            if self.attention != "auto" and ran != self.attention:
+                out["attention_warning"] = f"options.te_attention={self.attention!r} was requested, TE ran {selected}"
+            elif ran == "unfused" and self.attention != "unfused":  # flash-attn absent, cuDNN's fused failed to load
                 out["attention_warning"] = ("TE ran its unfused attention, the slowest; `workbench probe` shows "
                                             "TE's reasons (te_attention.log) and `workbench doctor` the fix")
         return out
@@ -82,7 +102,9 @@ class TEBF16(Backend):
         # TE keeps the sample arguments as the graph's static inputs and copies every later batch into
         # them: handing it the shared batch itself would overwrite the data every other student uses.
         sample = (sample_tokens.clone(),)
-        with autocast(self.device, self.dtype):
+        # Capture selects TE's attention again (its inputs now say "graph"): under the forced backend too.
+        # The warm-ups are forwards and backwards that are not training steps: FP8 state is kept as it was.
+        with forced_attention(self.attention), self.outside_training(model), autocast(self.device, self.dtype):
             return te.make_graphed_callables(model, sample, **kw)
 
     def fallback(self, ctx: Context, reason: str):
@@ -91,6 +113,36 @@ class TEBF16(Backend):
         from workbench.backends.torch_autocast import Fallback
 
         return Fallback()
+
+
+class AttentionUnavailable(RuntimeError):
+    """The attention backend options.te_attention forces cannot run for this student here."""
+
+
+@contextlib.contextmanager
+def forced_attention(choice: str):
+    """Wraps a TE student's forward: TE's attention switches set for `choice` (see `_te.force_attention`),
+    and TE's "no backend available" (what a forced backend that cannot run here gives) said in those words."""
+    _te.force_attention(choice)
+    try:
+        yield
+    except ValueError as e:
+        if choice == "auto" or "No dot product attention backend" not in str(e):
+            raise
+        raise AttentionUnavailable(
+            f"options.te_attention={choice!r} forces TE's {choice} attention, which TE cannot run for this student "
+            f"here (TE: {e}); `workbench probe` shows TE's reasons (te_attention.log), options.te_attention=auto "
+            "lets TE pick") from e
+
+
+def attention_available(cfg) -> tuple[bool, str]:
+    """What can be said before any forward: a forced 'flash' needs flash-attn, which TE says it lacks.
+    (Whether fused or unfused runs for these shapes TE decides at the first forward: `forced_attention`.)"""
+    uses_te_attention = cfg.model.kind != "mlp" and not cfg.lm.student  # a Hugging Face model keeps its own
+    if uses_te_attention and cfg.options.te_attention == "flash" and _te.flash_attention_installed() is False:
+        return False, ("options.te_attention='flash' forces TE's flash attention, but TE finds no flash-attn "
+                       "installed (pip install flash-attn), or set options.te_attention=auto")
+    return True, ""
 
 
 def convert_to_te(model: nn.Module, cfg, device) -> list[str]:

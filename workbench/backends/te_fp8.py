@@ -43,12 +43,22 @@ def make_recipe(recipe_mod, name: str, amax_history_len: int = 16, amax_compute_
 
 
 def misaligned(cfg, multiple: int) -> list[str]:
-    """Names of the GEMM dimensions that are not multiples of `multiple` (FP8 kernels need them)."""
+    """Names of the GEMM dimensions that are not multiples of `multiple` (FP8 kernels need them). A Hugging
+    Face student (lm.student) brings its own: every Linear's features are checked, not the config's fields."""
     m = cfg.model
-    dims = {"model.hidden": m.hidden, "model.intermediate": m.intermediate, "tokens (batch*seq_len)": m.batch * m.seq_len}
-    if m.kind != "mlp":  # the LM head is a GEMM over the vocabulary
-        dims["model.vocab"] = m.vocab
-    return [f"{k}={v}" for k, v in dims.items() if v % multiple]
+    dims = {"tokens (batch*seq_len)": m.batch * m.seq_len}
+    if m.kind != "mlp" and cfg.lm.student:
+        from workbench.models.hf import linear_shapes  # needs transformers (the `lm` extra), like lm.student
+
+        for name, (fan_in, fan_out) in linear_shapes(cfg.lm.student).items():
+            dims.setdefault(f"{name}.in_features", fan_in)
+            dims.setdefault(f"{name}.out_features", fan_out)
+    else:
+        dims.update({"model.hidden": m.hidden, "model.intermediate": m.intermediate})
+        if m.kind != "mlp":  # the LM head is a GEMM over the vocabulary
+            dims["model.vocab"] = m.vocab
+    bad = [f"{k}={v}" for k, v in dims.items() if v % multiple]
+    return bad if len(bad) <= 4 else [*bad[:4], f"and {len(bad) - 4} more"]
 
 
 @register
@@ -85,9 +95,32 @@ class TEFP8(TEBF16):
         self.dtype = torch.bfloat16
         return model
 
-    def forward_context(self):
+    def autocasts(self) -> list:
         te, _, _ = _te.load()
-        stack = contextlib.ExitStack()
-        stack.enter_context(autocast(self.device, torch.bfloat16))  # exactly the bf16 students' autocast
-        stack.enter_context(_te.autocast(te, self.fp8_recipe, self.amax_reduction_group))
-        return stack
+        # exactly the bf16 students' autocast, then TE's FP8 one
+        return [autocast(self.device, torch.bfloat16), _te.autocast(te, self.fp8_recipe, self.amax_reduction_group)]
+
+    def outside_training(self, model):
+        delayed = getattr(self.fp8_recipe, "delayed", None)
+        return kept_fp8_scaling(model) if callable(delayed) and delayed() else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def kept_fp8_scaling(model):
+    """Delayed scaling's state as it is on entry, put back on exit: every TE module's scale and amax
+    history. Forwards that are not training steps (held-out evaluation, graph-capture warm-ups) record
+    their amaxes there and would move the scales the next training steps quantise with.
+
+    Through TE's own get_fp8_meta_tensors / reset_fp8_meta_tensors (what te.make_graphed_callables does
+    around its warm-ups), which copy into the same tensors: a captured CUDA graph still reads them. Not
+    get_extra_state / set_extra_state: that pickles (TE 2.20 refuses to load a delayed-scaling pickle
+    without NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1), synchronizes the device and also overwrites the
+    modules' bookkeeping in fp8_meta. A module not yet initialised for FP8 on entry returns to TE's
+    initial state (scale 1, empty history), which is what its first training step would have found."""
+    modules = [m for m in model.modules() if hasattr(m, "get_fp8_meta_tensors") and hasattr(m, "reset_fp8_meta_tensors")]
+    saved = [m.get_fp8_meta_tensors() for m in modules]
+    try:
+        yield
+    finally:
+        for m, state in zip(modules, saved):
+            m.reset_fp8_meta_tensors(state)

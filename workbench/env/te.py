@@ -154,19 +154,57 @@ def load() -> tuple[Any, Any, str]:
 
 ATTENTION_MODULES = ("transformer_engine.pytorch.attention.dot_product_attention.dot_product_attention",
                      "transformer_engine.pytorch.attention")  # where TE keeps its last selection (moved in 2.x)
+ATTENTION_UTILS = "transformer_engine.pytorch.attention.dot_product_attention.utils"  # FlashAttentionUtils (2.x)
+# TE's switches per forced backend. TE reads them in get_attention_backend, i.e. whenever it (re)selects,
+# not at import (TE 2.20, dot_product_attention/utils.py).
+ATTENTION_ENV = {
+    "flash": {"NVTE_FLASH_ATTN": "1", "NVTE_FUSED_ATTN": "0", "NVTE_UNFUSED_ATTN": "0"},
+    "fused": {"NVTE_FLASH_ATTN": "0", "NVTE_FUSED_ATTN": "1", "NVTE_UNFUSED_ATTN": "0"},
+    "unfused": {"NVTE_FLASH_ATTN": "0", "NVTE_FUSED_ATTN": "0", "NVTE_UNFUSED_ATTN": "1"},
+}
+_STARTED_WITH = {k: os.environ.get(k) for k in ATTENTION_ENV["flash"]}  # 'auto' restores the user's own
+
+
+def _selection_cache() -> dict | None:
+    """TE's process-wide record of its attention selection (`_attention_backends`), if TE's attention is
+    loaded in this process (never imported from here: importing TE is `load`'s job)."""
+    for mod in ATTENTION_MODULES:
+        cache = getattr(sys.modules.get(mod), "_attention_backends", None)
+        if isinstance(cache, dict):
+            return cache
+    return None
 
 
 def last_attention_selection() -> dict[str, str]:
     """TE's record of the attention backend it selected last in this process ({} before any TE attention
     ran), values as strings."""
-    for mod in ATTENTION_MODULES:
-        try:
-            chosen = dict(getattr(importlib.import_module(mod), "_attention_backends", None) or {})
-        except ImportError:
-            continue
-        if chosen:
-            return {k: str(v) for k, v in chosen.items() if k != "attention_params"}
-    return {}
+    chosen = _selection_cache() or {}
+    return {k: str(v) for k, v in chosen.items() if k != "attention_params"}
+
+
+def force_attention(choice: str) -> None:
+    """Make TE's next attention selections follow `choice` ('auto', 'flash', 'fused', 'unfused'): set TE's
+    NVTE_* switches ('auto': back to what this process started with). TE reads them only when it selects,
+    and selects again only when the attention's inputs change: so when a switch changes, its cached
+    selection is marked stale too. Cheap when nothing changes (called before every TE student's forward)."""
+    want = ATTENTION_ENV.get(choice, _STARTED_WITH)
+    if all(os.environ.get(k) == v for k, v in want.items()):
+        return
+    for k, v in want.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    cache = _selection_cache()
+    if cache is not None:
+        cache["backend_selection_requires_update"] = True
+
+
+def flash_attention_installed() -> bool | None:
+    """Whether TE finds a flash-attn it can use (any version TE knows), None where this TE does not say."""
+    utils = getattr(sys.modules.get(ATTENTION_UTILS), "FlashAttentionUtils", None)
+    flags = [getattr(utils, f, None) for f in ("is_installed", "v3_is_installed", "v4_is_installed")]
+    return None if utils is None or all(f is None for f in flags) else any(bool(f) for f in flags)
 
 
 def describe_selection(chosen: dict[str, str]) -> str | None:

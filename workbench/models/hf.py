@@ -8,11 +8,12 @@ torch model (`convert_to_te` swaps its Linear / RMSNorm layers; its attention ma
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM, PretrainedConfig
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from workbench.errors import ConfigError
 from workbench.models.lm import lm_train_flops_per_token
@@ -60,6 +61,24 @@ def load_causal_lm(path_or_config: str | Path | PretrainedConfig, seq_len: int |
         try:
             model = AutoModelForCausalLM.from_pretrained(path_or_config, local_files_only=True, dtype=torch.float32)
         except (OSError, ValueError) as e:  # no such folder, no config / weights in it, not a causal LM
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ConfigError(f"no Hugging Face causal LM loads from {str(path_or_config)!r} (offline): {first}") from e
+            raise _not_loadable(path_or_config, e) from e
     return HFCausalLM(model.train(), seq_len)
+
+
+@functools.lru_cache(maxsize=8)
+def linear_shapes(path: str) -> dict[str, tuple[int, int]]:
+    """{name: (in_features, out_features)} of every nn.Linear of the local causal LM at `path`, from its
+    config alone (built on the meta device: no weights read, no memory): what a size check (FP8's multiples
+    of 16) needs before any student exists. Names as in HFCausalLM.model."""
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except (OSError, ValueError) as e:
+        raise _not_loadable(path, e) from e
+    return {name: (m.in_features, m.out_features) for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+
+
+def _not_loadable(path, e: Exception) -> ConfigError:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return ConfigError(f"no Hugging Face causal LM loads from {str(path)!r} (offline): {first}")

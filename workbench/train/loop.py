@@ -202,7 +202,8 @@ def held_out(model: torch.nn.Module, task, backend: Backend, data: Data) -> dict
     """The task's held-out metrics of the model as it is now (eval mode for the pass, then back)."""
     model.eval()
     try:
-        return task.evaluate(model, backend, data.eval)
+        with backend.outside_training(model):  # evaluation must not feed FP8 scaling state into training
+            return task.evaluate(model, backend, data.eval)
     finally:
         model.train()
 

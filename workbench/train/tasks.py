@@ -9,6 +9,7 @@ Teacher targets are computed once per batch, before any student trains, and neve
 """
 from __future__ import annotations
 
+import collections.abc
 import copy
 import dataclasses
 import hashlib
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 
 from workbench import backends, results
+from workbench.env.probe import _memory_gb
 from workbench.errors import ConfigError
 from workbench.models import Student, Teacher, reference_student
 from workbench.train import lm_metrics, lm_objectives, objectives
@@ -27,6 +29,8 @@ from workbench.train.loop import Data
 
 LM_BENCH_BATCHES = 4  # distinct timed batches, cycled: an LM batch's teacher logits take GBs at vocab 32k
 SHARD_SEED_STRIDE = 7919  # a data-parallel rank's batch seeds: seed + offset + this x rank (apart from rank 0's)
+GPU_LOGITS_SHARE = 0.6  # of the GPU's free memory, for teacher logits: the rest is the students'
+HOST_LOGITS_SHARE = 0.8  # of the host's available memory (pinned pages cannot be swapped out)
 
 
 def for_config(cfg, device: torch.device, tdtype, cache_dir: str | Path) -> "MLPTask | LMTask":
@@ -108,6 +112,7 @@ class LMTask:
             if vocab is not None and vocab != m.vocab:  # a Hugging Face model brings its own vocabulary size
                 raise ConfigError(f"{who}: the Hugging Face model's vocabulary has {vocab} tokens, model.vocab is "
                                   f"{m.vocab}; set model.vocab={vocab} (the text is tokenized to model.vocab tokens)")
+        self.place_logits()  # now, with the teacher on the device: task.json is written before the batches
 
     # ---- models ---------------------------------------------------------------------------------
     def shape(self, teacher: bool = False):
@@ -177,35 +182,42 @@ class LMTask:
 
     # ---- data, loss, evaluation -----------------------------------------------------------------
     def make_data(self, shard: int = 0) -> Data:
-        """`shard`: a data-parallel rank's own training and timed batches (the held-out ones are every rank's)."""
+        """The training, bench and held-out batches with their teacher logits. The training batches' logits
+        live where `self.info['teacher_logits']` says (decided in `place_logits`); the bench (timed) and
+        held-out batches always stay on the device. `shard`: a data-parallel rank's own training and timed
+        batches (the held-out ones are every rank's)."""
         cfg, m, seed = self.cfg, self.cfg.model, self.cfg.train.seed
-        self._check_targets_fit()
+        on_host = self.info.get("teacher_logits") == "host"
 
-        def batches(split: str, n: int, offset: int):
-            return [self._targets(b) for b in self.text.batches(split, m.batch, m.seq_len, n, seed + offset)]
+        def batches(split: str, n: int, offset: int, host: bool = False):
+            return [self._targets(b, host) for b in self.text.batches(split, m.batch, m.seq_len, n, seed + offset)]
 
         own = SHARD_SEED_STRIDE * shard
-        return Data(train=batches("train", cfg.train.steps, 1 + own),
+        train = batches("train", cfg.train.steps, 1 + own, host=on_host)
+        return Data(train=HostBatches(train, self.device) if on_host else train,
                     bench=batches("train", min(LM_BENCH_BATCHES, cfg.bench.warmup + cfg.bench.iters), 2 + own),
                     eval=batches("heldout", cfg.train.eval_batches, 3))
 
-    def _check_targets_fit(self) -> None:
-        """The teacher's logits of every batch stay on the device (computed once, before any student): say so
-        up front when they cannot fit, instead of running out of memory halfway."""
-        if self.device.type != "cuda":
-            return
+    def place_logits(self) -> None:
+        """Decide, before any batch exists, where the training batches' teacher logits go (the GPU or
+        pinned host memory), or refuse the run up front when neither can hold them; recorded in task.json."""
         cfg, m = self.cfg, self.cfg.model
-        n = cfg.train.steps + min(LM_BENCH_BATCHES, cfg.bench.warmup + cfg.bench.iters) + cfg.train.eval_batches
-        need = n * m.batch * m.seq_len * m.vocab * (2 if self.tdtype is not None else 4)
-        free, _ = torch.cuda.mem_get_info(self.device)
-        if need > 0.6 * free:
-            raise ConfigError(f"the teacher's logits for {n} batches need {need / 2**30:.1f} GiB on the GPU, "
-                              f"{free / 2**30:.1f} GiB are free; lower train.steps, model.batch or model.seq_len")
+        per_batch = m.batch * m.seq_len * m.vocab * (2 if self.tdtype is not None else 4)
+        kept = min(LM_BENCH_BATCHES, cfg.bench.warmup + cfg.bench.iters) + cfg.train.eval_batches
+        gpu_free = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else None
+        host_gb = _memory_gb()[1]
+        where = place_teacher_logits(cfg.distill.teacher_logits, cfg.train.steps * per_batch, kept * per_batch,
+                                     gpu_free, None if host_gb is None else int(host_gb * 2**30))
+        self.info.update(teacher_logits=where, teacher_logits_requested=cfg.distill.teacher_logits,
+                         teacher_logits_train_gib=round(cfg.train.steps * per_batch / 2**30, 3))
 
-    def _targets(self, window: torch.Tensor):
+    def _targets(self, window: torch.Tensor, host: bool = False):
         tokens, next_tokens = window[:, :-1].to(self.device), window[:, 1:].to(self.device)
         with torch.no_grad(), backends.autocast(self.device, self.tdtype):
             logits = self.teacher(tokens)
+        if host:  # one batch at a time: all of them would not fit on the GPU
+            if self.device.type == "cuda":  # pinned: the copy back to the GPU can then run asynchronously
+                logits = torch.empty(logits.shape, dtype=logits.dtype, pin_memory=True).copy_(logits)
         return tokens, objectives.Targets(logits, next_tokens=next_tokens)
 
     def loss(self, out, targets: objectives.Targets) -> torch.Tensor:
@@ -236,6 +248,75 @@ class LMTask:
         other = copy.copy(self)
         other.ce_only = True
         return other
+
+
+def place_teacher_logits(choice: str, train_bytes: int, kept_bytes: int, gpu_free: int | None,
+                         host_available: int | None) -> str:
+    """Where the training batches' teacher logits live: 'gpu' or 'host' (pinned memory, copied to the GPU
+    per step). `kept_bytes` (the bench and held-out batches' logits) are always on the GPU. `choice` is
+    distill.teacher_logits; `gpu_free` is None on a CPU run (there 'gpu' is the run's device, no limit is
+    checked), `host_available` None where unknown. Raises ConfigError, with the GiB needed and available,
+    when the placement cannot hold them."""
+    gib = 2**30
+    if gpu_free is not None:
+        budget = GPU_LOGITS_SHARE * gpu_free
+        if kept_bytes > budget:
+            raise ConfigError(f"the teacher's logits of the timed and held-out batches need {kept_bytes / gib:.1f} GiB on "
+                              f"the GPU, {gpu_free / gib:.1f} GiB are free; lower train.eval_batches, model.batch or "
+                              "model.seq_len")
+        fits_gpu = train_bytes + kept_bytes <= budget
+        if choice == "gpu" and not fits_gpu:
+            raise ConfigError(f"distill.teacher_logits='gpu': the teacher's logits need {(train_bytes + kept_bytes) / gib:.1f} "
+                              f"GiB on the GPU, {gpu_free / gib:.1f} GiB are free ({GPU_LOGITS_SHARE:.0%} of it is their "
+                              "budget); set distill.teacher_logits=host or auto, or lower train.steps, model.batch or "
+                              "model.seq_len")
+        if choice == "auto":
+            choice = "gpu" if fits_gpu else "host"
+    elif choice == "auto":
+        choice = "gpu"
+    if choice == "host" and host_available is not None and train_bytes > HOST_LOGITS_SHARE * host_available:
+        gpu = "" if gpu_free is None else f"the GPU has {gpu_free / gib:.1f} GiB free, "
+        raise ConfigError(f"the teacher's logits of the training batches ({train_bytes / gib:.1f} GiB) fit neither place: "
+                          f"{gpu}the host {host_available / gib:.1f} GiB available ({HOST_LOGITS_SHARE:.0%} of it is "
+                          "their budget); lower train.steps, model.batch or model.seq_len")
+    return choice
+
+
+class HostBatches(collections.abc.Sequence):
+    """Training batches whose teacher logits live in pinned host memory: each is copied to the device when it
+    is used. Iterating (the training loop) copies batch i+1 on a side stream while step i runs, non-blocking,
+    so the steps wait for no copy; indexing (a sample batch for capture or the initial loss) copies at once.
+    On a CPU run the copies are the tensors themselves."""
+
+    def __init__(self, batches: list, device: torch.device):
+        self.batches, self.device = batches, device
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, i: int):
+        tokens, t = self.batches[i]
+        return tokens, dataclasses.replace(t, out=t.out.to(self.device))
+
+    def __iter__(self):
+        if self.device.type != "cuda" or not self.batches:
+            yield from (self[i] for i in range(len(self)))
+            return
+        main, side = torch.cuda.current_stream(self.device), torch.cuda.Stream(self.device)
+
+        def fetch(i: int):
+            tokens, t = self.batches[i]
+            with torch.cuda.stream(side):
+                return tokens, dataclasses.replace(t, out=t.out.to(self.device, non_blocking=True))
+
+        ahead = fetch(0)
+        for i in range(len(self)):
+            batch = ahead
+            main.wait_stream(side)  # its copy is done before the step reads it
+            batch[1].out.record_stream(main)  # allocated on the side stream, used (and freed) on this one
+            if i + 1 < len(self):
+                ahead = fetch(i + 1)  # overlaps the step the caller runs on `batch`
+            yield batch
 
 
 def train_lm(model: torch.nn.Module, windows: list[torch.Tensor], lr: float, device: torch.device, dtype) -> list[float]:

@@ -65,6 +65,11 @@ class TrainConfig:
     the curve goes to eval_curve.csv."""
     fused_optimizer: bool = False
     """Fused AdamW on CUDA (one kernel for the whole update)."""
+    optimizer: str = "adamw"
+    """'adamw' (torch's AdamW, the tutorial's) or 'te_fused_adam' (Transformer Engine's FusedAdam, AdamW
+    mode, with fp32 master weights for bf16 or FP8 parameters; needs TE and a GPU, else AdamW and a note)."""
+    moments_dtype: str = "fp32"
+    """Adam moments' storage: 'fp32' or 'bf16' (te_fused_adam only: less optimizer memory and traffic)."""
 
 
 @dataclass
@@ -149,6 +154,13 @@ class BackendOptions:
     its tutorials use 16)."""
     te_amax_compute_algo: str = "max"
     """TE delayed scaling: 'max' or 'most_recent' over the amax history."""
+    te_graph: str = "fwd_bwd"
+    """What bench.graphs captures for TE students: 'fwd_bwd' (te.make_graphed_callables: forward and
+    backward, the loss and optimizer step eager) or 'step' (forward under TE autocast, loss, backward,
+    the capturable optimizer step and the FP8 scale updates in one CUDA graph, like the torch students)."""
+    te_fp8_weights: bool = False
+    """TE FP8 students keep their weights in FP8 (te.quantized_model_init), so the per-step weight casts
+    disappear; the fp32 master weights live in the optimizer (needs train.optimizer te_fused_adam)."""
 
 
 DEFAULT_BACKENDS = ("torch_fp32", "torch_bf16", "te_bf16", "te_fp8:delayed", "te_fp8:current")
@@ -242,6 +254,15 @@ class Config:
         _choice("distill.teacher_precision", d.teacher_precision, TEACHER_PRECISIONS)
         _positive("options.te_amax_history_len", self.options.te_amax_history_len)
         _choice("options.te_amax_compute_algo", self.options.te_amax_compute_algo, AMAX_ALGOS)
+        _choice("options.te_graph", self.options.te_graph, TE_GRAPHS)
+        _choice("train.optimizer", t.optimizer, OPTIMIZERS)
+        _choice("train.moments_dtype", t.moments_dtype, MOMENTS_DTYPES)
+        if t.moments_dtype != "fp32" and t.optimizer != "te_fused_adam":
+            raise ConfigError(f"train.moments_dtype={t.moments_dtype!r} needs train.optimizer='te_fused_adam' "
+                              "(torch's AdamW keeps its moments in the parameters' dtype)")
+        if self.options.te_fp8_weights and t.optimizer != "te_fused_adam":
+            raise ConfigError("options.te_fp8_weights needs train.optimizer='te_fused_adam': FP8 weights keep their "
+                              "fp32 master copy in TE's FusedAdam (torch's AdamW cannot update FP8 tensors)")
         _choice("device", self.device, DEVICES)
         if not self.backends:
             raise ConfigError("backends must list at least one student")
@@ -291,6 +312,9 @@ class Config:
 
 LAYOUTS = ("separate", "fused")
 AMAX_ALGOS = ("max", "most_recent")
+TE_GRAPHS = ("fwd_bwd", "step")
+OPTIMIZERS = ("adamw", "te_fused_adam")
+MOMENTS_DTYPES = ("fp32", "bf16")
 PARAM_DTYPES = ("fp32", "bf16")
 MLP_LOSSES = ("mse", "cosine", "hidden")
 LM_LOSSES = ("forward_kl", "reverse_kl", "jsd")

@@ -4,6 +4,7 @@ Without a usable TE the student runs the PyTorch autocast fallback, and says why
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import torch
 
@@ -65,9 +66,35 @@ class TEBF16(Backend):
         return out
 
     def can_graph(self, cfg, device):
-        if cfg.distill.loss == "hidden":
+        if cfg.distill.loss == "hidden" and self.graph_scope(cfg, []) == "fwd_bwd":
             return False, "the hidden-state loss returns per-block tensors; TE graphs are captured for the output only"
         return super().can_graph(cfg, device)
+
+    def graph_scope(self, cfg, notes):
+        """options.te_graph: 'step' captures the whole step like the torch students (capture_step), 'fwd_bwd'
+        graphs forward and backward through te.make_graphed_callables."""
+        if cfg.options.te_graph == "step" and self.step_graph_blocker(cfg):
+            notes.append(f"options.te_graph=step not applied: {self.step_graph_blocker(cfg)}; graphed forward and backward")
+            return "fwd_bwd"
+        return cfg.options.te_graph
+
+    def policy(self, cfg, device):
+        p = super().policy(cfg, device)
+        if cfg.options.te_fp8_weights and self.fp8_recipe is None:
+            return dataclasses.replace(p, notes=p.notes + ("options.te_fp8_weights not applied: a bf16 student has no FP8 weights",))
+        return p
+
+    def step_graph_blocker(self, cfg) -> str:
+        """Why this student's whole step cannot be one CUDA graph ('' when it can)."""
+        return ""
+
+    def reset_after_capture(self, model):
+        """Back to fresh delayed-scaling state (scale 1, empty amax history, as a new module has it): TE's
+        own reset, in place. Current and block scaling keep no state between steps."""
+        if getattr(self.fp8_recipe, "delayed", lambda: False)():
+            for m in model.modules():
+                if hasattr(m, "reset_fp8_meta_tensors"):
+                    m.reset_fp8_meta_tensors()
 
     def make_graphed(self, model, sample_tokens):
         """te.make_graphed_callables over the whole student, captured under this backend's autocast."""

@@ -31,6 +31,7 @@ class TEBF16(Backend):
     compilable = False  # dynamo skips TE modules (graph breaks); TE's speed-up route is CUDA graphs
     graph_kind = "fwd_bwd"  # te.make_graphed_callables graphs fwd+bwd (FP8 scaling state included)
     fp8_recipe = None
+    fp8_weights = False  # TE FP8 students with options.te_fp8_weights keep FP8 weights
     dtype = torch.bfloat16  # until build() picks fp16 on GPUs without bf16
 
     def availability(self, ctx: Context) -> tuple[bool, str]:
@@ -73,9 +74,6 @@ class TEBF16(Backend):
     def graph_scope(self, cfg, notes):
         """options.te_graph: 'step' captures the whole step like the torch students (capture_step), 'fwd_bwd'
         graphs forward and backward through te.make_graphed_callables."""
-        if cfg.options.te_graph == "step" and self.step_graph_blocker(cfg):
-            notes.append(f"options.te_graph=step not applied: {self.step_graph_blocker(cfg)}; graphed forward and backward")
-            return "fwd_bwd"
         return cfg.options.te_graph
 
     def policy(self, cfg, device):
@@ -83,10 +81,6 @@ class TEBF16(Backend):
         if cfg.options.te_fp8_weights and self.fp8_recipe is None:
             return dataclasses.replace(p, notes=p.notes + ("options.te_fp8_weights not applied: a bf16 student has no FP8 weights",))
         return p
-
-    def step_graph_blocker(self, cfg) -> str:
-        """Why this student's whole step cannot be one CUDA graph ('' when it can)."""
-        return ""
 
     def reset_after_capture(self, model):
         """Back to fresh delayed-scaling state (scale 1, empty amax history, as a new module has it): TE's

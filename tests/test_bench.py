@@ -338,6 +338,13 @@ def test_bench_cpu_smoke_writes_its_files(tmp_path, capsys):
     assert cli_main(["bench", "--markdown", str(tmp_path)]) == 0
     assert "### `cpu-smoke` preset" in capsys.readouterr().out
 
+    # a bench cut short (a time limit) before its aggregate: --aggregate rebuilds its files at its preset
+    for name in ("bench.csv", "targets.json"):
+        (d / name).unlink()
+    assert cli_main(["bench", "--aggregate", str(tmp_path)]) == 0
+    assert pd.read_csv(d / "bench.csv")["preset"].eq("cpu-smoke").all()
+    assert json.loads((d / "targets.json").read_text())["preset"] == "cpu-smoke"
+
 
 def test_bench_takes_repeats_and_profile_from_its_flags(capsys):
     assert cli_main(["bench", "--preset", "cpu-smoke", "--set", "repeats=5"]) == 2

@@ -4,6 +4,7 @@
     python -m workbench bench --preset seed --variants eager,graphs-fused-bf16 --out results/bench
     python -m workbench bench --list                                  # the variant catalogue
     python -m workbench bench --markdown results/bench [--readme PATH]   # tables from the files
+    python -m workbench bench --write-readme results/reference/h200/bench  # its README.md, from targets.json
 
 A *variant* is a set of config overrides (eager / compile / graphs, layout, parameter dtype, fused
 optimizer) and the students worth running under it; the catalogue is data (VARIANTS). Each variant is
@@ -202,6 +203,9 @@ def run_bench(opts: BenchOptions, out: str | Path = "results/bench", run_id: str
     bench_dir = results.create_run_dir(out, run_id, f"{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-bench-{preset}")
     run_id = bench_dir.name
     t0 = time.perf_counter()
+    # rewritten whole at the end; written now so that a bench cut short (a time limit) still aggregates at its preset
+    results.write_json(bench_dir / "bench.json", {"schema_version": results.SCHEMA_VERSION, "bench_id": run_id,
+                                                   "preset": preset, "status": "running"})
 
     _say(progress, f"[bench] peak probe on {device}")
     results.write_json(bench_dir / "peak.json", hardware.probe_matmul(device))
@@ -632,6 +636,7 @@ def _target_figure(t: Target, ran: pd.DataFrame, preset: str | None) -> tuple[di
         return best, None if r is None else abs(r - 1.0) * 100, ""
     if t.id == "P3":
         best = _best(ran, "teacher_pct_of_measured_peak", largest=True)
+        best = dict(best, student="teacher") if best else None  # the teacher of that variant's run
         return best, _num(best["teacher_pct_of_measured_peak"]) if best else None, (
             "teacher FLOPs = a third of the student's train FLOPs (the teacher has the student's shape)")
     if t.id == "P3-share":
@@ -825,8 +830,8 @@ def main(args: argparse.Namespace) -> int:
         for preset, names in DEFAULT_VARIANTS.items():
             print(f"default for {preset}: {','.join(names)}")
         return 0
-    if args.aggregate:
-        for d in bench_dirs(args.aggregate):
+    if args.aggregate:  # bench.json, not bench.csv: a bench cut short before its aggregate has none yet
+        for d in results.folders_with(args.aggregate, "bench.json"):
             aggregate(d)
             print(f"aggregated {d}")
         return 0

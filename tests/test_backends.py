@@ -194,8 +194,9 @@ def test_te_whole_step_graph_is_a_switch_that_names_what_blocks_it():
     p = fp8w.policy(config.from_preset("seed", graphs=True, te_graph="step", te_fp8_weights=True,
                                        optimizer="te_fused_adam"), cuda)
     assert p.graph is None and any("graphs not applied: FP8 weights" in n for n in p.notes)
-    bf16 = backends.make("te_bf16").policy(config.from_preset("seed", te_fp8_weights=True, optimizer="te_fused_adam"), cuda)
-    assert any("te_fp8_weights not applied" in n for n in bf16.notes)
+    fp8w_cfg = config.from_preset("seed", te_fp8_weights=True, optimizer="te_fused_adam")
+    assert any("te_fp8_weights not applied" in n for n in backends.make("te_bf16").policy(fp8w_cfg, cuda).notes)
+    assert not any("te_fp8_weights" in n for n in backends.make("te_fp8:current").policy(fp8w_cfg, cuda).notes)
 
 
 @pytest.mark.parametrize("overrides, field", [
@@ -209,24 +210,26 @@ def test_the_new_speed_switches_are_validated(overrides, field):
         config.from_preset("seed", **overrides)
 
 
-class FakeFP8Module(torch.nn.Module):
-    """A TE module's FP8 bookkeeping: TE's reset_fp8_meta_tensors() puts scale 1 and an empty history back."""
+class FakeScalingState:
+    """TE's DelayedScalingRecipeState: a scale and an amax history per quantized tensor."""
 
     def __init__(self):
-        super().__init__()
-        self.resets = 0
-
-    def reset_fp8_meta_tensors(self):
-        self.resets += 1
+        self.scale, self.amax_history = torch.full((3,), 4.0), torch.full((16, 3), 2.0)
 
 
-@pytest.mark.parametrize("recipe, resets", [("delayed", 1), ("current", 0)])
-def test_capture_warmup_is_undone_in_tes_delayed_scaling_state(recipe, resets):
-    b = backends.make(f"te_fp8:{recipe}")
-    b.fp8_recipe = type("R", (), {"delayed": staticmethod(lambda: recipe == "delayed")})()
-    model = torch.nn.Sequential(FakeFP8Module(), FakeFP8Module())
-    b.reset_after_capture(model)
-    assert [m.resets for m in model] == [resets, resets]
+def test_capture_warmup_is_undone_in_tes_delayed_scaling_state():
+    """The graph holds these tensors' addresses: they are reset in place to a fresh module's (scale 1, no
+    history); current scaling's state (no scale, no history) and modules without FP8 state are left alone."""
+    delayed, current = torch.nn.Module(), torch.nn.Module()
+    delayed.fp8_meta = {"scaling_fwd": FakeScalingState(), "scaling_bwd": FakeScalingState(), "recipe": "delayed"}
+    current.fp8_meta = {"scaling_fwd": object()}
+    model = torch.nn.Sequential(delayed, current, torch.nn.Linear(2, 2))
+    tensors = [(s.scale, s.amax_history) for s in (delayed.fp8_meta["scaling_fwd"], delayed.fp8_meta["scaling_bwd"])]
+    backends.make("te_fp8:delayed").reset_after_capture(model)
+    for key, (scale, history) in zip(("scaling_fwd", "scaling_bwd"), tensors):
+        state = delayed.fp8_meta[key]
+        assert state.scale is scale and state.amax_history is history  # same tensors: the graph keeps reading them
+        assert (scale == 1).all() and not history.any()
 
 
 def test_reset_optimizer_is_a_fresh_optimizer_in_place():

@@ -31,7 +31,8 @@ class TEBF16(Backend):
     compilable = False  # dynamo skips TE modules (graph breaks); TE's speed-up route is CUDA graphs
     graph_kind = "fwd_bwd"  # te.make_graphed_callables graphs fwd+bwd (FP8 scaling state included)
     fp8_recipe = None
-    fp8_weights = False  # TE FP8 students with options.te_fp8_weights keep FP8 weights
+    quantized_weights = False  # whether options.te_fp8_weights applies (the FP8 students)
+    fp8_weights = False  # set by build: this student keeps FP8 weights
     dtype = torch.bfloat16  # until build() picks fp16 on GPUs without bf16
 
     def availability(self, ctx: Context) -> tuple[bool, str]:
@@ -78,17 +79,22 @@ class TEBF16(Backend):
 
     def policy(self, cfg, device):
         p = super().policy(cfg, device)
-        if cfg.options.te_fp8_weights and self.fp8_recipe is None:
+        if cfg.options.te_fp8_weights and not self.quantized_weights:
             return dataclasses.replace(p, notes=p.notes + ("options.te_fp8_weights not applied: a bf16 student has no FP8 weights",))
         return p
 
     def reset_after_capture(self, model):
-        """Back to fresh delayed-scaling state (scale 1, empty amax history, as a new module has it): TE's
-        own reset, in place. Current and block scaling keep no state between steps."""
-        if getattr(self.fp8_recipe, "delayed", lambda: False)():
+        """Back to fresh delayed-scaling state, in place: scale 1 and an empty amax history, as a new module
+        has them (what TE's reset_fp8_meta_tensors() writes; done here per state, since that method assumes
+        every state is a delayed-scaling one). Current and block scaling keep no state between steps."""
+        with torch.no_grad():
             for m in model.modules():
-                if hasattr(m, "reset_fp8_meta_tensors"):
-                    m.reset_fp8_meta_tensors()
+                meta = getattr(m, "fp8_meta", None)
+                for key in ("scaling_fwd", "scaling_bwd"):
+                    state = meta.get(key) if isinstance(meta, dict) else None
+                    if hasattr(state, "amax_history") and hasattr(state, "scale"):
+                        state.scale.fill_(1.0)
+                        state.amax_history.zero_()
 
     def make_graphed(self, model, sample_tokens):
         """te.make_graphed_callables over the whole student, captured under this backend's autocast."""

@@ -57,6 +57,7 @@ class TEFP8(TEBF16):
     recipes = tuple(RECIPES)
     default_recipe = "delayed"
     mode = "TE-FP8"
+    quantized_weights = True
 
     @property
     def gemm_precision(self) -> str:

@@ -400,7 +400,7 @@ def _is_tutorial_path(r: dict) -> bool:
     return (r.get("status") == "ok" and _num(r.get("step_ms_median")) is not None
             and not _truthy(r.get("compiled")) and not _truthy(r.get("graphed"))
             and r.get("layout") == "separate" and r.get("param_dtype") == "fp32"
-            and not _truthy(r.get("fused_optimizer")) and _text(r.get("optimizer")) in ("", "AdamW"))
+            and not _truthy(r.get("fused_optimizer")) and _text(r.get("optimizer")) in ("", "AdamW", "adamw"))
 
 
 def _text(x) -> str:
@@ -497,11 +497,13 @@ def _bench_row(meta, peak, variant, r, obs, teacher_obs, run_dir) -> dict[str, A
 
 
 def _kernel_breakdown(bench_dir: Path | None, row: dict) -> dict[str, Any]:
-    """The profiled block's kernel categories / top kernels for one row (empty when not recorded)."""
+    """The profiled block's kernel categories / top kernels for one row (empty when not recorded); the
+    student 'teacher' is the teacher's timed region of that variant's run."""
     run_dir = bench_dir / "runs" / str(row["variant"]) if bench_dir else None
     if run_dir is None or not (run_dir / "students.csv").exists():
         return {}
-    obs = observations(run_dir)["students"].get(row["student"]) or {}
+    found = observations(run_dir)
+    obs = (found["teacher"] if row["student"] == "teacher" else found["students"].get(row["student"])) or {}
     return {k: obs[k] for k in crosscheck.DETAIL if k in obs}
 
 

@@ -64,7 +64,7 @@ class Backend:
     mode: str = "PyTorch"  # the tutorial's mode name for rows that run this backend
     compilable = True  # torch.compile applies (config bench.compile)
     compile_required = False  # always compiled (torchao float8 is meant to run under torch.compile)
-    graph_kind = "step"  # what a CUDA graph covers: "step", or "fwd_bwd" through `make_graphed`
+    graph_kind = "step"  # what a CUDA graph covers: "step", or "fwd_bwd" through `make_graphed` (see graph_scope)
 
     def __init__(self, recipe: str | None = None):
         self.recipe = recipe or self.default_recipe

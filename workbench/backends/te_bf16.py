@@ -1,6 +1,8 @@
 """Transformer Engine student in bf16 (fp16 on GPUs without bf16): the model's layers swapped for TE's
 (te.Linear, te.LayerNorm, te.RMSNorm, te.LayerNormMLP, te.DotProductAttention) under torch autocast.
-Without a usable TE the student runs the PyTorch autocast fallback, and says why."""
+Without a usable TE the student runs the PyTorch autocast fallback, and says why. With bench.graphs,
+options.te_graph picks what the CUDA graph covers: forward and backward (te.make_graphed_callables) or the
+whole step (the trainer's capture_step, as for the torch students)."""
 from __future__ import annotations
 
 import collections
@@ -29,7 +31,6 @@ class TEBF16(Backend):
     name = "te_bf16"
     mode = "TE-BF16/FP16"
     compilable = False  # dynamo skips TE modules (graph breaks); TE's speed-up route is CUDA graphs
-    graph_kind = "fwd_bwd"  # te.make_graphed_callables graphs fwd+bwd (FP8 scaling state included)
     fp8_recipe = None
     quantized_weights = False  # whether options.te_fp8_weights applies (the FP8 students)
     fp8_weights = False  # set by build: this student keeps FP8 weights

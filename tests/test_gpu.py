@@ -89,8 +89,8 @@ def test_te_whole_step_graph_starts_matched_and_trains_like_its_eager_run(tmp_pa
     """options.te_graph=step: forward under TE autocast, loss, backward, AdamW and the FP8 scale updates in one
     CUDA graph. Capture's warm-up steps are undone (weights, AdamW, TE's amax history and scales), so the
     graphed students start from the shared init and the same fresh FP8 scales as their eager runs, and
-    follow them. Tolerances: the first step runs the same maths (1 %); later steps differ by FP8/bf16
-    rounding and kernel order only, so the mean of the last 4 losses within 3 %."""
+    follow them. Tolerances: the first 3 steps run the same kernels on the same state (0.5 %); later steps
+    may drift by FP8/bf16 rounding, so the mean of the last 4 losses within 3 %."""
     students = "torch_bf16,te_fp8:delayed,te_fp8:current,te_bf16"
     common = dict(backends=students, fused_optimizer=True, steps=12)
     eager_dir = _run_dir(tmp_path, "eager", **common)
@@ -103,7 +103,9 @@ def test_te_whole_step_graph_starts_matched_and_trains_like_its_eager_run(tmp_pa
     for s in ("te_fp8:delayed", "te_fp8:current", "te_bf16"):
         le, lg = _losses(eager_dir, s), _losses(step_dir, s)
         assert len(lg) == len(le) == 12
-        assert lg[0] == pytest.approx(le[0], rel=1e-2), s
+        # the first steps run the same kernels on the same weights and FP8 scales: a scale left over from
+        # capture's warm-up shows here (at seed, delayed scaling's step 2 is 0.743 from fresh scales, 0.723 from warm ones)
+        assert lg[:3] == pytest.approx(le[:3], rel=5e-3), (s, le[:3], lg[:3])
         assert sum(lg[-4:]) / 4 == pytest.approx(sum(le[-4:]) / 4, rel=3e-2), (s, le, lg)
         assert lg[-1] < lg[0], (s, lg)  # replays train
 

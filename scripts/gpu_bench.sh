@@ -1,40 +1,86 @@
 #!/bin/bash
-# The benchmark on the H200: `workbench bench` at the seed preset and at the large preset, every
-# default variant (eager / compile / graphs x layout x param dtype; see `python -m workbench bench --list`),
-# with the matmul peak probe, the profiler cross-check and noise repeats. Budgeted to finish in < 8 min:
-# a variant not started once its preset's budget is spent becomes 'skipped' rows (the files say so).
-# Run from the repo root after `bash .gpu/install.sh`; writes $OUT/bench.tar.gz (unpack into
-# results/reference/h200/bench/: seed/, large/, probe.json, tables.md). Knobs: PRESETS="seed large",
-# SEED_VARIANTS=a,b LARGE_VARIANTS=c,d, SEED_BUDGET_S / LARGE_BUDGET_S (default 150 s each).
+# The benchmark on the H200, one call (< 9 min): the new GPU tests (whole-step TE graphs, TE FusedAdam, FP8
+# weights), then `workbench bench` at seed, large, lm-a and lm-b (transformer shapes A and B) with each preset's
+# default variants (see `python -m workbench bench --list`): the tutorial-equivalent students measured in the
+# same run, whole-step CUDA graphs for TE students (te_graph=step), FP8 weights, TE FusedAdam (fp32 masters,
+# bf16 moments), compiled torch bf16 and torchao float8; matmul peak probe, profiler cross-check, 3 repeats.
+# Each preset has a budget (variants not started once it is spent become 'skipped' rows) and a hard time
+# limit (a bench cut short is aggregated from what it finished); presets not started after TOTAL_BUDGET_S
+# are skipped: worst case ~9 min (tests 100 s + seed 120 + large 150 + lm-a 160, lm-b then skipped).
+#   WORKBENCH_GIT_SHA=$(git rev-parse --short HEAD) bash scripts/gpu_bench.sh OUTDIR
+# Run from the repo root after `bash .gpu/install.sh`. Writes to OUTDIR (default $OUT) at most 6 files:
+#   bench.tar.gz  every bench folder (<preset>/bench.csv, targets.json, bench.md, peak.json, runs/...), the
+#                 tokenizer/teacher cache left out; unpack into results/reference/h200/bench/
+#   bench.csv     every preset's rows in one table (column `preset`)
+#   targets.json  {preset: that bench's targets.json} (P1-P6: goal, best, row, met, breakdown where missed)
+#   README.md     the targets of every preset in one table, then every row (`bench --write-readme`)
+#   gpu_tests.log, bench.log (the last lines of each preset's log)
+# Knobs: PRESETS, SEED_BUDGET_S LARGE_BUDGET_S LM_BUDGET_S, TOTAL_BUDGET_S, SEED_VARIANTS LARGE_VARIANTS LM_VARIANTS.
+# Wall-time estimate from results/reference/h200/bench (seed 118 s for 7 variants, large 195 s for 3) and
+# results/reference/h200/lm (84 s per LM preset, 6 students): tests ~70 s, seed ~75, large ~100, A/B ~100 each
+# with the cut iterations below (compiles dominate A/B), ~30 s of imports and probes: ~8 min.
 set -uo pipefail
+[ -n "${1:-}" ] && export OUT=$1
 source "$(dirname "$0")/gpu_env.sh"
-python3 -c "import torch, transformer_engine.pytorch as te; print('TE', te.__version__ if hasattr(te, '__version__') else '', te.is_fp8_available(return_reason=True))" \
+python3 -c "import torch, transformer_engine.pytorch as te; print('TE', te.is_fp8_available(return_reason=True))" \
   || echo "gpu_bench.sh: TE does not import; TE students will be fallback rows (see python3 -m workbench doctor)"
 R=$(mktemp -d)
 B=$R/bench
+mkdir -p "$B"
 T0=$SECONDS
-show() { grep -v -e '^{' -e 'USDT:' | tail -"${1:-60}"; }
+show() { grep -v -e '^{' -e 'USDT:' | tail -"${1:-40}"; }
 
-PRESETS=${PRESETS:-seed large}  # one preset per call (PRESETS=seed, then PRESETS=large) if 10 min is tight
-for preset in $PRESETS; do
+timeout 100 python3 -m pytest -q -m gpu tests/test_gpu.py -k "whole_step or fused_adam" 2>&1 \
+  | tee "$OUT/gpu_tests.log" | tail -5
+echo "== GPU tests done at $((SECONDS - T0)) s"
+
+: > "$R/bench.log"
+for preset in ${PRESETS:-seed large lm-a lm-b}; do
+  if [ $((SECONDS - T0)) -gt "${TOTAL_BUDGET_S:-420}" ]; then
+    echo "== $preset skipped: ${TOTAL_BUDGET_S:-420} s spent" | tee -a "$R/bench.log"; continue
+  fi
   case $preset in
-    # seed: launch-bound, so many timed steps are cheap; 5 repeats for the noise figure (P4).
-    seed) args=(--set steps=10 --set warmup=10 --set iters=50 --repeats 5 --budget-s "${SEED_BUDGET_S:-150}")
-          variants=${SEED_VARIANTS:-} ;;
-    # large: GEMM-bound; fp32 (~416 ms/step) runs in the eager variant only.
-    large) args=(--set steps=5 --set warmup=5 --set iters=20 --repeats 3 --budget-s "${LARGE_BUDGET_S:-150}")
-           variants=${LARGE_VARIANTS:-} ;;
+    # seed: launch-bound, so many timed steps are cheap
+    seed) budget=${SEED_BUDGET_S:-70}; variants=${SEED_VARIANTS:-eager,graphs-step-fused-bf16,compile-graphs-fused-bf16,graphs-step,te-adam-graphs-step-fused-bf16,graphs-fused-bf16}
+          args=(--set steps=8 --set warmup=10 --set iters=50 --set eval_batches=2); hard=120 ;;
+    # large: GEMM-bound, ~20-45 ms a step; no fp32 student (415 ms a step), no torchao (20 s compiles)
+    large) budget=${LARGE_BUDGET_S:-100}; variants=${LARGE_VARIANTS:-tutorial,graphs-step-fused-bf16,fp8-weights-fused-bf16,te-adam-graphs-step-fused-bf16,te-adam-bf16-moments-graphs-step-fused-bf16,graphs-fused-bf16}
+           args=(--set steps=4 --set warmup=4 --set iters=15 --set eval_batches=2); hard=150 ;;
+    # decoder stacks: compiles take the time; a small corpus (a random teacher: speed and memory only)
+    lm-a|lm-b) budget=${LM_BUDGET_S:-100}; variants=${LM_VARIANTS:-lm-te,lm-compile,lm-te-step,lm-te-fp8-weights}
+               args=(--set steps=4 --set warmup=3 --set iters=10 --set eval_batches=1 --set no_kd_student=false
+                     --set corpus_mb=1); hard=160 ;;
     *) echo "gpu_bench.sh: unknown preset $preset"; continue ;;
   esac
-  python3 -m workbench bench --preset "$preset" --out "$B" --run-id "$preset" "${args[@]}" \
-    ${variants:+--variants "$variants"} 2>&1 | tee "$R/$preset.log" | show 80
-  mv "$R/$preset.log" "$B/$preset/bench.log" 2>/dev/null
-  echo "== $preset done at $((SECONDS - T0)) s"
-  tar -C "$B" -czf "$OUT/bench_$preset.tar.gz" "$preset"  # kept even if a later preset is cut short
+  timeout "$hard" python3 -m workbench bench --preset "$preset" --out "$B" --run-id "$preset" "${args[@]}" \
+    --repeats 3 --budget-s "$budget" --variants "$variants" > "$R/$preset.log" 2>&1
+  rc=$?
+  if [ $rc -ne 0 ] && [ -d "$B/$preset" ]; then  # cut short: the finished variants still make its files
+    echo "== $preset: exit $rc; aggregating what finished" >> "$R/$preset.log"
+    python3 -m workbench bench --aggregate "$B/$preset" >> "$R/$preset.log" 2>&1
+  fi
+  { echo "== $preset: exit $rc at $((SECONDS - T0)) s"; show 25 < "$R/$preset.log"; } | tee -a "$R/bench.log"
 done
 
 python3 -m workbench probe --json > "$B/probe.json" 2>/dev/null
-python3 -m workbench bench --markdown "$B" | tee "$B/tables.md"
-tar -C "$B" -czf "$OUT/bench.tar.gz" . && rm -f "$OUT"/bench_*.tar.gz
+python3 -m workbench bench --write-readme "$B" > /dev/null && cp "$B/README.md" "$OUT/README.md"
+python3 - "$B" "$OUT" <<'PY'
+import json, sys
+from pathlib import Path
+import pandas as pd
+bench, out = Path(sys.argv[1]), Path(sys.argv[2])
+dirs = sorted(p.parent for p in bench.glob("*/bench.csv"))
+if dirs:
+    pd.concat([pd.read_csv(d / "bench.csv") for d in dirs]).to_csv(out / "bench.csv", index=False)
+json.dump({d.name: json.loads((d / "targets.json").read_text()) for d in dirs if (d / "targets.json").exists()},
+          open(out / "targets.json", "w"), indent=1)
+for d in dirs:
+    for t in json.loads((d / "targets.json").read_text())["targets"]:
+        if t["achieved"] is not None:
+            print(f"{d.name:6s} {t['id']:16s} {t['target']:12s} {t['achieved']:10.4g}  met={t['met']}  {t['by']}")
+PY
+cp "$R"/*.log "$B"/ 2>/dev/null
+cp "$R/bench.log" "$OUT/bench.log"
+tar -C "$B" -czf "$OUT/bench.tar.gz" --exclude='cache' .
 ls -la "$OUT"
 echo "== total $((SECONDS - T0)) s"

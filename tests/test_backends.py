@@ -166,3 +166,146 @@ def test_te_delayed_scaling_takes_its_history_from_the_config(monkeypatch):
     assert b.fp8_recipe == {"margin": 0, "fp8_format": "HYBRID", "amax_history_len": 1024, "amax_compute_algo": "most_recent"}
     with pytest.raises(config.ConfigError, match="options.te_amax_compute_algo"):
         config.from_preset("cpu-smoke", te_amax_compute_algo="min")
+
+
+def test_te_whole_step_graph_is_a_switch_that_names_what_blocks_it():
+    cuda = torch.device("cuda")
+    step = config.from_preset("seed", graphs=True, te_graph="step")
+    assert backends.make("te_fp8:delayed").policy(step, cuda).graph == "step"
+    assert backends.make("te_bf16").policy(config.from_preset("seed", graphs=True), cuda).graph == "fwd_bwd"
+    # the whole-step graph has no output-only restriction: the hidden-state loss graphs too
+    hidden = config.from_preset("seed", graphs=True, te_graph="step", loss="hidden")
+    assert backends.make("te_fp8:current").policy(hidden, cuda).graph == "step"
+    assert backends.make("te_fp8:current").policy(config.from_preset("seed", graphs=True, loss="hidden"), cuda).graph is None
+    # FP8 weights: TE's FusedAdam cannot capture their update, so the step runs eager, and the row says why
+    fp8w = backends.make("te_fp8:delayed")
+    fp8w.fp8_weights = True
+    p = fp8w.policy(config.from_preset("seed", graphs=True, te_graph="step", te_fp8_weights=True,
+                                       optimizer="te_fused_adam"), cuda)
+    assert p.graph is None and any("graphs not applied: FP8 weights" in n for n in p.notes)
+    fp8w_cfg = config.from_preset("seed", te_fp8_weights=True, optimizer="te_fused_adam")
+    assert any("te_fp8_weights not applied" in n for n in backends.make("te_bf16").policy(fp8w_cfg, cuda).notes)
+    assert not any("te_fp8_weights" in n for n in backends.make("te_fp8:current").policy(fp8w_cfg, cuda).notes)
+
+
+@pytest.mark.parametrize("overrides, field", [
+    ({"moments_dtype": "bf16"}, "train.moments_dtype"),
+    ({"te_fp8_weights": True}, "options.te_fp8_weights"),
+    ({"te_graph": "whole"}, "options.te_graph"),
+    ({"optimizer": "sgd"}, "train.optimizer"),
+])
+def test_the_new_speed_switches_are_validated(overrides, field):
+    with pytest.raises(config.ConfigError, match=field):
+        config.from_preset("seed", **overrides)
+
+
+class FakeScalingState:
+    """TE's DelayedScalingRecipeState: a scale and an amax history per quantized tensor."""
+
+    def __init__(self):
+        self.scale, self.amax_history = torch.full((3,), 4.0), torch.full((16, 3), 2.0)
+
+
+def test_capture_warmup_is_undone_in_tes_delayed_scaling_state():
+    """The graph holds these tensors' addresses: they are reset in place to a fresh module's (scale 1, no
+    history); current scaling's state (no scale, no history) and modules without FP8 state are left alone."""
+    delayed, current = torch.nn.Module(), torch.nn.Module()
+    delayed.fp8_meta = {"scaling_fwd": FakeScalingState(), "scaling_bwd": FakeScalingState(), "recipe": "delayed"}
+    current.fp8_meta = {"scaling_fwd": object()}
+    model = torch.nn.Sequential(delayed, current, torch.nn.Linear(2, 2))
+    tensors = [(s.scale, s.amax_history) for s in (delayed.fp8_meta["scaling_fwd"], delayed.fp8_meta["scaling_bwd"])]
+    backends.make("te_fp8:delayed").reset_after_capture(model)
+    for key, (scale, history) in zip(("scaling_fwd", "scaling_bwd"), tensors):
+        state = delayed.fp8_meta[key]
+        assert state.scale is scale and state.amax_history is history  # same tensors: the graph keeps reading them
+        assert (scale == 1).all() and not history.any()
+
+
+def test_reset_optimizer_is_a_fresh_optimizer_in_place():
+    from workbench.train import loop
+
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1, capturable=False)
+    for _ in range(2):
+        model(torch.ones(2, 4)).sum().backward()
+        opt.step()
+    moments = [opt.state[p]["exp_avg"] for p in model.parameters()]
+    loop.reset_optimizer(opt)
+    assert all(opt.state[p]["exp_avg"] is m and not m.any() for p, m in zip(model.parameters(), moments))
+    assert all(float(opt.state[p]["step"]) == 0 for p in model.parameters())
+
+    # TE's FusedAdam keeps its capturable step count in the param group and fp32 masters in the state:
+    # the masters must equal the restored weights, not zero
+    w = torch.nn.Parameter(torch.full((3,), 0.5, dtype=torch.bfloat16))
+    fake = type("FusedAdamLike", (), {})()
+    fake.state = {w: {"exp_avg": torch.ones(3), "master_param": torch.zeros(3)}}
+    fake.param_groups = [{"params": [w], "step": torch.tensor([7])}]
+    fake._scales = {w: {"exp_avg": torch.tensor([3.0])}}
+    loop.reset_optimizer(fake)
+    assert torch.equal(fake.state[w]["master_param"], torch.full((3,), 0.5))
+    assert not fake.state[w]["exp_avg"].any() and int(fake.param_groups[0]["step"]) == 0
+    assert float(fake._scales[w]["exp_avg"]) == 1.0
+
+
+class FakeFusedAdam(torch.optim.AdamW):
+    """transformer_engine.pytorch.optimizers.FusedAdam's signature and state calls, torch's AdamW maths."""
+
+    def __init__(self, params, lr, weight_decay, adam_w_mode, capturable, master_weights, exp_avg_dtype,
+                 exp_avg_sq_dtype):
+        super().__init__(params, lr=lr, weight_decay=weight_decay)
+        self.kw = dict(adam_w_mode=adam_w_mode, capturable=capturable, master_weights=master_weights,
+                       exp_avg_dtype=exp_avg_dtype, exp_avg_sq_dtype=exp_avg_sq_dtype)
+        self.masters = {}
+
+    def initialize_state(self, param, store_param_remainders):
+        self.state[param]["exp_avg"] = torch.zeros_like(param)
+
+    def set_scaled_state(self, param, name, value):
+        self.masters[param] = value
+
+
+def test_te_fused_adam_takes_the_config_and_starts_fp8_masters_at_the_shared_init(monkeypatch):
+    from workbench.train import loop
+
+    fake_te = type("FakeTE", (), {"optimizers": type("O", (), {"FusedAdam": FakeFusedAdam})})
+    model = torch.nn.Linear(4, 4).to(torch.bfloat16)
+    exact = torch.randn(4, 4)
+    setattr(model.weight, backends.MASTER_INIT, exact)  # what an FP8 weight carries (see TEFP8.convert)
+    cfg = config.from_preset("seed", optimizer="te_fused_adam", moments_dtype="bf16")
+    opt = loop.te_fused_adam(fake_te, model, cfg, capturable=True)
+    assert opt.kw == dict(adam_w_mode=True, capturable=True, master_weights=True, exp_avg_dtype=torch.bfloat16,
+                          exp_avg_sq_dtype=torch.bfloat16)
+    assert torch.equal(opt.masters[model.weight], exact) and not hasattr(model.weight, backends.MASTER_INIT)
+    # no TE (or no GPU): AdamW runs, and the row's note says why
+    monkeypatch.setattr(_te, "load", lambda: (None, None, "no TE here"))
+    opt, note = loop.make_optimizer(model, cfg, torch.device("cpu"), capturable=False)
+    assert isinstance(opt, torch.optim.AdamW) and "te_fused_adam not applied (it needs a CUDA GPU)" in note
+
+
+def test_fp8_weights_keep_the_exact_shared_init_for_their_masters(monkeypatch):
+    """Under te.quantized_model_init TE's weights are FP8; each keeps the fp32 value it was quantized from."""
+    import contextlib
+    import copy
+
+    from workbench.models import reference_student
+
+    inits = []
+
+    class FakeTEWithFP8Weights(FakeTEModules):
+        QuantizedTensor = torch.nn.Parameter  # here every TE weight counts as quantized
+
+        @staticmethod
+        def quantized_model_init(enabled, recipe):
+            inits.append((enabled, recipe))
+            return contextlib.nullcontext()
+
+    monkeypatch.setattr(_te, "load", lambda: (FakeTEWithFP8Weights, FakeRecipes, ""))
+    cfg = config.from_preset("cpu-smoke", te_fp8_weights=True, optimizer="te_fused_adam")
+    reference = reference_student(cfg.model)
+    b = backends.make("te_fp8:current")
+    b.fp8_recipe, b.fp8_weights, b.device = "recipe", True, torch.device("cpu")
+    model = b.convert(copy.deepcopy(reference), cfg)
+    assert inits == [(True, "recipe")]
+    ref = reference.state_dict()
+    for name, p in model.named_parameters():
+        assert torch.equal(getattr(p, backends.MASTER_INIT), ref[name].float()), name

@@ -66,6 +66,11 @@ class TrainConfig:
     the curve goes to eval_curve.csv."""
     fused_optimizer: bool = False
     """Fused AdamW on CUDA (one kernel for the whole update)."""
+    optimizer: str = "adamw"
+    """'adamw' (torch's AdamW, the tutorial's) or 'te_fused_adam' (Transformer Engine's FusedAdam, AdamW
+    mode, with fp32 master weights for bf16 or FP8 parameters; needs TE and a GPU, else AdamW and a note)."""
+    moments_dtype: str = "fp32"
+    """Adam moments' storage: 'fp32' or 'bf16' (te_fused_adam only: less optimizer memory and traffic)."""
 
 
 @dataclass
@@ -160,6 +165,13 @@ class BackendOptions:
     'flash', 'fused' or 'unfused' (TE's NVTE_FLASH_ATTN / NVTE_FUSED_ATTN / NVTE_UNFUSED_ATTN). A student whose
     forced backend cannot run here is an error row that says so; rows record the requested and the selected
     backend. Students without TE's attention ignore it (a note)."""
+    te_graph: str = "fwd_bwd"
+    """What bench.graphs captures for TE students: 'fwd_bwd' (te.make_graphed_callables: forward and
+    backward, the loss and optimizer step eager) or 'step' (forward under TE autocast, loss, backward,
+    the capturable optimizer step and the FP8 scale updates in one CUDA graph, like the torch students)."""
+    te_fp8_weights: bool = False
+    """TE FP8 students keep their weights in FP8 (te.quantized_model_init), so the per-step weight casts
+    disappear; the fp32 master weights live in the optimizer (needs train.optimizer te_fused_adam)."""
 
 
 @dataclass
@@ -280,6 +292,15 @@ class Config:
         _choice("options.te_amax_compute_algo", self.options.te_amax_compute_algo, AMAX_ALGOS)
         _choice("options.te_attention", self.options.te_attention, TE_ATTENTION)
         _choice("distill.teacher_logits", d.teacher_logits, TEACHER_LOGITS)
+        _choice("options.te_graph", self.options.te_graph, TE_GRAPHS)
+        _choice("train.optimizer", t.optimizer, OPTIMIZERS)
+        _choice("train.moments_dtype", t.moments_dtype, MOMENTS_DTYPES)
+        if t.moments_dtype != "fp32" and t.optimizer != "te_fused_adam":
+            raise ConfigError(f"train.moments_dtype={t.moments_dtype!r} needs train.optimizer='te_fused_adam' "
+                              "(torch's AdamW keeps its moments in the parameters' dtype)")
+        if self.options.te_fp8_weights and t.optimizer != "te_fused_adam":
+            raise ConfigError("options.te_fp8_weights needs train.optimizer='te_fused_adam': FP8 weights keep their "
+                              "fp32 master copy in TE's FusedAdam (torch's AdamW cannot update FP8 tensors)")
         _choice("device", self.device, DEVICES)
         self._validate_parallel()
         if not self.backends:
@@ -342,6 +363,9 @@ LAYOUTS = ("separate", "fused")
 AMAX_ALGOS = ("max", "most_recent")
 TE_ATTENTION = ("auto", "flash", "fused", "unfused")
 TEACHER_LOGITS = ("auto", "gpu", "host")
+TE_GRAPHS = ("fwd_bwd", "step")
+OPTIMIZERS = ("adamw", "te_fused_adam")
+MOMENTS_DTYPES = ("fp32", "bf16")
 PARAM_DTYPES = ("fp32", "bf16")
 MLP_LOSSES = ("mse", "cosine", "hidden")
 LM_LOSSES = ("forward_kl", "reverse_kl", "jsd")

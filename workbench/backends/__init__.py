@@ -31,6 +31,9 @@ from torch import nn
 from workbench.errors import ConfigError
 
 BACKENDS: dict[str, type["Backend"]] = {}
+# Attribute of an FP8 weight (options.te_fp8_weights): the fp32 CPU copy of the shared init it was quantized
+# from, which the optimizer's master weight starts at (then dropped).
+MASTER_INIT = "workbench_master_init"
 
 
 def register(cls: type["Backend"]) -> type["Backend"]:
@@ -63,7 +66,7 @@ class Backend:
     mode: str = "PyTorch"  # the tutorial's mode name for rows that run this backend
     compilable = True  # torch.compile applies (config bench.compile)
     compile_required = False  # always compiled (torchao float8 is meant to run under torch.compile)
-    graph_kind = "step"  # what a CUDA graph covers: "step", or "fwd_bwd" through `make_graphed`
+    graph_kind = "step"  # what a CUDA graph covers: "step", or "fwd_bwd" through `make_graphed` (see graph_scope)
     runs_te_attention = False  # whether options.te_attention applies (TE students with TE's attention)
 
     def __init__(self, recipe: str | None = None):
@@ -111,7 +114,7 @@ class Backend:
         graph = None
         if cfg.bench.graphs:
             ok, why = self.can_graph(cfg, device)
-            graph = self.graph_kind if ok else None
+            graph = self.graph_scope(cfg, notes) if ok else None
             if not ok:
                 notes.append(f"graphs not applied: {why}")
         return StepPolicy(compile=compile_, graph=graph, grad_scaler=self.uses_grad_scaler, notes=tuple(notes))
@@ -119,6 +122,15 @@ class Backend:
     def describe(self, model: nn.Module) -> dict[str, Any]:
         """Row cells about what this student ran as, read after it trained (e.g. TE's attention backend)."""
         return {}
+
+    def graph_scope(self, cfg: Any, notes: list[str]) -> str:
+        """What a CUDA graph of this student covers under `cfg` ("step" or "fwd_bwd"); appends to `notes`
+        why a requested scope does not apply."""
+        return self.graph_kind
+
+    def reset_after_capture(self, model: nn.Module) -> None:
+        """Undo what the capture's warm-up steps changed besides weights and optimizer state (TE: the
+        delayed-scaling amax history and scales), in place: the graph keeps the tensors' addresses."""
 
     def can_graph(self, cfg: Any, device: torch.device) -> tuple[bool, str]:
         if device.type != "cuda":

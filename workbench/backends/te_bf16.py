@@ -1,10 +1,13 @@
 """Transformer Engine student in bf16 (fp16 on GPUs without bf16): the model's layers swapped for TE's
 (te.Linear, te.LayerNorm, te.RMSNorm, te.LayerNormMLP, te.DotProductAttention) under torch autocast.
-Without a usable TE the student runs the PyTorch autocast fallback, and says why."""
+Without a usable TE the student runs the PyTorch autocast fallback, and says why. With bench.graphs,
+options.te_graph picks what the CUDA graph covers: forward and backward (te.make_graphed_callables) or the
+whole step (the trainer's capture_step, as for the torch students)."""
 from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 
 import torch
 
@@ -29,8 +32,9 @@ class TEBF16(Backend):
     name = "te_bf16"
     mode = "TE-BF16/FP16"
     compilable = False  # dynamo skips TE modules (graph breaks); TE's speed-up route is CUDA graphs
-    graph_kind = "fwd_bwd"  # te.make_graphed_callables graphs fwd+bwd (FP8 scaling state included)
     fp8_recipe = None
+    quantized_weights = False  # whether options.te_fp8_weights applies (the FP8 students)
+    fp8_weights = False  # set by build: this student keeps FP8 weights
     dtype = torch.bfloat16  # until build() picks fp16 on GPUs without bf16
     attention = "auto"  # options.te_attention, set by convert()
 
@@ -85,9 +89,33 @@ class TEBF16(Backend):
         return out
 
     def can_graph(self, cfg, device):
-        if cfg.distill.loss == "hidden":
+        if cfg.distill.loss == "hidden" and self.graph_scope(cfg, []) == "fwd_bwd":
             return False, "the hidden-state loss returns per-block tensors; TE graphs are captured for the output only"
         return super().can_graph(cfg, device)
+
+    def graph_scope(self, cfg, notes):
+        """options.te_graph: 'step' captures the whole step like the torch students (capture_step), 'fwd_bwd'
+        graphs forward and backward through te.make_graphed_callables."""
+        return cfg.options.te_graph
+
+    def policy(self, cfg, device):
+        p = super().policy(cfg, device)
+        if cfg.options.te_fp8_weights and not self.quantized_weights:
+            return dataclasses.replace(p, notes=p.notes + ("options.te_fp8_weights not applied: a bf16 student has no FP8 weights",))
+        return p
+
+    def reset_after_capture(self, model):
+        """Back to fresh delayed-scaling state, in place: scale 1 and an empty amax history, as a new module
+        has them (what TE's reset_fp8_meta_tensors() writes; done here per state, since that method assumes
+        every state is a delayed-scaling one). Current and block scaling keep no state between steps."""
+        with torch.no_grad():
+            for m in model.modules():
+                meta = getattr(m, "fp8_meta", None)
+                for key in ("scaling_fwd", "scaling_bwd"):
+                    state = meta.get(key) if isinstance(meta, dict) else None
+                    if hasattr(state, "amax_history") and hasattr(state, "scale"):
+                        state.scale.fill_(1.0)
+                        state.amax_history.zero_()
 
     def make_graphed(self, model, sample_tokens):
         """te.make_graphed_callables over the whole student, captured under this backend's autocast."""

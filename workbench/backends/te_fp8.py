@@ -10,7 +10,7 @@ import contextlib
 
 import torch
 
-from workbench.backends import Context, autocast, register
+from workbench.backends import MASTER_INIT, Context, autocast, register, to_param_dtype
 from workbench.env import te as _te
 from workbench.backends.te_bf16 import TEBF16, te_usable
 
@@ -67,6 +67,7 @@ class TEFP8(TEBF16):
     recipes = tuple(RECIPES)
     default_recipe = "delayed"
     mode = "TE-FP8"
+    quantized_weights = True
     amax_reduction_group = None  # a distributed run's data-parallel group (set by workbench.distributed)
 
     @property
@@ -91,9 +92,39 @@ class TEFP8(TEBF16):
         _, recipe_mod, _ = _te.load()
         o = cfg.options
         self.fp8_recipe = make_recipe(recipe_mod, self.recipe, o.te_amax_history_len, o.te_amax_compute_algo)
+        self.fp8_weights = o.te_fp8_weights
         model = super().build(reference, cfg, device)
         self.dtype = torch.bfloat16
         return model
+
+    def convert(self, model, cfg):
+        """With options.te_fp8_weights the TE layers are built under te.quantized_model_init: their weights
+        are FP8 tensors (the shared init, quantized), and each keeps that init in fp32 for its master copy
+        in the optimizer (`loop.te_fused_adam`), so training starts from exactly the shared weights."""
+        if not self.fp8_weights:
+            return super().convert(model, cfg)
+        te, _, _ = _te.load()
+        exact = {k: v.detach().float().cpu() for k, v in to_param_dtype(model, cfg).state_dict().items()}
+        with te.quantized_model_init(enabled=True, recipe=self.fp8_recipe):
+            model = super().convert(model, cfg)
+        for name, p in model.named_parameters():
+            if isinstance(p, te.QuantizedTensor):
+                setattr(p, MASTER_INIT, exact[name])
+        return model
+
+    def can_graph(self, cfg, device):
+        if cfg.options.te_fp8_weights:
+            # TE's FusedAdam refuses capturable=True with FP8 weights, and an eager update of FP8 weights
+            # between replays of a forward/backward graph is a path TE does not document
+            return False, "FP8 weights (options.te_fp8_weights) are updated by TE's FusedAdam outside any graph"
+        return super().can_graph(cfg, device)
+
+    def describe(self, model):
+        out = super().describe(model)
+        if self.fp8_weights:
+            out["init_note"] = ("initial_loss is the loss of the FP8-rounded weights; the fp32 master weights the "
+                                "optimizer trains start at the shared init")
+        return out
 
     def autocasts(self) -> list:
         te, _, _ = _te.load()

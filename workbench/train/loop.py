@@ -17,7 +17,8 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from workbench import crosscheck, flops, timing
-from workbench.backends import Backend
+from workbench.backends import MASTER_INIT, Backend
+from workbench.env import te as _te
 from workbench.train import objectives
 
 
@@ -67,16 +68,64 @@ def make_step(model: torch.nn.Module, opt: torch.optim.Optimizer, backend: Backe
 
 
 def make_optimizer(model: torch.nn.Module, cfg, device: torch.device, capturable: bool,
-                   scaled: bool = False) -> torch.optim.Optimizer:
-    """AdamW as in the tutorial; fused (one kernel) on request, capturable when the step is graphed.
-    With a grad scaler on CUDA it is always fused: GradScaler.step then hands found_inf to the kernel
+                   scaled: bool = False) -> tuple[torch.optim.Optimizer, str]:
+    """(optimizer, note): AdamW as in the tutorial, or TE's FusedAdam (train.optimizer); the note says why
+    a requested optimizer did not apply. AdamW is fused (one kernel) on request, capturable when the step is
+    graphed. With a grad scaler on CUDA it is always fused: GradScaler.step then hands found_inf to the kernel
     instead of reading it on the host, which would put a sync into every timed step."""
+    t = cfg.train
+    note = ""
+    if t.optimizer == "te_fused_adam":
+        te, _, why = _te.load() if device.type == "cuda" else (None, None, "it needs a CUDA GPU")
+        if te is not None and not scaled:
+            return te_fused_adam(te, model, cfg, capturable), ""
+        note = f"optimizer te_fused_adam not applied ({why or 'the fp16 grad scaler drives torch optimizers'}); ran AdamW"
     kw: dict[str, Any] = {}
-    if device.type == "cuda" and (cfg.train.fused_optimizer or scaled):
+    if device.type == "cuda" and (t.fused_optimizer or scaled):
         kw["fused"] = True
     if capturable:
         kw["capturable"] = True  # optimizer state and step count live on the GPU, so replays update them
-    return torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, **kw)
+    return torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay, **kw), note
+
+
+def te_fused_adam(te, model: torch.nn.Module, cfg, capturable: bool) -> torch.optim.Optimizer:
+    """TE's FusedAdam in AdamW mode (torch's AdamW defaults: betas, eps), fp32 master weights whenever a
+    parameter is not fp32 (bf16 or FP8 weights). An FP8 weight (options.te_fp8_weights) carries the shared
+    init it was quantized from (`MASTER_INIT`): its master starts there, not at the FP8 rounding of it."""
+    params = list(model.parameters())
+    moments = {"fp32": torch.float32, "bf16": torch.bfloat16}[cfg.train.moments_dtype]
+    opt = te.optimizers.FusedAdam(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, adam_w_mode=True,
+                                  capturable=capturable, master_weights=any(p.dtype != torch.float32 for p in params)
+                                  or any(hasattr(p, MASTER_INIT) for p in params),
+                                  exp_avg_dtype=moments, exp_avg_sq_dtype=moments)
+    for p in params:
+        init = getattr(p, MASTER_INIT, None)
+        if init is not None:
+            opt.initialize_state(p, False)  # moments at zero, then the master from the exact init
+            opt.set_scaled_state(p, "master_param", init.to(p.device, torch.float32))
+            delattr(p, MASTER_INIT)
+    return opt
+
+
+def reset_optimizer(opt: torch.optim.Optimizer) -> None:
+    """A fresh optimizer again, in place (a graph holds its tensors' addresses): zero moments and step
+    counts (torch's in the per-parameter state, TE FusedAdam's capturable one in the param group), master
+    weights equal to the (restored) parameters, TE's moment scales at one."""
+    with torch.no_grad():
+        for p, state in opt.state.items():
+            for k, v in state.items():
+                if not torch.is_tensor(v):
+                    continue
+                if k == "master_param":
+                    v.copy_(p.detach().float())
+                else:
+                    v.zero_()
+        for group in opt.param_groups:
+            if torch.is_tensor(group.get("step")):
+                group["step"].zero_()
+        for scales in getattr(opt, "_scales", {}).values():  # TE FusedAdam: non-fp32 state scales start at 1
+            for v in scales.values():
+                v.fill_(1.0)
 
 
 def _sync_time(fn, device: torch.device) -> tuple[Any, float]:
@@ -93,8 +142,11 @@ def capture_step(model: torch.nn.Module, fwd: torch.nn.Module, opt: torch.optim.
                  task, batch: tuple[torch.Tensor, objectives.Targets], warmup: int = 3):
     """Capture forward, loss, backward and optimizer step in one CUDA graph; return a replaying step.
 
-    The warm-up iterations that capture needs really update the weights, so weights and optimizer
-    state are restored afterwards: the graphed student still starts from the shared init.
+    The warm-up iterations that capture needs really update the weights, so weights, optimizer state
+    and the backend's own state (TE's FP8 scaling history) are restored afterwards: the graphed student
+    still starts from the shared init, and from the same FP8 scales as its eager run.
+    For TE students the capture holds te.autocast's exit (the forward amax reduction and delayed-scaling
+    scale update) and the backward's update: TE skips them only inside its own make_graphed_callables.
     """
     tokens, targets = batch
     s_tokens = tokens.clone()
@@ -117,10 +169,8 @@ def capture_step(model: torch.nn.Module, fwd: torch.nn.Module, opt: torch.optim.
         opt.step()
     with torch.no_grad():
         model.load_state_dict(snapshot, strict=False)  # copy_ into the same tensors: the graph's addresses hold
-        for state in opt.state.values():  # fresh AdamW: zero moments and step count
-            for v in state.values():
-                if torch.is_tensor(v):
-                    v.zero_()
+    reset_optimizer(opt)
+    backend.reset_after_capture(model)
 
     def step(tokens: torch.Tensor, targets: objectives.Targets) -> torch.Tensor:
         s_tokens.copy_(tokens)
@@ -212,10 +262,12 @@ def prepare_step(backend: Backend, model: torch.nn.Module, cfg, task, data: Data
     """(step, metrics): the student's train step as its backend's policy says (compiled, graphed, scaled),
     with the one-off costs (compile_ms, capture_ms) and notes on switches that did not apply."""
     policy = backend.policy(cfg, device)
-    metrics: dict[str, Any] = {"compiled": policy.compile, "graphed": policy.graph is not None, "compile_ms": None,
-                               "capture_ms": None}
+    metrics: dict[str, Any] = {"compiled": policy.compile, "graphed": policy.graph is not None,
+                               "graph_scope": policy.graph, "compile_ms": None, "capture_ms": None}
     notes = list(policy.notes)
-    opt = make_optimizer(model, cfg, device, capturable=policy.graph == "step", scaled=policy.grad_scaler)
+    opt, note = make_optimizer(model, cfg, device, capturable=policy.graph == "step", scaled=policy.grad_scaler)
+    notes += [note] if note else []
+    metrics["optimizer"] = type(opt).__name__
     scaler = torch.amp.GradScaler(device.type) if policy.grad_scaler else None
     fwd = model
     if policy.compile:

@@ -1,0 +1,52 @@
+"""The scaling curve of distributed runs (workbench.scaling), from synthetic run folders."""
+import pandas as pd
+import pytest
+
+from workbench import cli, results, scaling
+
+
+def _run(root, run_id, gpus, strategy, step_ms, ref_ms, peak):
+    """A complete distributed run folder: the merged N-GPU row and its '@1gpu' reference row."""
+    d = root / run_id
+    d.mkdir()
+    common = {"run_id": run_id, "cfg_preset": "large", "cfg_strategy": strategy, "cfg_nproc": gpus}
+    rows = [
+        {"student": "te_fp8:delayed", "status": "ok", "world_size": gpus, "strategy": strategy, "step_ms_median": step_ms,
+         "tokens_per_s": gpus * 8192 / (step_ms / 1e3), "peak_mem_allocated_mb": peak, **common},
+        {"student": "te_fp8:delayed@1gpu", "status": "ok", "world_size": 1, "step_ms_median": ref_ms,
+         "tokens_per_s": 8192 / (ref_ms / 1e3), "peak_mem_allocated_mb": 6000.0, **common},
+        {"student": "torch_bf16", "status": "error", "reason": "boom", "world_size": gpus, **common},
+    ]
+    results.write_csv(d / "students.csv", pd.DataFrame(rows))
+    results.mark_complete(d, run_id=run_id)
+    return d
+
+
+def test_points_line_up_one_curve_per_strategy_with_its_own_one_gpu_point(tmp_path):
+    _run(tmp_path, "ddp-2", 2, "ddp", 22.0, 20.0, 6100.0)
+    _run(tmp_path, "ddp-4", 4, "ddp", 25.0, 21.0, 6200.0)
+    _run(tmp_path, "fsdp2-2", 2, "fsdp2", 24.0, 20.0, 4000.0)
+    t = scaling.points(results.load(tmp_path))
+    ddp = t[t["strategy"] == "ddp"].set_index("gpus")
+    assert list(ddp.index) == [1, 2, 4] and set(t["student"]) == {"te_fp8:delayed"}  # the error row is no point
+    assert ddp.loc[1, "step_ms_median"] == pytest.approx(20.5) and ddp.loc[1, "runs"] == 2  # median of both runs' references
+    assert ddp.loc[2, "scaling_efficiency"] == pytest.approx(20.5 / 22.0)
+    assert ddp.loc[4, "tokens_per_s_per_gpu"] == pytest.approx(8192 / 0.025)
+    fsdp = t[t["strategy"] == "fsdp2"].set_index("gpus")
+    assert fsdp.loc[2, "scaling_efficiency"] == pytest.approx(20.0 / 24.0) and fsdp.loc[2, "peak_mem_allocated_mb"] == 4000.0
+
+
+def test_the_command_writes_the_table_and_the_plot(tmp_path, capsys):
+    (tmp_path / "runs").mkdir()
+    _run(tmp_path / "runs", "ddp-2", 2, "ddp", 22.0, 20.0, 6100.0)
+    assert cli.main(["scaling", str(tmp_path / "runs"), "--out", str(tmp_path / "s")]) == 0
+    assert {"scaling.csv", "scaling.png", "scaling.svg"} <= {p.name for p in (tmp_path / "s").iterdir()}
+    assert "te_fp8:delayed" in capsys.readouterr().out
+
+
+def test_runs_without_distributed_rows_are_one_clear_error(tmp_path):
+    d = tmp_path / "old"
+    d.mkdir()
+    results.write_csv(d / "students.csv", pd.DataFrame([{"student": "torch_bf16", "status": "ok", "step_ms_median": 1.0}]))
+    results.mark_complete(d, run_id="old")
+    assert cli.main(["scaling", str(tmp_path), "--out", str(tmp_path / "s")]) == 1

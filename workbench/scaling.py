@@ -1,0 +1,98 @@
+"""The scaling curve of distributed runs: tokens/s, weak-scaling efficiency, step time and memory per GPU
+against the number of GPUs, read from run folders only.
+
+    python -m workbench scaling results/reference/h200x2/multi --out results/reference/h200x2/scaling
+
+Every distributed run (workbench.distributed) carries its own one-GPU point: the rows '<student>@1gpu',
+the same student trained and timed by rank 0 alone, in the same run and by the same code. Runs of the same
+preset and strategy at 2, 4, 8 GPUs therefore line up as one curve per (preset, strategy, student), its
+1-GPU point the median of the runs' reference rows. Writes scaling.csv, then scaling.png / .svg.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from workbench import results
+from workbench.distributed import REFERENCE_SUFFIX
+
+COLUMNS = ["preset", "strategy", "student", "gpus", "status", "step_ms_median", "tokens_per_s",
+           "tokens_per_s_per_gpu", "scaling_efficiency", "peak_mem_allocated_mb", "runs"]
+
+
+def points(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (preset, strategy, student, GPUs) from students.csv rows of distributed runs."""
+    if "world_size" not in df or "cfg_strategy" not in df:  # runs older than the distributed ones
+        return pd.DataFrame(columns=COLUMNS)
+    ran = df[df["status"].isin(results.RAN)].copy()
+    ran["base"] = ran["student"].str.removesuffix(REFERENCE_SUFFIX)
+    # a reference row has no strategy of its own: it belongs to the strategy of the run it was timed in
+    ran["strategy"] = ran["cfg_strategy"]
+    ran["gpus"] = ran["world_size"].fillna(1).astype(int)
+    ran["preset"] = ran["cfg_preset"]
+    keys = ["preset", "strategy", "base", "gpus"]
+    out = ran.groupby(keys, dropna=False).agg(
+        step_ms_median=("step_ms_median", "median"), tokens_per_s=("tokens_per_s", "median"),
+        peak_mem_allocated_mb=("peak_mem_allocated_mb", "max"), runs=("run_id", "nunique")).reset_index()
+    one = out[out["gpus"] == 1].set_index(["preset", "strategy", "base"])["step_ms_median"]
+    ref = out.set_index(["preset", "strategy", "base"]).index.map(one.to_dict().get)
+    # weak scaling: every GPU steps its own batch; 1.0 when N GPUs take the one-GPU step time
+    out["scaling_efficiency"] = pd.Series(ref, index=out.index, dtype=float) / out["step_ms_median"]
+    out["tokens_per_s_per_gpu"] = out["tokens_per_s"] / out["gpus"]
+    out = out.rename(columns={"base": "student"}).assign(status="ok")
+    return out.sort_values(["preset", "strategy", "student", "gpus"])[COLUMNS].reset_index(drop=True)
+
+
+def figure(table: pd.DataFrame):
+    import matplotlib.pyplot as plt
+
+    from workbench import plots
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for (preset, strategy, student), g in table.groupby(["preset", "strategy", "student"], dropna=False):
+        style = dict(marker="o", color=plots.student_color(student), ls="-" if strategy == "ddp" else "--",
+                     label=f"{preset} {strategy} {student}")
+        axes[0].plot(g["gpus"], g["tokens_per_s"], **style)
+        axes[1].plot(g["gpus"], g["scaling_efficiency"], **style)
+        axes[2].plot(g["gpus"], g["peak_mem_allocated_mb"] / 1024, **style)
+    gpus = sorted(table["gpus"].unique()) if len(table) else [1]
+    for ax, what in zip(axes, ["tokens/s (all GPUs)", "weak-scaling efficiency (1-GPU step / N-GPU step)",
+                               "peak memory per GPU (GiB)"]):
+        ax.set_xticks(gpus)
+        ax.set_xlabel("GPUs")
+        ax.set_title(what, fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[1].axhline(1.0, color="grey", lw=0.8)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("Scaling: solid DDP, dashed FSDP2; each run's 1-GPU point is timed in the same run")
+    fig.tight_layout()
+    return fig
+
+
+def run(paths: list[str | Path], out: str | Path) -> Path:
+    """Read every complete run below `paths`, write <out>/scaling.csv and the plot; return <out>."""
+    df = pd.concat([results.load(p) for p in paths], ignore_index=True)
+    table = points(df)
+    if table.empty:
+        raise results.DamagedResults(f"no distributed run (rows with world_size and strategy) below {', '.join(map(str, paths))}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    results.write_csv(out / "scaling.csv", table)
+    import matplotlib.pyplot as plt
+
+    fig = figure(table)
+    results.write_figure(fig, out, "scaling")
+    plt.close(fig)
+    return out
+
+
+def add_arguments(p) -> None:
+    p.add_argument("paths", nargs="+", help="run folders, or folders holding them (distributed runs)")
+    p.add_argument("--out", required=True, help="folder for scaling.csv and scaling.png/svg")
+
+
+def main(args) -> int:
+    out = run(args.paths, args.out)
+    print(pd.read_csv(out / "scaling.csv").to_string(index=False))
+    return 0

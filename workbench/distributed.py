@@ -101,10 +101,14 @@ def launch(cfg: Config, out: str | Path, run_id: str | None, auto_id: str, progr
     env = {**os.environ, results.HANDOVER_ENV: str(run_dir), "PYTHONUNBUFFERED": "1"}
     tail: deque[str] = deque(maxlen=40)
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
-        for line in proc.stdout:
-            tail.append(line)
-            if progress:
-                print(line, end="", flush=True)
+        try:
+            for line in proc.stdout:
+                tail.append(line)
+                if progress:
+                    print(line, end="", flush=True)
+        except BaseException:  # a notebook interrupt reaches this process only: torchrun and its ranks must stop too
+            proc.terminate()  # torchrun passes SIGTERM on to its ranks
+            raise
     if proc.returncode:
         raise LaunchError(f"torchrun exited with {proc.returncode} ({' '.join(cmd)}); its last lines:\n{''.join(tail)}")
     return run_dir

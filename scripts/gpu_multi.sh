@@ -12,6 +12,8 @@ set -uo pipefail
 OUT=${1:-${OUT:-/tmp/out}}
 source "$(dirname "$0")/gpu_env.sh"
 N=${NPROC:-2}
+# torchrun sets OMP_NUM_THREADS=1 in every rank when unset: the CPU-side model init of `large` then crawls
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 R="$OUT/multi"
 mkdir -p "$R"
 T0=$SECONDS

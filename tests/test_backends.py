@@ -163,9 +163,26 @@ def test_te_delayed_scaling_takes_its_history_from_the_config(monkeypatch):
     b = backends.make("te_fp8:delayed")
     monkeypatch.setattr(te_fp8.TEBF16, "build", lambda self, reference, cfg, device: torch.nn.Identity())
     b.build(None, cfg, torch.device("cpu"))
-    assert b.fp8_recipe == {"margin": 0, "fp8_format": "HYBRID", "amax_history_len": 1024, "amax_compute_algo": "most_recent"}
+    assert b.fp8_recipe == {"margin": 0, "fp8_format": "HYBRID", "amax_history_len": 1024, "amax_compute_algo": "most_recent",
+                            "reduce_amax": True}
     with pytest.raises(config.ConfigError, match="options.te_amax_compute_algo"):
         config.from_preset("cpu-smoke", te_amax_compute_algo="min")
+
+
+def test_a_delayed_scaling_student_alone_on_one_rank_does_not_all_reduce(monkeypatch):
+    """A distributed run's one-GPU reference runs on rank 0 while the other ranks wait: TE's amax all-reduce
+    over the default group would wait for them forever (seen on two H200s). Spread students reduce over theirs."""
+    from workbench.backends import te_fp8
+
+    monkeypatch.setattr(_te, "load", lambda: (FakeTEModules, FakeRecipes, ""))
+    monkeypatch.setattr(te_fp8.TEBF16, "build", lambda self, reference, cfg, device: torch.nn.Identity())
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    cfg = config.from_preset("cpu-smoke")
+    alone, spread = backends.make("te_fp8:delayed"), backends.make("te_fp8:delayed_e4m3")
+    spread.amax_reduction_group = object()  # what workbench.distributed.Spread sets
+    for b in (alone, spread):
+        b.build(None, cfg, torch.device("cpu"))
+    assert alone.fp8_recipe["reduce_amax"] is False and spread.fp8_recipe["reduce_amax"] is True
 
 
 def test_te_whole_step_graph_is_a_switch_that_names_what_blocks_it():

@@ -25,15 +25,18 @@ RECIPES = {
 }
 
 
-def make_recipe(recipe_mod, name: str, amax_history_len: int = 16, amax_compute_algo: str = "max"):
+def make_recipe(recipe_mod, name: str, amax_history_len: int = 16, amax_compute_algo: str = "max",
+                reduce_amax: bool = True):
     """TE's recipe object for a recipe name; 'delayed' takes its amax history settings from the config's
-    BackendOptions, 'delayed_e4m3' is exactly the tutorial's (TE's defaults)."""
+    BackendOptions, 'delayed_e4m3' is exactly the tutorial's (TE's defaults). `reduce_amax=False`: delayed
+    scaling keeps its amaxes to this process (TE otherwise all-reduces them over the default group whenever
+    torch.distributed is initialised, even for a student that runs on one rank alone)."""
     R = recipe_mod
     if name == "delayed":
         return R.DelayedScaling(margin=0, fp8_format=R.Format.HYBRID, amax_history_len=amax_history_len,
-                                amax_compute_algo=amax_compute_algo)
+                                amax_compute_algo=amax_compute_algo, reduce_amax=reduce_amax)
     if name == "delayed_e4m3":
-        return R.DelayedScaling(margin=0, fp8_format=R.Format.E4M3)
+        return R.DelayedScaling(margin=0, fp8_format=R.Format.E4M3, reduce_amax=reduce_amax)
     return {
         "current": R.Float8CurrentScaling,
         "block": R.Float8BlockScaling,
@@ -91,7 +94,11 @@ class TEFP8(TEBF16):
     def build(self, reference, cfg, device):
         _, recipe_mod, _ = _te.load()
         o = cfg.options
-        self.fp8_recipe = make_recipe(recipe_mod, self.recipe, o.te_amax_history_len, o.te_amax_compute_algo)
+        # A student not spread over the ranks (a distributed run's one-GPU reference, timed on rank 0 while the
+        # others wait) must not all-reduce: on the H200 pair that collective waited forever for the idle ranks.
+        alone = self.amax_reduction_group is None and torch.distributed.is_available() and torch.distributed.is_initialized()
+        self.fp8_recipe = make_recipe(recipe_mod, self.recipe, o.te_amax_history_len, o.te_amax_compute_algo,
+                                      reduce_amax=not alone)
         self.fp8_weights = o.te_fp8_weights
         model = super().build(reference, cfg, device)
         self.dtype = torch.bfloat16

@@ -1,5 +1,6 @@
 """A real cpu-smoke run: matched students, fp32 losses, fallback without TE, result files, plots."""
 import json
+import sys
 
 import pandas as pd
 import pytest
@@ -191,3 +192,35 @@ def test_a_fallback_that_fails_reports_the_precision_it_ran(tmp_path, monkeypatc
     row = results.load(runner.run(cfg, out=tmp_path, run_id="r", progress=False)).set_index("student").loc["te_fp8:delayed"]
     assert row["status"] == "error" and "out of memory" in row["reason"]
     assert row["gemm_precision"] == "bf16"
+
+
+class FakeFP8Registry:
+    """A fake of TE's process-wide FP8GlobalStateManager: counts the resets, records what it held then."""
+
+    resets: list = []
+    buffers: list = []
+
+    @classmethod
+    def reset(cls):
+        cls.resets.append(list(cls.buffers))
+        cls.buffers = []
+
+
+def test_every_student_starts_with_tes_fp8_registry_emptied(tmp_path, monkeypatch):
+    """TE never empties its registry of delayed-scaling amax buffers: without a reset per student, a later
+    student's steps also update an earlier one's buffers (and a distributed run's one-GPU reference
+    all-reduced a DDP student's, hanging on two H200s)."""
+    import types
+
+    fake = types.ModuleType("fake_te_quantization")
+    fake.FP8GlobalStateManager = FakeFP8Registry
+    monkeypatch.setitem(sys.modules, _te.FP8_STATE_MODULES[0], fake)
+    monkeypatch.setattr(FakeFP8Registry, "resets", [])
+    monkeypatch.setattr(FakeFP8Registry, "buffers", ["a buffer registered before the run"])
+    cfg = config.from_preset("cpu-smoke", steps=2, warmup=1, iters=2, eval_batches=1, backends="torch_fp32,torch_bf16")
+    runner.run(cfg, out=tmp_path, run_id="r", progress=False)
+    assert len(FakeFP8Registry.resets) == 2  # once before each student
+    assert FakeFP8Registry.resets[0] == ["a buffer registered before the run"] and FakeFP8Registry.buffers == []
+    assert _te.reset_fp8_state() is True
+    monkeypatch.delitem(sys.modules, _te.FP8_STATE_MODULES[0])
+    assert _te.reset_fp8_state() is False  # TE not imported: nothing to reset

@@ -254,6 +254,27 @@ def attention_backend(timeout_s: float = IMPORT_TIMEOUT_S) -> dict[str, Any]:
             "raw": chosen}
 
 
+# TE's process-wide FP8 registry (FP8GlobalStateManager) lives here in TE >= 2.9, in .fp8 before
+FP8_STATE_MODULES = ("transformer_engine.pytorch.quantization", "transformer_engine.pytorch.fp8")
+
+
+def reset_fp8_state() -> bool:
+    """Empty TE's process-wide FP8 registry before a student starts; True when there was one to empty.
+
+    TE keeps every delayed-scaling module's amax buffers in one registry keyed by recipe and group that
+    nothing empties (TE 2.20: FP8GlobalStateManager.quantization_state.global_amax_buffer), and each
+    te.autocast exit updates every entry. So a later student would also update (and keep alive) the
+    buffers of every earlier one, and in a distributed run rank 0's one-GPU reference student all-reduced
+    the buffers a DDP student had registered over the default group, waiting forever for the idle
+    ranks (two H200s, TE 2.20.2). Only a TE that is already imported is touched."""
+    for name in FP8_STATE_MODULES:
+        manager = getattr(sys.modules.get(name), "FP8GlobalStateManager", None)
+        if manager is not None and hasattr(manager, "reset"):
+            manager.reset()
+            return True
+    return False
+
+
 def check(fn: Callable | None, what: str) -> tuple[bool, str]:
     """Run one of TE's `is_*_available` checks and return (ok, TE's own reason)."""
     if fn is None:

@@ -218,6 +218,7 @@ def run_student(backend: Backend, cfg, task, data: Data, device: torch.device,
     """
     # What is already allocated before this student exists (teacher, data, cached targets): the same for
     # every student of a run unless an earlier student leaked, so the files show it next to the peak.
+    _te.reset_fp8_state()  # no earlier student's FP8 buffers in TE's process-wide registry
     floor = timing.allocated_mb(device)
     model = backend.build(task.reference, cfg, device)
     model.train()

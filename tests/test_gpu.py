@@ -180,11 +180,11 @@ def test_te_fused_adam_whole_step_graph_and_fp8_weights_train(tmp_path):
     primary weights (eager): both start from the shared init and end near the AdamW TE FP8 student (FP8 noise
     and a different optimizer kernel: 0.8-1.25x). FP8 weights' initial_loss is the loss of the FP8-rounded
     weights, so it is only close (10 %)."""
-    fp8 = "te_fp8:delayed,te_fp8:current"
-    ref = _run(tmp_path, "ref", backends=fp8, fused_optimizer=True, param_dtype="bf16", steps=12)
-    adam = _run(tmp_path, "adam", backends=fp8, param_dtype="bf16", steps=12, graphs=True, te_graph="step",
+    fp8 = dict(backends="te_fp8:delayed,te_fp8:current", baseline="te_fp8:delayed")
+    ref = _run(tmp_path, "ref", **fp8, fused_optimizer=True, param_dtype="bf16", steps=12)
+    adam = _run(tmp_path, "adam", **fp8, param_dtype="bf16", steps=12, graphs=True, te_graph="step",
                 optimizer="te_fused_adam", moments_dtype="bf16")
-    fp8w = _run(tmp_path, "fp8w", backends=fp8, param_dtype="bf16", steps=12, optimizer="te_fused_adam",
+    fp8w = _run(tmp_path, "fp8w", **fp8, param_dtype="bf16", steps=12, optimizer="te_fused_adam",
                 te_fp8_weights=True)
     for df in (adam, fp8w):
         assert (df["status"] == "ok").all(), df["reason"].to_dict()

@@ -50,3 +50,8 @@ def test_runs_without_distributed_rows_are_one_clear_error(tmp_path):
     results.write_csv(d / "students.csv", pd.DataFrame([{"student": "torch_bf16", "status": "ok", "step_ms_median": 1.0}]))
     results.mark_complete(d, run_id="old")
     assert cli.main(["scaling", str(tmp_path), "--out", str(tmp_path / "s")]) == 1
+
+
+def test_a_folder_without_complete_runs_is_one_line(tmp_path, capsys):
+    assert cli.main(["scaling", str(tmp_path), "--out", str(tmp_path / "s")]) == 1
+    assert "no complete run" in capsys.readouterr().err

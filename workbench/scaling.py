@@ -72,7 +72,10 @@ def figure(table: pd.DataFrame):
 
 def run(paths: list[str | Path], out: str | Path) -> Path:
     """Read every complete run below `paths`, write <out>/scaling.csv and the plot; return <out>."""
-    df = pd.concat([results.load(p) for p in paths], ignore_index=True)
+    try:
+        df = pd.concat([results.load(p) for p in paths], ignore_index=True)
+    except FileNotFoundError as e:  # no complete run there: one line, not a traceback
+        raise results.DamagedResults(str(e)) from None
     table = points(df)
     if table.empty:
         raise results.DamagedResults(f"no distributed run (rows with world_size and strategy) below {', '.join(map(str, paths))}")

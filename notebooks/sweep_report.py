@@ -76,6 +76,12 @@ report.table(report.loss_band(df))
 report.table(report.overview(df))
 
 # %% [markdown]
+# ## Scaling over GPUs (points that ran over several GPUs; their one-GPU point is timed in the same run)
+
+# %%
+report.table(report.multi_gpu(df), "none: no point ran over several GPUs")
+
+# %% [markdown]
 # ## Points that did not finish (their error; a restart of the sweep retries them)
 
 # %%

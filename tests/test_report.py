@@ -106,6 +106,7 @@ def test_write_files_and_load_sweep_reads_only_complete_points(tmp_path):
     for name in ("sweep.csv", "crossover.csv", "loss_band.csv", "failed_points.csv",
                  *(f"{f}.{e}" for f in report.FIGURES for e in ("png", "svg"))):
         assert written[name].stat().st_size > 0, name
+    assert "scaling.csv" not in written and report.multi_gpu(df).empty  # no point ran over several GPUs
     assert "| date | 2026-01-02 03:04:05 – 2026-01-02 03:04:05 |" in report.intro(df)
     assert pd.read_csv(written["sweep.csv"])["unstable"].sum() == 1
     cross = pd.read_csv(written["crossover.csv"]).set_index(["tokens", "student"])
@@ -239,3 +240,17 @@ def test_panel_run_button_runs_each_size_with_the_notebook_call(tmp_path):
     p.sizes.value = "0"  # invalid: said in the panel, nothing run
     p.run_button.click()
     assert p.last_runs and len(list(tmp_path.iterdir())) == 1
+
+
+def test_points_over_several_gpus_get_their_scaling_table_and_plot(tmp_path):
+    """A sweep whose points ran over 2 GPUs (parallel.nproc): each point's distributed row and its '@1gpu'
+    reference row become the report's scaling.csv and plot."""
+    two = _rows().query("student != 'torchao_float8:tensorwise'").assign(world_size=2, cfg_nproc=2)
+    two = two.assign(run_id=two["point"])
+    alone = two.assign(student=two["student"] + "@1gpu", world_size=1, step_ms_median=two["step_ms_median"] * 0.9)
+    df = report.add_derived(pd.concat([two, alone], ignore_index=True))
+    written = report.write_files(df, tmp_path)
+    table = pd.read_csv(written["scaling.csv"])
+    assert set(table["gpus"]) == {1, 2} and written["scaling.png"].stat().st_size > 0
+    assert table[table["gpus"] == 2]["scaling_efficiency"].between(0.85, 0.95).all()
+    assert set(table["student"]) == {"torch_bf16", "te_fp8:delayed", "te_fp8:current"}

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
 
-from workbench import plots, results, sweep_plan
+from workbench import plots, results, scaling, sweep_plan
 
 REFERENCE = "torch_bf16"
 REPORT_NOTEBOOK = resources.files("workbench") / "notebooks" / "sweep_report.ipynb"  # package data
@@ -457,14 +457,21 @@ FIGURES = {"speedup_vs_size": speedup_vs_size, "step_time_vs_size": step_time_vs
            "peak_memory_vs_size": peak_memory_vs_size, "loss_band_vs_size": loss_band_vs_size}
 
 
+def multi_gpu(df: pd.DataFrame) -> pd.DataFrame:
+    """The scaling table (workbench.scaling) of the points that ran over several GPUs; empty if none did."""
+    spread = scaling.points(df)
+    return spread if (spread["gpus"] > 1).any() else spread.iloc[0:0]
+
+
 # ---- files -----------------------------------------------------------------------------------------
 def default_out(sweep_dir: str | Path) -> Path:
     return Path(sweep_dir) / "report"
 
 
 def write_files(df: pd.DataFrame, out_dir: str | Path, sweep_dir: str | Path | None = None) -> dict[str, Path]:
-    """sweep.csv (every row + derived columns), crossover.csv, loss_band.csv, failed_points.csv and
-    every figure as PNG and SVG, each written atomically into `out_dir`."""
+    """sweep.csv (every row + derived columns), crossover.csv, loss_band.csv, failed_points.csv, for points
+    that ran over several GPUs scaling.csv (workbench.scaling), and every figure as PNG and SVG, each
+    written atomically into `out_dir`."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = {
@@ -474,7 +481,12 @@ def write_files(df: pd.DataFrame, out_dir: str | Path, sweep_dir: str | Path | N
     }
     if sweep_dir is not None:
         written["failed_points.csv"] = results.write_csv(out_dir / "failed_points.csv", failed_points(sweep_dir))
-    for name, fn in FIGURES.items():
+    figures = dict(FIGURES)
+    spread = multi_gpu(df)
+    if len(spread):  # points that ran over several GPUs: their scaling, beside the sizes
+        written["scaling.csv"] = results.write_csv(out_dir / "scaling.csv", spread)
+        figures["scaling"] = lambda _df: scaling.figure(spread)
+    for name, fn in figures.items():
         fig = fn(df)
         for path in results.write_figure(fig, out_dir, name):
             written[path.name] = path

@@ -26,6 +26,9 @@ def points(df: pd.DataFrame) -> pd.DataFrame:
     if "world_size" not in df or "cfg_strategy" not in df:  # runs older than the distributed ones
         return pd.DataFrame(columns=COLUMNS)
     ran = df[df["status"].isin(results.RAN)].copy()
+    for col in ("step_ms_median", "tokens_per_s", "peak_mem_allocated_mb", "run_id"):  # a row may lack a cell
+        if col not in ran:
+            ran[col] = None
     ran["base"] = ran["student"].str.removesuffix(REFERENCE_SUFFIX)
     # a reference row has no strategy of its own: it belongs to the strategy of the run it was timed in
     ran["strategy"] = ran["cfg_strategy"]
@@ -64,6 +67,9 @@ def figure(table: pd.DataFrame):
         ax.set_title(what, fontsize=10)
         ax.grid(alpha=0.3)
     axes[1].axhline(1.0, color="grey", lw=0.8)
+    for ax in axes:  # from zero: a 0.91 efficiency must not read like a collapse
+        ax.set_ylim(bottom=0)
+    axes[1].set_ylim(top=max(1.1, float(table["scaling_efficiency"].max()) + 0.05) if len(table) else 1.1)
     axes[0].legend(fontsize=7)
     fig.suptitle("Scaling: solid DDP, dashed FSDP2; each run's 1-GPU point is timed in the same run")
     fig.tight_layout()

@@ -2,11 +2,11 @@
 loaded back runs as teacher and as student, counts its FLOPs, and converts to (fake) TE layers."""
 import pytest
 import torch
-import torch.nn.functional as F
 
 pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[lm]')")
 
 from fake_te import FakeTEModules  # noqa: E402
+from test_lm import next_token_losses  # noqa: E402
 from transformers import LlamaConfig  # noqa: E402
 from workbench import backends, config  # noqa: E402
 from workbench.env import te as _te  # noqa: E402
@@ -39,15 +39,7 @@ def test_loads_offline_and_runs_as_teacher(saved):
 def test_trains_as_student(saved):
     student = load_causal_lm(saved, seq_len=16)
     assert student.training
-    opt = torch.optim.AdamW(student.parameters(), lr=3e-3)
-    tokens = torch.randint(0, 256, (4, 17))
-    losses = []
-    for _ in range(4):
-        loss = F.cross_entropy(student(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses = next_token_losses(student, torch.randint(0, 256, (4, 17)), steps=4)
     assert losses[-1] < losses[0]
 
 

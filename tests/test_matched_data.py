@@ -96,3 +96,21 @@ def test_an_ampere_or_newer_gpu_keeps_bf16(monkeypatch):
     cuda = torch.device("cuda")
     assert backends.native_bf16(cuda) and backends.amp_dtype(cuda) is torch.bfloat16
     assert runner.teacher_dtype(config.from_preset("seed"), cuda) is torch.bfloat16
+
+
+def test_the_checksum_copies_no_host_held_teacher_logits(monkeypatch):
+    """Host-placed teacher logits (tasks.HostBatches) reach students only as fresh device copies: the shared
+    batches' checksum sums their tokens and token targets and copies none of the logits over."""
+    from workbench.train import objectives
+    from workbench.train.loop import Data
+    from workbench.train.tasks import HostBatches
+
+    tokens, nxt = torch.arange(6).view(2, 3), torch.arange(1, 7).view(2, 3)
+    batch = (tokens, objectives.Targets(torch.ones(2, 3, 5), next_tokens=nxt))
+    data = Data(train=HostBatches([batch], torch.device("cpu")), bench=[batch], eval=[])
+    monkeypatch.setattr(HostBatches, "__getitem__", lambda self, i: pytest.fail("copied a host batch"))
+    monkeypatch.setattr(HostBatches, "__iter__", lambda self: pytest.fail("copied a host batch"))
+    sums = data.fingerprint()
+    assert sums.tolist() == [15.0, 21.0, 15.0, 30.0, 21.0]  # train: tokens, next tokens; bench: tokens, logits, next
+    nxt[0, 0] += 1  # a student writing into the shared token targets is still caught
+    assert not torch.equal(data.fingerprint(), sums)

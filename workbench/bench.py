@@ -451,7 +451,6 @@ def _teacher_cells(r: dict, step: float | None, peak: dict) -> dict[str, Any]:
 
 
 def _bench_row(meta, peak, variant, r, obs, teacher_obs, run_dir) -> dict[str, Any]:
-    preset = meta.get("preset") or r.get("cfg_preset")
     # the row's own GEMM precision (a fallback row ran torch autocast, whatever backend it stands for)
     precision = r.get("gemm_precision") if isinstance(r.get("gemm_precision"), str) else _precision_of(r["student"])
     step = _num(r.get("step_ms_median"))

@@ -46,7 +46,7 @@ from workbench import results
 from workbench.config import PRESETS, Config, ConfigError
 from workbench.train import Diverged
 
-REFERENCE_SUFFIX = "@1gpu"  # the one-process reference row of a student: '<student>@1gpu'
+REFERENCE_SUFFIX = results.REFERENCE_SUFFIX
 
 
 def in_torchrun() -> bool:
@@ -121,7 +121,6 @@ class World:
 
     rank: int = 0
     world_size: int = 1
-    local_rank: int = 0
     strategy: str | None = None
 
     @property
@@ -170,7 +169,7 @@ def setup(cfg: Config, device: torch.device) -> tuple[World, torch.device]:
         dist.init_process_group("nccl", timeout=timeout, device_id=device)
     else:
         dist.init_process_group("gloo", timeout=timeout)
-    return World(dist.get_rank(), dist.get_world_size(), local, cfg.parallel.strategy), device
+    return World(dist.get_rank(), dist.get_world_size(), cfg.parallel.strategy), device
 
 
 def broadcast_module(module: torch.nn.Module, device: torch.device) -> None:

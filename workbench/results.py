@@ -86,6 +86,9 @@ def write_json(path: Path, obj: Any) -> Path:
     return _atomic_write(path, lambda f: json.dump(obj, f, indent=2, sort_keys=False, default=str))
 
 
+REFERENCE_SUFFIX = "@1gpu"  # a distributed run's one-process reference row of a student: '<student>@1gpu'
+
+
 def write_csv(path: Path, df: pd.DataFrame) -> Path:
     return _atomic_write(path, lambda f: df.to_csv(f, index=False))
 

@@ -15,7 +15,6 @@ from pathlib import Path
 import pandas as pd
 
 from workbench import results
-from workbench.distributed import REFERENCE_SUFFIX
 
 COLUMNS = ["preset", "strategy", "student", "gpus", "status", "step_ms_median", "tokens_per_s",
            "tokens_per_s_per_gpu", "scaling_efficiency", "peak_mem_allocated_mb", "runs"]
@@ -29,7 +28,7 @@ def points(df: pd.DataFrame) -> pd.DataFrame:
     for col in ("step_ms_median", "tokens_per_s", "peak_mem_allocated_mb", "run_id"):  # a row may lack a cell
         if col not in ran:
             ran[col] = None
-    ran["base"] = ran["student"].str.removesuffix(REFERENCE_SUFFIX)
+    ran["base"] = ran["student"].str.removesuffix(results.REFERENCE_SUFFIX)
     # a reference row has no strategy of its own: it belongs to the strategy of the run it was timed in
     ran["strategy"] = ran["cfg_strategy"]
     ran["gpus"] = ran["world_size"].fillna(1).astype(int)

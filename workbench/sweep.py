@@ -149,7 +149,7 @@ def done_fields(point_dir: Path) -> dict[str, Any]:
 def run_point(sweep_dir: Path, preset: str, point_id: str, overrides: dict[str, Any],
               cell_timeout: int | None = None) -> dict[str, Any]:
     """Execute the main notebook for one point; return its index fields. Never raises for a failing
-    notebook (the failure is the result); KeyboardInterrupt still stops the sweep."""
+    notebook (the failure is the result). It runs in a Dask worker; stopping the sweep is the driver's job."""
     from workbench import notebook
 
     point_dir = sweep_dir / point_id

@@ -34,10 +34,15 @@ class Data:
         """Checksums of every batch's tokens and targets. Students share these tensors, so one that
         writes into them (e.g. a graph keeping a batch as its static input) silently changes what the
         next students train and are measured on; the runner compares this before and after each."""
-        sums = []
-        for tokens, targets in (*self.train, *self.bench, *self.eval):
-            # accumulate in fp64 without an fp64 copy of each tensor (LM logits are GBs)
-            sums += [t.sum(dtype=torch.float64) for t in (tokens, *targets.tensors())]
+        # Training batches whose teacher logits live in host memory (tasks.HostBatches) hand a student only
+        # fresh device copies of those logits, which it cannot write back: the logits are left out, and
+        # nothing is copied to the device for this check.
+        host = getattr(self.train, "batches", None)
+        checked = [(tokens, [t for t in targets.tensors() if t is not targets.out]) for tokens, targets in host or []]
+        checked += [(tokens, targets.tensors()) for tokens, targets in (*(self.train if host is None else []),
+                                                                         *self.bench, *self.eval)]
+        # accumulate in fp64 without an fp64 copy of each tensor (LM logits are GBs)
+        sums = [t.sum(dtype=torch.float64) for tokens, tensors in checked for t in (tokens, *tensors)]
         return torch.stack(sums).cpu()
 
 

@@ -195,15 +195,19 @@ class LMTask:
         own = SHARD_SEED_STRIDE * shard
         train = batches("train", cfg.train.steps, 1 + own, host=on_host)
         return Data(train=HostBatches(train, self.device) if on_host else train,
-                    bench=batches("train", min(LM_BENCH_BATCHES, cfg.bench.warmup + cfg.bench.iters), 2 + own),
+                    bench=batches("train", self.bench_batches(), 2 + own),
                     eval=batches("heldout", cfg.train.eval_batches, 3))
+
+    def bench_batches(self) -> int:
+        """How many distinct timed batches there are (they stay on the device, with their logits)."""
+        return min(LM_BENCH_BATCHES, self.cfg.bench.warmup + self.cfg.bench.iters)
 
     def place_logits(self) -> None:
         """Decide, before any batch exists, where the training batches' teacher logits go (the GPU or
         pinned host memory), or refuse the run up front when neither can hold them; recorded in task.json."""
         cfg, m = self.cfg, self.cfg.model
         per_batch = m.batch * m.seq_len * m.vocab * (2 if self.tdtype is not None else 4)
-        kept = min(LM_BENCH_BATCHES, cfg.bench.warmup + cfg.bench.iters) + cfg.train.eval_batches
+        kept = self.bench_batches() + cfg.train.eval_batches
         gpu_free = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else None
         host_gb = _memory_gb()[1]
         where = place_teacher_logits(cfg.distill.teacher_logits, cfg.train.steps * per_batch, kept * per_batch,

@@ -66,7 +66,6 @@ class Backend:
     mode: str = "PyTorch"  # the tutorial's mode name for rows that run this backend
     compilable = True  # torch.compile applies (config bench.compile)
     compile_required = False  # always compiled (torchao float8 is meant to run under torch.compile)
-    graph_kind = "step"  # what a CUDA graph covers: "step", or "fwd_bwd" through `make_graphed` (see graph_scope)
     runs_te_attention = False  # whether options.te_attention applies (TE students with TE's attention)
 
     def __init__(self, recipe: str | None = None):
@@ -114,7 +113,7 @@ class Backend:
         graph = None
         if cfg.bench.graphs:
             ok, why = self.can_graph(cfg, device)
-            graph = self.graph_scope(cfg, notes) if ok else None
+            graph = self.graph_scope(cfg) if ok else None
             if not ok:
                 notes.append(f"graphs not applied: {why}")
         return StepPolicy(compile=compile_, graph=graph, grad_scaler=self.uses_grad_scaler, notes=tuple(notes))
@@ -123,10 +122,10 @@ class Backend:
         """Row cells about what this student ran as, read after it trained (e.g. TE's attention backend)."""
         return {}
 
-    def graph_scope(self, cfg: Any, notes: list[str]) -> str:
-        """What a CUDA graph of this student covers under `cfg` ("step" or "fwd_bwd"); appends to `notes`
-        why a requested scope does not apply."""
-        return self.graph_kind
+    def graph_scope(self, cfg: Any) -> str:
+        """What a CUDA graph of this student covers under `cfg`: "step" (the whole step, capture_step), or
+        "fwd_bwd" (forward and backward through `make_graphed`)."""
+        return "step"
 
     def reset_after_capture(self, model: nn.Module) -> None:
         """Undo what the capture's warm-up steps changed besides weights and optimizer state (TE: the

@@ -34,7 +34,6 @@ class TEBF16(Backend):
     compilable = False  # dynamo skips TE modules (graph breaks); TE's speed-up route is CUDA graphs
     fp8_recipe = None
     quantized_weights = False  # whether options.te_fp8_weights applies (the FP8 students)
-    fp8_weights = False  # set by build: this student keeps FP8 weights
     dtype = torch.bfloat16  # until build() picks fp16 on GPUs without bf16
     attention = "auto"  # options.te_attention, set by convert()
 
@@ -90,11 +89,11 @@ class TEBF16(Backend):
         return out
 
     def can_graph(self, cfg, device):
-        if cfg.distill.loss == "hidden" and self.graph_scope(cfg, []) == "fwd_bwd":
+        if cfg.distill.loss == "hidden" and self.graph_scope(cfg) == "fwd_bwd":
             return False, "the hidden-state loss returns per-block tensors; TE graphs are captured for the output only"
         return super().can_graph(cfg, device)
 
-    def graph_scope(self, cfg, notes):
+    def graph_scope(self, cfg):
         """options.te_graph: 'step' captures the whole step like the torch students (capture_step), 'fwd_bwd'
         graphs forward and backward through te.make_graphed_callables."""
         return cfg.options.te_graph

@@ -71,6 +71,7 @@ class TEFP8(TEBF16):
     default_recipe = "delayed"
     mode = "TE-FP8"
     quantized_weights = True
+    fp8_weights = False  # set by build: this student keeps FP8 weights (options.te_fp8_weights)
     amax_reduction_group = None  # a distributed run's data-parallel group (set by workbench.distributed)
 
     @property

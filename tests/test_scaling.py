@@ -5,11 +5,11 @@ import pytest
 from workbench import cli, results, scaling
 
 
-def _run(root, run_id, gpus, strategy, step_ms, ref_ms, peak):
+def _run(root, run_id, gpus, strategy, step_ms, ref_ms, peak, preset="large"):
     """A complete distributed run folder: the merged N-GPU row and its '@1gpu' reference row."""
     d = root / run_id
     d.mkdir()
-    common = {"run_id": run_id, "cfg_preset": "large", "cfg_strategy": strategy, "cfg_nproc": gpus}
+    common = {"run_id": run_id, "cfg_preset": preset, "cfg_strategy": strategy, "cfg_nproc": gpus}
     rows = [
         {"student": "te_fp8:delayed", "status": "ok", "world_size": gpus, "strategy": strategy, "step_ms_median": step_ms,
          "tokens_per_s": gpus * 8192 / (step_ms / 1e3), "peak_mem_allocated_mb": peak, **common},
@@ -42,6 +42,21 @@ def test_the_command_writes_the_table_and_the_plot(tmp_path, capsys):
     assert cli.main(["scaling", str(tmp_path / "runs"), "--out", str(tmp_path / "s")]) == 0
     assert {"scaling.csv", "scaling.png", "scaling.svg"} <= {p.name for p in (tmp_path / "s").iterdir()}
     assert "te_fp8:delayed" in capsys.readouterr().out
+
+
+def test_the_plot_has_one_row_of_panels_per_preset_each_with_its_own_curves(tmp_path):
+    """Shapes differ by x in tokens/s: one preset's curves must not squash another's onto one axis."""
+    import matplotlib.pyplot as plt
+
+    _run(tmp_path, "large-ddp-2", 2, "ddp", 22.0, 20.0, 6100.0)
+    _run(tmp_path, "lmb-fsdp2-2", 2, "fsdp2", 60.0, 50.0, 20000.0, preset="lm-b")
+    fig = scaling.figure(scaling.points(results.load(tmp_path)))
+    titles = [ax.get_title() for ax in fig.axes]
+    assert len(fig.axes) == 6 and titles[0].startswith("large:") and titles[3].startswith("lm-b:")
+    memory = fig.axes[5].get_lines()
+    assert [line.get_label() for line in memory] == ["fsdp2 te_fp8:delayed"]
+    assert list(memory[0].get_ydata()) == pytest.approx([6000.0 / 1024, 20000.0 / 1024])
+    plt.close(fig)
 
 
 def test_runs_without_distributed_rows_are_one_clear_error(tmp_path):

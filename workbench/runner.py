@@ -160,8 +160,11 @@ def _all_students(cfg: Config, run_dir: Path, task, data: Data, device, progress
         row, losses = _one_student(spec, cfg, ctx, student_task, data, device, progress, name=name, world=world)
         done = [(row, losses, row.pop("profile", None), row.pop("curve", None) or [])]
         if world.active:
-            done = _across_ranks(cfg, world, done[0], lambda: _one_student(
-                spec, cfg, ctx, student_task, data, device, progress, name=f"{name}{distributed.REFERENCE_SUFFIX}"))
+            def alone():  # the same student on rank 0 alone, from the same memory floor
+                _free(device)
+                return _one_student(spec, cfg, ctx, student_task, data, device, progress,
+                                    name=f"{name}{distributed.REFERENCE_SUFFIX}")
+            done = _across_ranks(cfg, world, done[0], alone)
         for row, losses, profile, curve in done:
             row.setdefault("world_size", 1)
             if world.writes:
@@ -178,15 +181,21 @@ def _all_students(cfg: Config, run_dir: Path, task, data: Data, device, progress
             data = None  # free this frame's damaged copy first: at the large sizes the batches take GBs
             data = task.make_data(shard=world.rank)
             data_sums = data.fingerprint()  # the next students are checked against the rebuilt batches
-        if device.type == "cuda":
-            # Each student's memory peak starts from the same floor. gc first: graphed / compiled students
-            # hold reference cycles (callables <-> module), and the H200 bench showed later students'
-            # peaks growing by GBs when only empty_cache ran.
-            gc.collect()
-            torch.cuda.empty_cache()
+        _free(device)
     if curve_rows and world.writes:  # held-out metrics during training (train.eval_every)
         results.write_csv(run_dir / "eval_curve.csv", pd.DataFrame(curve_rows))
     return rows, loss_rows
+
+
+def _free(device) -> None:
+    """What the last student left behind, freed: each student's memory peak starts from the same floor
+    (the one-GPU reference of a distributed student too; on two H200s its floor held the distributed
+    student's 1.7 GB of weights). gc first: graphed / compiled / DDP-wrapped students hold reference cycles
+    (callables <-> module), and the H200 bench showed later students' peaks growing by GBs when only
+    empty_cache ran."""
+    if device.type == "cuda":
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 def _across_ranks(cfg: Config, world: distributed.World, own: tuple, alone) -> list[tuple]:

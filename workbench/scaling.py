@@ -51,25 +51,30 @@ def figure(table: pd.DataFrame):
 
     from workbench import plots
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for (preset, strategy, student), g in table.groupby(["preset", "strategy", "student"], dropna=False):
-        style = dict(marker="o", color=plots.student_color(student), ls="-" if strategy == "ddp" else "--",
-                     label=f"{preset} {strategy} {student}")
-        axes[0].plot(g["gpus"], g["tokens_per_s"], **style)
-        axes[1].plot(g["gpus"], g["scaling_efficiency"], **style)
-        axes[2].plot(g["gpus"], g["peak_mem_allocated_mb"] / 1024, **style)
+    # one row of panels per preset: shapes differ by x in tokens/s, and one legend beside each row
+    presets = sorted(table["preset"].dropna().unique()) or ["-"]
+    fig, grid = plt.subplots(len(presets), 3, figsize=(16, 4.2 * len(presets)), squeeze=False)
     gpus = sorted(table["gpus"].unique()) if len(table) else [1]
-    for ax, what in zip(axes, ["tokens/s (all GPUs)", "weak-scaling efficiency (1-GPU step / N-GPU step)",
-                               "peak memory per GPU (GiB)"]):
-        ax.set_xticks(gpus)
-        ax.set_xlabel("GPUs")
-        ax.set_title(what, fontsize=10)
-        ax.grid(alpha=0.3)
-    axes[1].axhline(1.0, color="grey", lw=0.8)
-    for ax in axes:  # from zero: a 0.91 efficiency must not read like a collapse
-        ax.set_ylim(bottom=0)
-    axes[1].set_ylim(top=max(1.1, float(table["scaling_efficiency"].max()) + 0.05) if len(table) else 1.1)
-    axes[0].legend(fontsize=7)
+    for axes, preset in zip(grid, presets):
+        rows = table[table["preset"] == preset]
+        for (strategy, student), g in rows.groupby(["strategy", "student"], dropna=False):
+            style = dict(marker="o", color=plots.student_color(student), ls="-" if strategy == "ddp" else "--",
+                         label=f"{strategy} {student}")
+            axes[0].plot(g["gpus"], g["tokens_per_s"], **style)
+            axes[1].plot(g["gpus"], g["scaling_efficiency"], **style)
+            axes[2].plot(g["gpus"], g["peak_mem_allocated_mb"] / 1024, **style)
+        for ax, what in zip(axes, ["tokens/s (all GPUs)", "weak-scaling efficiency (1-GPU step / N-GPU step)",
+                                   "peak memory per GPU (GiB)"]):
+            ax.set_xticks(gpus)
+            ax.set_xlabel("GPUs")
+            ax.set_title(f"{preset}: {what}", fontsize=10)
+            ax.grid(alpha=0.3)
+            ax.set_ylim(bottom=0)  # from zero: a 0.91 efficiency must not read like a collapse
+        axes[1].axhline(1.0, color="grey", lw=0.8)
+        top = float(rows["scaling_efficiency"].max()) + 0.05 if len(rows) else 1.1
+        axes[1].set_ylim(top=max(1.1, top))
+        if len(rows):
+            axes[2].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.suptitle("Scaling: solid DDP, dashed FSDP2; each run's 1-GPU point is timed in the same run")
     fig.tight_layout()
     return fig

@@ -436,7 +436,7 @@ def _with_tutorial_ratios(rows: list[dict]) -> None:
 def _teacher_cells(r: dict, step: float | None, peak: dict) -> dict[str, Any]:
     """The teacher's share of a distillation step (its forward + the student's step) and, where the teacher
     has the student's shape (the MLP task; an LM preset without teacher_* dims), its TFLOP/s (a forward is
-    a third of the student's train FLOPs) against the measured peak of its precision."""
+    a third of the student's train FLOPs) against the measured peak of the precision it ran in."""
     t = _num(r.get("teacher_ms_median"))
     share = _pct(t, (t + step) if t is not None and step is not None else None)
     same_shape = r.get("cfg_kind") in (None, "mlp") or (
@@ -444,9 +444,11 @@ def _teacher_cells(r: dict, step: float | None, peak: dict) -> dict[str, Any]:
         and r.get("cfg_teacher") in ("train", "random"))
     gflop = _num(r.get("train_gflop_per_step"))  # rows from before it was a cell: no teacher TFLOP/s
     tflops = flops.tflops(gflop * 1e9 / 3, t) if same_shape and gflop and t else None
-    prec = {"auto": "bf16" if isinstance(r.get("gpu_name"), str) else "fp32"}.get(
-        r.get("cfg_teacher_precision"), r.get("cfg_teacher_precision"))
-    return {"teacher_share_pct": share, "teacher_tflops": tflops,
+    prec = r.get("teacher_precision_used")  # what ran: an FP8 teacher against the FP8 peak, a fallback against its own
+    if not isinstance(prec, str):  # rows from before it was a cell
+        prec = {"auto": "bf16" if isinstance(r.get("gpu_name"), str) else "fp32"}.get(
+            r.get("cfg_teacher_precision"), r.get("cfg_teacher_precision"))
+    return {"teacher_precision": prec, "teacher_share_pct": share, "teacher_tflops": tflops,
             "teacher_pct_of_measured_peak": _pct(tflops, hardware.measured_tflops(peak, prec))}
 
 

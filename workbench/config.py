@@ -99,7 +99,8 @@ class DistillConfig:
     student, Hinton), 'reverse_kl' or 'jsd' on the logits, mixed with cross-entropy by ce_weight."""
     teacher_precision: str = "auto"
     """Teacher forward precision: 'auto' (bf16 autocast on a bf16-capable GPU, else fp32), 'fp32',
-    'bf16' or 'fp16'."""
+    'bf16', 'fp16' or 'fp8' (TE FP8 inference, current scaling; bf16 where TE or FP8 cannot run, fp32 on a
+    CPU; rows say which ran in `teacher_precision_used`)."""
     temperature: float = 2.0
     """gpt/llama: softmax temperature of the logit distillation (the loss is scaled by its square)."""
     ce_weight: float = 0.5
@@ -372,7 +373,7 @@ LM_LOSSES = ("forward_kl", "reverse_kl", "jsd")
 LOSSES = MLP_LOSSES + LM_LOSSES
 KINDS = ("mlp", "gpt", "llama")
 TOKENIZERS = ("bpe", "bytes")
-TEACHER_PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+TEACHER_PRECISIONS = ("auto", "fp32", "bf16", "fp16", "fp8")
 DEVICES = ("auto", "cuda", "cpu")
 STRATEGIES = ("ddp", "fsdp2")
 SECTIONS = {"model": ModelConfig, "train": TrainConfig, "bench": BenchConfig, "distill": DistillConfig,

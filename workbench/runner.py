@@ -40,22 +40,28 @@ def resolve_device(cfg: Config) -> torch.device:
 
 
 def teacher_dtype(cfg: Config, device: torch.device) -> torch.dtype | None:
-    """None = fp32. 'auto': bf16 autocast on a bf16-capable GPU (REFERENCE §1.2: an fp32 teacher
-    costs ~3x a student step at the large size), fp32 on CPU."""
+    """The torch autocast dtype of the teacher's forward (and of a language-model teacher's training);
+    None = fp32. 'auto': bf16 autocast on a bf16-capable GPU (REFERENCE §1.2: an fp32 teacher costs ~3x a
+    student step at the large size), fp32 on CPU. 'fp8': what TE does not run in FP8 runs in bf16 (fp16 on a
+    GPU without bf16), which is also the whole forward where FP8 cannot run (workbench.train.teacher_precision);
+    fp32 on CPU."""
     p = cfg.distill.teacher_precision
     if p == "auto":
         return torch.bfloat16 if device.type == "cuda" and backends.native_bf16(device) else None
+    if p == "fp8":
+        return backends.amp_dtype(device) if device.type == "cuda" else None
     return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[p]
 
 
-def time_teacher(cfg: Config, teacher: torch.nn.Module, data: Data, device: torch.device, dtype) -> tuple[dict, dict | None]:
-    """The teacher forward per batch, measured on its own (it is never part of a student step): its row
-    cells (median; repeat medians and spread) and, with cfg.bench.profile, the profiled block's record."""
+def time_teacher(cfg: Config, task, data: Data, device: torch.device) -> tuple[dict, dict | None]:
+    """The teacher forward per batch, in its precision, measured on its own (it is never part of a student
+    step): its row cells (median; repeat medians and spread) and, with cfg.bench.profile, the profiled
+    block's record."""
     tokens = data.bench[0][0]
 
     def fwd():
-        with torch.no_grad(), backends.autocast(device, dtype):
-            teacher(tokens)
+        with task.teacher_precision.forward():
+            task.teacher(tokens)
 
     t = timing.measure(fwd, cfg.bench.warmup, cfg.bench.iters, timing.clock_for(device),
                        repeats=cfg.bench.repeats, profile=cfg.bench.profile)
@@ -119,6 +125,8 @@ def _run(cfg: Config, world: distributed.World, device, out, run_id, requested, 
     if not world.writes:
         world.barrier()  # rank 0 builds the task first: the text, tokenizer and teacher caches are written once
     task = tasks.for_config(cfg, device, tdtype, cache_dir=Path(out) / "cache")
+    if task.teacher_precision.reason:
+        _say(progress, f"[teacher] {task.teacher_precision.reason}")
     if world.writes:
         world.barrier()
         results.write_json(run_dir / "task.json", task.info)
@@ -127,17 +135,18 @@ def _run(cfg: Config, world: distributed.World, device, out, run_id, requested, 
             distributed.broadcast_module(module, device)
     data = task.make_data(shard=world.rank)
     if world.writes:
-        teacher_cells, teacher_profile = time_teacher(cfg, task.teacher, data, device, tdtype)
+        teacher_cells, teacher_profile = time_teacher(cfg, task, data, device)
         _write_profile(run_dir, "teacher", teacher_profile)
     rows, loss_rows = _all_students(cfg, run_dir, task, data, device, progress, world)
     if world.writes:
         common = {"schema_version": results.SCHEMA_VERSION, "run_id": run_id, **teacher_cells,
+                  **task.teacher_precision.cells(),
                   **{f"cfg_{k}": (",".join(v) if isinstance(v, list) else v) for k, v in cfg.flat().items()},
                   **{k: env.get(k) for k in results.ENV_STAMP}}
         df = results.students_frame([{**row, **common} for row in rows])
         results.write_csv(run_dir / "students.csv", df)
         results.write_csv(run_dir / "losses.csv", pd.DataFrame(loss_rows, columns=["step", "student", "loss"]))
-        results.write_json(run_dir / "summary.json", summarize(cfg, env, df, run_id, device, tdtype))
+        results.write_json(run_dir / "summary.json", summarize(cfg, env, df, run_id, device, task.teacher_precision))
         from workbench import plots  # matplotlib only once there is something to plot
 
         plots.plot_run(run_dir)
@@ -274,7 +283,7 @@ def _row(df: pd.DataFrame, spec: str | None) -> dict[str, Any]:
     return {k: (None if isinstance(v, float) and pd.isna(v) else v) for k, v in r.items()}
 
 
-def summarize(cfg: Config, env: dict, df: pd.DataFrame, run_id: str, device, tdtype) -> dict[str, Any]:
+def summarize(cfg: Config, env: dict, df: pd.DataFrame, run_id: str, device, teacher) -> dict[str, Any]:
     """The tutorial's summary keys (same meaning, correct numbers) plus what they were missing."""
     ran = results.ran(df)
     te_rows = ran[ran["backend"].str.startswith("te_")]
@@ -319,7 +328,7 @@ def summarize(cfg: Config, env: dict, df: pd.DataFrame, run_id: str, device, tdt
         "baseline_student": cfg.baseline, "te_path_student": te_spec,
         "baseline_median_step_ms": base.get("step_ms_median"), "te_path_median_step_ms": te.get("step_ms_median"),
         "teacher_ms_median": df["teacher_ms_median"].iloc[0] if len(df) else None,
-        "teacher_dtype": str(tdtype or torch.float32),
+        "teacher_dtype": str(teacher.dtype or torch.float32), **teacher.cells(),
         "initial_loss_rel_spread": spread, "initial_losses_equal": spread is not None and spread <= 1e-5,
         "bf16_reference_student": bf16_ref, "fp8_vs_bf16": fp8_vs_bf16,
         "te_install": env.get("te_install"),

@@ -24,9 +24,7 @@ def add_arguments(p) -> None:
 
 
 def main(args) -> int:
-    import torch
-
-    from workbench import backends, runner
+    from workbench import runner
     from workbench.train import lm_metrics, tasks
 
     cfg = config.from_preset(args.preset, **config.parse_set(args.overrides))
@@ -37,11 +35,10 @@ def main(args) -> int:
     tdtype = runner.teacher_dtype(cfg, device)
     task = tasks.LMTask(cfg, device, tdtype, Path(args.out) / "cache")
     acc = lm_metrics.LMMetrics(cfg.distill.loss_chunk_tokens)
-    with torch.no_grad():
-        for window in task.text.batches("heldout", cfg.model.batch, cfg.model.seq_len, cfg.train.eval_batches,
-                                        cfg.train.seed + 3):
-            w = window.to(device)
-            with backends.autocast(device, tdtype):
-                acc.add(task.teacher(w[:, :-1]), None, w[:, 1:])
+    for window in task.text.batches("heldout", cfg.model.batch, cfg.model.seq_len, cfg.train.eval_batches,
+                                    cfg.train.seed + 3):
+        w = window.to(device)
+        with task.teacher_precision.forward():
+            acc.add(task.teacher(w[:, :-1]), None, w[:, 1:])
     print(json.dumps({**task.info, "teacher_heldout_ppl": acc.result()["heldout_ppl"]}, default=str))
     return 0

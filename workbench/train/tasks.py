@@ -24,7 +24,7 @@ from workbench import backends, results
 from workbench.env.probe import _memory_gb
 from workbench.errors import ConfigError
 from workbench.models import Student, Teacher, reference_student
-from workbench.train import lm_metrics, lm_objectives, objectives
+from workbench.train import lm_metrics, lm_objectives, objectives, teacher_precision
 from workbench.train.loop import Data
 
 LM_BENCH_BATCHES = 4  # distinct timed batches, cycled: an LM batch's teacher logits take GBs at vocab 32k
@@ -44,11 +44,12 @@ class MLPTask:
         self.cfg, self.device, self.tdtype = cfg, device, tdtype
         self.kind = cfg.distill.loss
         self.needs_hidden = objectives.needs_hidden(self.kind)
-        self.info: dict[str, Any] = {}
         torch.manual_seed(cfg.train.seed)
         self.teacher = Teacher(cfg.model).to(device).eval().requires_grad_(False)
         # The one torch model every student is a converted copy of (matched init by construction)
         self.reference = reference_student(cfg.model, Student(cfg.model).state_dict())
+        self.teacher, self.teacher_precision = teacher_precision.prepare(self.teacher, cfg, device, tdtype)
+        self.info: dict[str, Any] = {"teacher_precision": cfg.distill.teacher_precision, **self.teacher_precision.cells()}
 
     def loss(self, out, targets: objectives.Targets) -> torch.Tensor:
         return objectives.loss(self.kind, out, targets)
@@ -71,7 +72,7 @@ class MLPTask:
         return Data(*([self._targets(t.to(self.device)) for t in part] for part in (train, bench, held_out)))
 
     def _targets(self, tokens: torch.Tensor):
-        with torch.no_grad(), backends.autocast(self.device, self.tdtype):
+        with self.teacher_precision.forward():
             y = self.teacher(tokens, return_hidden=self.needs_hidden)
         out, hidden = y if self.needs_hidden else (y, None)
         return tokens, objectives.Targets(out.float(), [h.float() for h in hidden] if hidden else None)
@@ -112,6 +113,8 @@ class LMTask:
             if vocab is not None and vocab != m.vocab:  # a Hugging Face model brings its own vocabulary size
                 raise ConfigError(f"{who}: the Hugging Face model's vocabulary has {vocab} tokens, model.vocab is "
                                   f"{m.vocab}; set model.vocab={vocab} (the text is tokenized to model.vocab tokens)")
+        self.teacher, self.teacher_precision = teacher_precision.prepare(self.teacher, cfg, device, tdtype)
+        self.info.update(teacher_precision=cfg.distill.teacher_precision, **self.teacher_precision.cells())
         self.place_logits()  # now, with the teacher on the device: task.json is written before the batches
 
     # ---- models ---------------------------------------------------------------------------------
@@ -155,12 +158,15 @@ class LMTask:
 
     def _trained_teacher(self) -> torch.nn.Module:
         """A teacher trained on the corpus's train split, cached under <cache>/teacher-<key>/ (its weights,
-        and meta.json last) and reused by every later run with the same text, shape and recipe."""
+        and meta.json last) and reused by every later run with the same text, shape and recipe. The recipe
+        names the autocast it trains in: teacher_precision=fp8 trains in bf16 (fp32 on a CPU) and so finds
+        the bf16 (fp32) teacher's weights, which it then runs in FP8; only weights are cached, never outputs."""
         from workbench.models import CausalLM
 
         cfg, shape = self.cfg, self.shape(teacher=True)
         recipe = {"shape": dataclasses.asdict(shape), "text": self.text.folder.name, "steps": cfg.lm.teacher_steps,
-                  "lr": cfg.lm.teacher_lr, "seed": cfg.train.seed, "batch": cfg.model.batch}
+                  "lr": cfg.lm.teacher_lr, "seed": cfg.train.seed, "batch": cfg.model.batch,
+                  "train_precision": teacher_precision.NAMES[self.tdtype]}
         key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
         folder = self.cache_dir / f"teacher-{key}"
         model = CausalLM(shape)
@@ -217,7 +223,7 @@ class LMTask:
 
     def _targets(self, window: torch.Tensor, host: bool = False):
         tokens, next_tokens = window[:, :-1].to(self.device), window[:, 1:].to(self.device)
-        with torch.no_grad(), backends.autocast(self.device, self.tdtype):
+        with self.teacher_precision.forward():
             logits = self.teacher(tokens)
         if host:  # one batch at a time: all of them would not fit on the GPU
             if self.device.type == "cuda":  # pinned: the copy back to the GPU can then run asynchronously

@@ -1,0 +1,105 @@
+"""The frozen teacher's forward precision (distill.teacher_precision), settled once the teacher exists.
+
+'auto', 'fp32', 'bf16' and 'fp16' run the torch teacher under torch autocast (`runner.teacher_dtype`).
+'fp8' runs it as TE FP8 inference: the teacher converted the way the TE students are (te_fp8's `build`, so
+its weights are exactly the teacher's), under torch.no_grad, TE's autocast with current scaling (an
+inference forward has no amax history to learn delayed scales from) inside bf16 torch autocast for what TE
+does not run in FP8 (embeddings, GELU, residuals, attention). Where that cannot run (a CPU, no usable TE,
+a GPU without FP8, GEMM dims that are not multiples of 16) the torch teacher runs in bf16 autocast (fp32
+on a CPU) instead; `used` and `reason` say so in task.json, every row and summary.json.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, ContextManager
+
+import torch
+from torch import nn
+
+from workbench import backends
+from workbench.backends.te_bf16 import _shared_parameters, te_usable
+from workbench.backends.te_fp8 import RECIPES
+from workbench.env import te as _te
+from workbench.models import LayerNormMLP
+
+FP8_RECIPE = "current"  # Float8CurrentScaling: scales from this forward's own amaxes
+NAMES = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+@dataclass
+class TeacherPrecision:
+    """How the teacher's forward runs, and why it is not what was asked for (if it is not)."""
+
+    requested: str  # distill.teacher_precision
+    used: str  # 'fp32', 'bf16', 'fp16' or 'fp8'
+    device: torch.device
+    dtype: torch.dtype | None  # torch autocast around the forward (None: fp32); under FP8, for what TE keeps
+    reason: str = ""
+    fp8: backends.Backend | None = None  # the TE FP8 backend the teacher was converted by; its forward context
+
+    def forward(self) -> ContextManager:
+        """Wraps every teacher forward: no autograd, and this precision's autocast(s)."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.no_grad())
+        stack.enter_context(self.fp8.forward_context() if self.fp8 else backends.autocast(self.device, self.dtype))
+        return stack
+
+    def cells(self) -> dict[str, Any]:
+        """What a row, task.json and summary.json say about it."""
+        return {"teacher_precision_used": self.used, "teacher_precision_reason": self.reason}
+
+
+def prepare(teacher: nn.Module, cfg, device: torch.device, dtype: torch.dtype | None) -> tuple[nn.Module, TeacherPrecision]:
+    """The teacher to run (the TE FP8 conversion for 'fp8' where it can run, else `teacher` itself) and its
+    precision. `dtype` is `runner.teacher_dtype`. Consumes none of the caller's random numbers (TE's layer
+    constructors draw an init the conversion then overwrites): students built after it start the same."""
+    requested = cfg.distill.teacher_precision
+    if requested != "fp8":
+        return teacher, TeacherPrecision(requested, NAMES[dtype], device, dtype)
+    why = fp8_unavailable(teacher, cfg, device)
+    if why:
+        return teacher, TeacherPrecision(requested, NAMES[dtype], device, dtype,
+                                         reason=f"{why} -> the teacher ran in {NAMES[dtype]} instead of fp8")
+    fp8 = backends.make(f"te_fp8:{FP8_RECIPE}")
+    # The teacher's exact weights: fp32 as trained, whatever the students' parameter dtype; TE picks its own
+    # attention backend for it, and options.te_fp8_weights is a student switch (FP8 weights with master copies).
+    own = cfg.replace(param_dtype="fp32", te_attention="auto", te_fp8_weights=False)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        # Converted from a host copy: only the TE teacher ever lives on the GPU, never two teachers at once.
+        converted = fp8.build(teacher.cpu(), own, device)
+    return converted.eval().requires_grad_(False), TeacherPrecision(requested, "fp8", device, fp8.dtype, fp8=fp8)
+
+
+def fp8_unavailable(teacher: nn.Module, cfg, device: torch.device) -> str:
+    """'' when the teacher can run in TE FP8 here, else why not (TE's own words where TE gives them)."""
+    ok, why = te_usable(backends.Context(device=device, cfg=cfg))
+    if not ok:
+        return why
+    te, _, _ = _te.load()
+    check, multiple = RECIPES[FP8_RECIPE]
+    ok, why = _te.check(getattr(te, check, None), f"fp8 ({check})")
+    if not ok:
+        return why
+    bad = misaligned_gemms(teacher, cfg.model.batch * cfg.model.seq_len, multiple)
+    if bad:
+        return f"the teacher's FP8 GEMMs need dims that are multiples of {multiple}; not: {', '.join(bad)}"
+    return ""
+
+
+def misaligned_gemms(model: nn.Module, tokens: int, multiple: int) -> list[str]:
+    """'name=value' for every GEMM dimension of `model` a TE conversion would run in FP8 (its Linear and
+    LayerNormMLP layers; a tied weight stays torch) and of its `tokens` rows that is not a multiple of
+    `multiple`; the first four and a count."""
+    dims = {"tokens (batch*seq_len)": tokens}
+    shared = _shared_parameters(model)
+    for name, m in model.named_modules():
+        if any(id(p) in shared for p in m.parameters(recurse=False)):
+            continue
+        if isinstance(m, nn.Linear):
+            dims.update({f"{name}.in_features": m.in_features, f"{name}.out_features": m.out_features})
+        elif isinstance(m, LayerNormMLP):
+            ffn, hidden = m.fc1_weight.shape
+            dims.update({f"{name}.hidden": hidden, f"{name}.ffn": ffn})
+    bad = [f"{k}={v}" for k, v in dims.items() if v % multiple]
+    return bad if len(bad) <= 4 else [*bad[:4], f"and {len(bad) - 4} more"]

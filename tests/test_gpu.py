@@ -90,9 +90,7 @@ def test_two_gpus_under_torchrun_start_matched_and_report_scaling(tmp_path):
     """`seed` over two GPUs (DDP, NCCL) through runner.run's torchrun launch: one set of files from rank 0, every
     rank starting every student from the same weights, and per-rank step time and memory in the rows."""
     students = "torch_bf16,te_fp8:delayed" if _te.load()[0] is not None else "torch_bf16"
-    # 2048/8192 wide: 400 MB of fp32 weights, so a student left behind would show in the floor below
-    cfg = config.from_preset("seed", steps=4, warmup=2, iters=5, eval_batches=2, nproc=2, backends=students,
-                             hidden=2048, intermediate=8192)
+    cfg = config.from_preset("seed", steps=4, warmup=2, iters=5, eval_batches=2, nproc=2, backends=students)
     run_dir = runner.run(cfg, out=tmp_path, run_id="two", progress=False)
     assert [p.name for p in tmp_path.iterdir()] == ["two"]
     df = results.load(run_dir).set_index("student")
@@ -102,10 +100,6 @@ def test_two_gpus_under_torchrun_start_matched_and_report_scaling(tmp_path):
     for cell in two["peak_mem_allocated_mb_ranks"]:
         assert len(json.loads(cell)) == 2 and min(json.loads(cell)) > 0
     assert results.load_summary(run_dir)["initial_losses_equal"] is True
-    # each one-GPU reference starts from its distributed student's memory floor, not on top of its leftovers
-    for student in two.index:
-        floors = df.loc[[student, f"{student}{results.REFERENCE_SUFFIX}"], "mem_floor_mb"]
-        assert abs(floors.iloc[1] - floors.iloc[0]) < 64, floors.to_dict()
 
 
 def _lm_run(tmp_path, run_id, **overrides):

@@ -5,16 +5,19 @@ import pytest
 from workbench import cli, results, scaling
 
 
-def _run(root, run_id, gpus, strategy, step_ms, ref_ms, peak, preset="large"):
-    """A complete distributed run folder: the merged N-GPU row and its '@1gpu' reference row."""
+def _run(root, run_id, gpus, strategy, step_ms, ref_ms, peak, preset="large", ref_floor=1000.0):
+    """A complete distributed run folder: the merged N-GPU row and its '@1gpu' reference row (both started
+    from 1000 MB allocated unless `ref_floor` says the reference started on the distributed student's leftovers)."""
     d = root / run_id
     d.mkdir()
     common = {"run_id": run_id, "cfg_preset": preset, "cfg_strategy": strategy, "cfg_nproc": gpus}
     rows = [
         {"student": "te_fp8:delayed", "status": "ok", "world_size": gpus, "strategy": strategy, "step_ms_median": step_ms,
-         "tokens_per_s": gpus * 8192 / (step_ms / 1e3), "peak_mem_allocated_mb": peak, **common},
+         "tokens_per_s": gpus * 8192 / (step_ms / 1e3), "peak_mem_allocated_mb": peak, "mem_floor_mb": 1000.0,
+         **common},
         {"student": "te_fp8:delayed@1gpu", "status": "ok", "world_size": 1, "step_ms_median": ref_ms,
-         "tokens_per_s": 8192 / (ref_ms / 1e3), "peak_mem_allocated_mb": 6000.0, **common},
+         "tokens_per_s": 8192 / (ref_ms / 1e3), "peak_mem_allocated_mb": 5000.0 + ref_floor, "mem_floor_mb": ref_floor,
+         **common},
         {"student": "torch_bf16", "status": "error", "reason": "boom", "world_size": gpus, **common},
     ]
     results.write_csv(d / "students.csv", pd.DataFrame(rows))
@@ -36,6 +39,17 @@ def test_points_line_up_one_curve_per_strategy_with_its_own_one_gpu_point(tmp_pa
     assert fsdp.loc[2, "scaling_efficiency"] == pytest.approx(20.0 / 24.0) and fsdp.loc[2, "peak_mem_allocated_mb"] == 4000.0
 
 
+def test_memory_per_gpu_is_the_students_peak_above_its_floor_so_leftovers_do_not_count(tmp_path):
+    """A reference that started on 1.7 GB a DDP student left behind (seen on two H200s) has a peak 1.7 GB
+    high; what it adds above its floor is the same as a reference that started clean."""
+    _run(tmp_path, "clean", 2, "ddp", 22.0, 20.0, 6100.0)
+    _run(tmp_path, "leftover", 2, "fsdp2", 24.0, 20.0, 4000.0, ref_floor=2700.0)
+    t = scaling.points(results.load(tmp_path)).set_index(["strategy", "gpus"])
+    assert t.loc[("ddp", 1), "student_mem_mb"] == t.loc[("fsdp2", 1), "student_mem_mb"] == 5000.0
+    assert t.loc[("fsdp2", 1), "peak_mem_allocated_mb"] == 7700.0  # the raw peak stays in the table
+    assert t.loc[("ddp", 2), "student_mem_mb"] == 5100.0
+
+
 def test_the_command_writes_the_table_and_the_plot(tmp_path, capsys):
     (tmp_path / "runs").mkdir()
     _run(tmp_path / "runs", "ddp-2", 2, "ddp", 22.0, 20.0, 6100.0)
@@ -55,7 +69,7 @@ def test_the_plot_has_one_row_of_panels_per_preset_each_with_its_own_curves(tmp_
     assert len(fig.axes) == 6 and titles[0].startswith("large:") and titles[3].startswith("lm-b:")
     memory = fig.axes[5].get_lines()
     assert [line.get_label() for line in memory] == ["fsdp2 te_fp8:delayed"]
-    assert list(memory[0].get_ydata()) == pytest.approx([6000.0 / 1024, 20000.0 / 1024])
+    assert list(memory[0].get_ydata()) == pytest.approx([5000.0 / 1024, 19000.0 / 1024])  # above the floor
     plt.close(fig)
 
 

@@ -200,12 +200,11 @@ def _free(device) -> None:
     """What the last student left behind, freed: each student's memory peak starts from the same floor
     (the one-GPU reference of a distributed student too). gc first: graphed / compiled students hold
     reference cycles (callables <-> module), and the H200 bench showed later students' peaks growing by GBs
-    when only empty_cache ran. Then one tiny backward: on two H200s a DDP student's gradient buckets
-    (allocated in DDP's _pre_forward) outlived it, gc and empty_cache, until the next backward on the
-    device ran (432 MB at seed 2048/8192, 1.7 GB at `large`); FSDP2's leftovers went with gc alone."""
+    when only empty_cache ran. On two H200s this brought an FSDP2 student's one-GPU reference back to the
+    run's floor; a DDP student's gradient buckets (allocated in DDP's _pre_forward) sometimes outlive it
+    all the same (1.7 GB at `large`), which is why the scaling table counts memory above each row's floor."""
     if device.type == "cuda":
         gc.collect()
-        torch.ones(1, device=device, requires_grad=True).sum().backward()
         torch.cuda.empty_cache()
 
 

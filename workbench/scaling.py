@@ -1,5 +1,6 @@
 """The scaling curve of distributed runs: tokens/s, weak-scaling efficiency, step time and memory per GPU
-against the number of GPUs, read from run folders only.
+(the student's peak above the memory allocated when it started) against the number of GPUs, read from
+run folders only.
 
     python -m workbench scaling results/reference/h200x2/multi --out results/reference/h200x2/scaling
 
@@ -17,7 +18,7 @@ import pandas as pd
 from workbench import results
 
 COLUMNS = ["preset", "strategy", "student", "gpus", "status", "step_ms_median", "tokens_per_s",
-           "tokens_per_s_per_gpu", "scaling_efficiency", "peak_mem_allocated_mb", "runs"]
+           "tokens_per_s_per_gpu", "scaling_efficiency", "peak_mem_allocated_mb", "student_mem_mb", "runs"]
 
 
 def points(df: pd.DataFrame) -> pd.DataFrame:
@@ -25,18 +26,23 @@ def points(df: pd.DataFrame) -> pd.DataFrame:
     if "world_size" not in df or "cfg_strategy" not in df:  # runs older than the distributed ones
         return pd.DataFrame(columns=COLUMNS)
     ran = df[df["status"].isin(results.RAN)].copy()
-    for col in ("step_ms_median", "tokens_per_s", "peak_mem_allocated_mb", "run_id"):  # a row may lack a cell
+    for col in ("step_ms_median", "tokens_per_s", "peak_mem_allocated_mb", "mem_floor_mb", "run_id"):  # a row may lack a cell
         if col not in ran:
-            ran[col] = None
+            ran[col] = None if col == "run_id" else float("nan")
     ran["base"] = ran["student"].str.removesuffix(results.REFERENCE_SUFFIX)
     # a reference row has no strategy of its own: it belongs to the strategy of the run it was timed in
     ran["strategy"] = ran["cfg_strategy"]
     ran["gpus"] = ran["world_size"].fillna(1).astype(int)
     ran["preset"] = ran["cfg_preset"]
+    # What the student itself adds per GPU: its peak above what was allocated when it started (teacher,
+    # data). The peak alone is not comparable: on two H200s a DDP student's gradient buckets sometimes
+    # outlived it into its one-GPU reference's floor (1.7 GB at `large`), whose peak then read 1.7 GB high.
+    ran["student_mem_mb"] = ran["peak_mem_allocated_mb"] - ran["mem_floor_mb"]
     keys = ["preset", "strategy", "base", "gpus"]
     out = ran.groupby(keys, dropna=False).agg(
         step_ms_median=("step_ms_median", "median"), tokens_per_s=("tokens_per_s", "median"),
-        peak_mem_allocated_mb=("peak_mem_allocated_mb", "max"), runs=("run_id", "nunique")).reset_index()
+        peak_mem_allocated_mb=("peak_mem_allocated_mb", "max"), student_mem_mb=("student_mem_mb", "max"),
+        runs=("run_id", "nunique")).reset_index()
     one = out[out["gpus"] == 1].set_index(["preset", "strategy", "base"])["step_ms_median"]
     ref = out.set_index(["preset", "strategy", "base"]).index.map(one.to_dict().get)
     # weak scaling: every GPU steps its own batch; 1.0 when N GPUs take the one-GPU step time
@@ -62,9 +68,9 @@ def figure(table: pd.DataFrame):
                          label=f"{strategy} {student}")
             axes[0].plot(g["gpus"], g["tokens_per_s"], **style)
             axes[1].plot(g["gpus"], g["scaling_efficiency"], **style)
-            axes[2].plot(g["gpus"], g["peak_mem_allocated_mb"] / 1024, **style)
+            axes[2].plot(g["gpus"], g["student_mem_mb"] / 1024, **style)
         for ax, what in zip(axes, ["tokens/s (all GPUs)", "weak-scaling efficiency (1-GPU step / N-GPU step)",
-                                   "peak memory per GPU (GiB)"]):
+                                   "student's peak memory per GPU above its floor (GiB)"]):
             ax.set_xticks(gpus)
             ax.set_xlabel("GPUs")
             ax.set_title(f"{preset}: {what}", fontsize=10)

@@ -3,7 +3,7 @@ CPU machine; the real conversion runs on the H200): TE's constructor signatures,
 semantics (attention masks: True = masked out), torch's maths. Two pieces of TE's state are modelled as TE
 keeps them (TE 2.20): delayed scaling's per-module scale and amax history (te.Linear under `autocast`), and
 the process-wide attention selection `_attention_backends`, made from the NVTE_*_ATTN switches whenever it is
-(re)made. `FakeRecipes` stands in for transformer_engine.common.recipe."""
+(re)made; and TE's deferred initialisation of layers made on the meta device (`_DeferredInit`, TE's FSDP2 recipe). `FakeRecipes` stands in for transformer_engine.common.recipe."""
 import contextlib
 import os
 

@@ -118,7 +118,7 @@ def test_fsdp2_fp8_weights_follow_tes_recipe_over_2_gpus(tmp_path):
                   param_dtype="bf16", backends="te_fp8:delayed", baseline="te_fp8:delayed")
     runs = {}
     for run_id, fp8_weights in (("recipe", True), ("plain", False)):
-        cfg = config.from_preset("seed", te_fp8_weights=fp8_weights, **common)
+        cfg = config.from_preset("seed", te_fp8_weights=fp8_weights, scaling_reference=fp8_weights, **common)
         runs[run_id] = df = results.load(runner.run(cfg, out=tmp_path, run_id=run_id, progress=False)).set_index("student")
         assert (df["status"] == "ok").all(), df["reason"].to_dict()
     recipe, plain = runs["recipe"].loc["te_fp8:delayed"], runs["plain"].loc["te_fp8:delayed"]

@@ -3,12 +3,13 @@ CPU machine; the real conversion runs on the H200): TE's constructor signatures,
 semantics (attention masks: True = masked out), torch's maths. Two pieces of TE's state are modelled as TE
 keeps them (TE 2.20): delayed scaling's per-module scale and amax history (te.Linear under `autocast`), and
 the process-wide attention selection `_attention_backends`, made from the NVTE_*_ATTN switches whenever it is
-(re)made. `FakeRecipes` stands in for transformer_engine.common.recipe."""
+(re)made; and TE's deferred initialisation of layers made on the meta device (`_DeferredInit`, TE's FSDP2 recipe). `FakeRecipes` stands in for transformer_engine.common.recipe."""
 import contextlib
 import os
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
 from workbench.models import LayerNormMLP
 
@@ -56,8 +57,42 @@ class _ScalingState:
         self.amax_history = torch.zeros(history_len, 1)
 
 
+class _DeferredInit:
+    """TE's deferred initialisation (module/base.py, TE 2.20): a layer made with device="meta" has no values until
+    its reset_parameters materialises every parameter, an FSDP2 DTensor's local shard included, with TE's own
+    random init (rewrapped in a new DTensor Parameter). The fake's weights stay plain tensors (not FP8); `log`
+    records each call and whether the parameters were sharded by then."""
+
+    log: list = []
+
+    def reset_parameters(self):
+        if torch.get_default_device().type == "meta":  # nn.Linear's constructor calling it: deferred, as in TE
+            return None
+        if not any(p.is_meta for p in self.parameters(recurse=False)):
+            return super().reset_parameters()  # nn.Linear's own, at construction
+        sharded = all(isinstance(p, DTensor) for p in self.parameters(recurse=False))
+        _DeferredInit.log.append(("reset_parameters", type(self).__name__, sharded))
+        for name, p in list(self.named_parameters(recurse=False)):
+            local = torch.empty_like(p.to_local() if sharded else p, device="cpu").normal_()
+            if sharded:
+                local = DTensor.from_local(local, p.device_mesh, p.placements, shape=p.size(), stride=p.stride())
+            setattr(self, name, torch.nn.Parameter(local))
+
+
+def _on(device):
+    """Where a fake TE layer is made: TE's device="meta" defers its initialisation (see _DeferredInit)."""
+    return torch.device("meta") if str(device) == "meta" else contextlib.nullcontext()
+
+
 class FakeTEModules:
     _recipe = None  # the recipe of the enclosing `autocast`
+    quantized_model_init_calls: list = []  # (enabled, recipe) of each te.quantized_model_init
+
+    @staticmethod
+    @contextlib.contextmanager
+    def quantized_model_init(enabled=True, recipe=None, preserve_high_precision_init_val=False):
+        FakeTEModules.quantized_model_init_calls.append((enabled, recipe))
+        yield
 
     @staticmethod
     @contextlib.contextmanager
@@ -68,12 +103,13 @@ class FakeTEModules:
         finally:
             FakeTEModules._recipe = previous
 
-    class Linear(torch.nn.Linear):
+    class Linear(_DeferredInit, torch.nn.Linear):
         """nn.Linear; under a delayed-scaling `autocast` its input is rounded through E4M3 with the scale of
         the amax history so far, and this forward's amax enters the history (TE updates at autocast exit)."""
 
         def __init__(self, in_features, out_features, bias=True, params_dtype=None, device="cuda"):
-            super().__init__(in_features, out_features, bias=bias, dtype=params_dtype)
+            with _on(device):
+                super().__init__(in_features, out_features, bias=bias, dtype=params_dtype)
             self.fp8_meta = {}
 
         def forward(self, x):
@@ -123,9 +159,10 @@ class FakeTEModules:
             assert not zero_centered_gamma, "the fake computes x / rms(x) * weight only"
             super().__init__(hidden_size, eps=eps, dtype=params_dtype)
 
-    class LayerNormMLP(LayerNormMLP):
+    class LayerNormMLP(_DeferredInit, LayerNormMLP):
         def __init__(self, hidden_size, ffn_hidden_size, eps=1e-5, params_dtype=None, device="cuda"):
-            super().__init__(hidden_size, ffn_hidden_size, eps)
+            with _on(device):
+                super().__init__(hidden_size, ffn_hidden_size, eps)
 
     class DotProductAttention(torch.nn.Module):
         """te.DotProductAttention: q, k, v [b, s, h, d] ('bshd') or [s, b, h, d] ('sbhd') -> [.., .., h*d];

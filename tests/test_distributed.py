@@ -162,3 +162,98 @@ def test_a_rank_that_diverges_stops_every_rank(tmp_path):
     torch.multiprocessing.spawn(_train_two_ranks, args=(port, str(tmp_path)), nprocs=2)
     assert (tmp_path / "0").read_text() == "2: non-finite loss on another rank at training step 2"
     assert (tmp_path / "1").read_text() == "2: non-finite loss nan at training step 2"
+
+
+def _build_fp8_weights_on_two_ranks(rank: int, port: int, out: str) -> None:
+    """One rank of test_fsdp2_builds_fp8_weights_by_tes_recipe_from_the_shared_init, with the fake TE."""
+    import torch.distributed as dist
+    from fake_te import FakeRecipes, FakeTEModules, _DeferredInit
+    from workbench import backends
+    from workbench.env import te as _te
+    from workbench.models import reference_student
+
+    _te.load = lambda: (FakeTEModules, FakeRecipes, "")  # this spawned process's own module
+    dist.init_process_group("gloo", init_method=f"tcp://localhost:{port}", rank=rank, world_size=2)
+    cfg = config.from_preset("cpu-smoke", nproc=2, strategy="fsdp2", te_fp8_weights=True, optimizer="te_fused_adam",
+                             backends="te_fp8:current", baseline="te_fp8:current")
+    torch.manual_seed(0)  # the same reference on both ranks
+    reference = reference_student(cfg.model)
+    spread = distributed.Spread(backends.make("te_fp8:current"), distributed.World(rank, 2, "fsdp2"))
+    model = spread.build(reference, cfg, torch.device("cpu"))
+    ref = reference.state_dict()
+    params = dict(model.named_parameters())  # before any forward: the root keeps its own unsharded after one
+    masters = {n: p for n, p in params.items() if hasattr(p, backends.MASTER_INIT)}
+    got = {
+        "init_calls": len(FakeTEModules.quantized_model_init_calls),
+        "resets_sharded": [sharded for *_, sharded in _DeferredInit.log],
+        "all_dtensors": all(isinstance(p, torch.distributed.tensor.DTensor) for p in params.values()),
+        "full_equal_reference": all(torch.equal(p.full_tensor(), ref[n]) for n, p in params.items()),
+        "masters": sorted(masters),
+        "masters_are_this_ranks_half": all(torch.equal(getattr(p, backends.MASTER_INIT), ref[n].chunk(2)[rank])
+                                           for n, p in masters.items()),
+        "notes": spread.policy(cfg, torch.device("cpu")).notes,
+    }
+    tokens = torch.randint(0, cfg.model.vocab, (2, cfg.model.seq_len))
+    with torch.no_grad():
+        got["same_output"] = torch.allclose(model(tokens), reference(tokens), atol=1e-5)
+    Path(out, str(rank)).write_text(json.dumps(got))
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_fsdp2_builds_fp8_weights_by_tes_recipe_from_the_shared_init(tmp_path):
+    """TE's FSDP2 recipe with a fake TE (real FSDP2 over gloo): TE's layers made on the meta device under
+    quantized_model_init, sharded, then materialised by reset_parameters; every rank ends with its half of the
+    shared init in its shards and in the fp32 master values, and the sharded student computes the reference's output."""
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    torch.multiprocessing.spawn(_build_fp8_weights_on_two_ranks, args=(port, str(tmp_path)), nprocs=2)
+    for rank in (0, 1):
+        got = json.loads((tmp_path / str(rank)).read_text())
+        assert got["init_calls"] == 1
+        # cpu-smoke's separate layout: fc1, fc2 (2 blocks) and the head, te.Linear made on the meta device and
+        # each reset once, when already sharded
+        assert got["resets_sharded"] == [True] * 5
+        assert got["all_dtensors"] and got["full_equal_reference"] and got["same_output"]
+        assert got["masters"] == sorted(f"{m}.{w}" for m in ("fc1.0", "fc1.1", "fc2.0", "fc2.1", "head")
+                                        for w in ("bias", "weight"))
+        assert got["masters_are_this_ranks_half"]
+        assert distributed.FSDP2_TE_RECIPE in got["notes"]
+
+
+def test_fsdp2_fp8_weights_need_te_2_16_and_a_recipe_te_shards(monkeypatch):
+    """Where TE's FSDP2 recipe cannot run, the row says why, naming the fields and what is allowed."""
+    from packaging.version import Version
+
+    from test_backends import FakeTE
+    from workbench import backends
+    from workbench.backends import te_fp8
+    from workbench.env import te as _te
+
+    monkeypatch.setattr(_te, "load", lambda: (FakeTE(), object(), ""))
+    fsdp2 = config.from_preset("seed", nproc=2, strategy="fsdp2", te_fp8_weights=True, optimizer="te_fused_adam")
+    ctx = backends.Context(device=torch.device("cuda"), cfg=fsdp2)
+    monkeypatch.setattr(te_fp8, "te_version", lambda: Version("2.15.1"))
+    ok, why = backends.make("te_fp8:delayed").availability(ctx)
+    assert not ok and "needs Transformer Engine >= 2.16" in why and "this TE is 2.15.1" in why
+    assert "parallel.strategy='ddp'" in why and "options.te_fp8_weights=false" in why
+    for one_gpu_or_ddp in ({"nproc": 1}, {"strategy": "ddp"}):  # other paths keep their FP8 weights as before
+        cfg = config.from_preset("seed", te_fp8_weights=True, optimizer="te_fused_adam", **{"nproc": 2, **one_gpu_or_ddp})
+        assert backends.make("te_fp8:delayed").availability(backends.Context(torch.device("cuda"), cfg))[0]
+    monkeypatch.setattr(te_fp8, "te_version", lambda: Version("2.20.2"))
+    assert backends.make("te_fp8:current").availability(ctx) == (True, "")
+    why = te_fp8.fsdp2_refusal("nvfp4", Version("2.20.2"))
+    assert "recipe nvfp4" in why and "delayed, delayed_e4m3, current, block, mxfp8" in why
+
+
+def test_fsdp2_notes_say_which_path_ran():
+    from workbench import backends
+
+    world, cuda = distributed.World(0, 2, "fsdp2"), torch.device("cuda")
+    cfg = config.from_preset("seed", nproc=2, strategy="fsdp2")
+    notes = {spec: distributed.Spread(backends.make(spec), world).policy(cfg, cuda).notes for spec in ("te_bf16", "te_fp8:delayed")}
+    assert distributed.FSDP2_PLAIN in notes["te_bf16"] and distributed.FSDP2_PLAIN_FP8 in notes["te_fp8:delayed"]
+    fp8_weights = backends.make("te_fp8:delayed")
+    fp8_weights.fp8_weights = True  # what build_sharded sets
+    assert distributed.FSDP2_TE_RECIPE in distributed.Spread(fp8_weights, world).policy(cfg, cuda).notes

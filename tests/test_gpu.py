@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from workbench import config, results, runner
+from workbench import config, distributed, results, runner
 from workbench.env import te as _te
 from workbench.train import tasks
 
@@ -100,6 +100,37 @@ def test_two_gpus_under_torchrun_start_matched_and_report_scaling(tmp_path):
     for cell in two["peak_mem_allocated_mb_ranks"]:
         assert len(json.loads(cell)) == 2 and min(json.loads(cell)) > 0
     assert results.load_summary(run_dir)["initial_losses_equal"] is True
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.skipif(_te.load()[0] is None, reason="Transformer Engine does not import here")
+def test_fsdp2_fp8_weights_follow_tes_recipe_over_2_gpus(tmp_path):
+    """FSDP2 with FP8 weights by TE's recipe (meta device, shard, initialise; TE FusedAdam's fp32 masters
+    sharded like the parameters; TE >= 2.16) over two GPUs, beside the plain-FSDP2 TE FP8 student (bf16
+    weights cast to FP8 in each step). Both ranks start exactly where the same student starts alone on rank 0
+    (@1gpu: the one-GPU FP8-weight path quantizes the same shared values with the same initial delayed scale),
+    and within FP8 rounding (10 %) of the bf16-weight student. The two students run the same FP8 GEMMs on the
+    same batches from the same init and differ only in where the weights are quantized (once per optimizer
+    step from the fp32 master, or in every forward from the bf16 weight): FP8 rounding noise, bounded at
+    0.8-1.25x in the final loss as the one-GPU FP8-weight test bounds it against its reference. A master left
+    at TE's random init or not stepped leaves the loss where it started (checked to fall)."""
+    common = dict(steps=12, warmup=2, iters=5, eval_batches=2, nproc=2, strategy="fsdp2", optimizer="te_fused_adam",
+                  param_dtype="bf16", backends="te_fp8:delayed", baseline="te_fp8:delayed")
+    runs = {}
+    for run_id, fp8_weights in (("recipe", True), ("plain", False)):
+        cfg = config.from_preset("seed", te_fp8_weights=fp8_weights, scaling_reference=fp8_weights, **common)
+        runs[run_id] = df = results.load(runner.run(cfg, out=tmp_path, run_id=run_id, progress=False)).set_index("student")
+        assert (df["status"] == "ok").all(), df["reason"].to_dict()
+    recipe, plain = runs["recipe"].loc["te_fp8:delayed"], runs["plain"].loc["te_fp8:delayed"]
+    alone = runs["recipe"].loc["te_fp8:delayed@1gpu"]
+    assert distributed.FSDP2_TE_RECIPE in recipe["notes"] and distributed.FSDP2_PLAIN_FP8 in plain["notes"]
+    assert recipe["world_size"] == 2 and recipe["optimizer"] == "FusedAdam"
+    ranks = json.loads(recipe["initial_loss_ranks"])
+    assert ranks[1] == pytest.approx(ranks[0], rel=1e-6)
+    assert recipe["initial_loss"] == pytest.approx(alone["initial_loss"], rel=1e-5)
+    assert recipe["initial_loss"] == pytest.approx(plain["initial_loss"], rel=0.1)
+    assert recipe["final_train_loss"] < recipe["first_step_loss"]
+    assert 0.8 <= recipe["final_train_loss"] / plain["final_train_loss"] <= 1.25
 
 
 def _lm_run(tmp_path, run_id, **overrides):

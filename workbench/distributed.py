@@ -17,7 +17,9 @@ Inside torchrun every rank builds the same task (rank 0 first, so caches are wri
 student's weights are broadcast from rank 0 (matched init by construction), and each rank trains on its own
 batches (`task.make_data(shard=rank)`; held-out batches are shared): the global batch is world size x
 model.batch. Each student is converted, then wrapped (DDP, or FSDP2: `fully_shard` on every element of
-every ModuleList, i.e. per block, then the root); TE FP8 reduces its amax over the data-parallel group.
+every ModuleList, i.e. per block, then the root); TE FP8 reduces its amax over the data-parallel group. TE FP8
+students with options.te_fp8_weights under FSDP2 follow TE's own recipe instead (TE >= 2.16): built on the meta
+device, sharded, then initialised shard by shard from the shared weights (`TEFP8.build_sharded`).
 Only rank 0 writes files. A row then carries the slowest rank's step time (`step_ms_*`), the median over
 ranks, every rank's median and peak memory (JSON lists), tokens/s of all ranks together and, with
 `parallel.scaling_reference`, the weak-scaling efficiency against the same student trained and timed
@@ -183,20 +185,34 @@ def broadcast_module(module: torch.nn.Module, device: torch.device) -> None:
                 t.copy_(buf)
 
 
+def shard(model: torch.nn.Module) -> torch.nn.Module:
+    """FSDP2: `fully_shard` on every element of every ModuleList (per block), then the root."""
+    for m in list(model.modules()):
+        if isinstance(m, torch.nn.ModuleList):
+            for block in m:
+                fully_shard(block)
+    return fully_shard(model)
+
+
 def wrap(model: torch.nn.Module, world: World, device: torch.device) -> torch.nn.Module:
     """The converted student spread over the ranks: DDP, or FSDP2 per block then the root."""
     if world.strategy == "fsdp2":
-        for m in list(model.modules()):
-            if isinstance(m, torch.nn.ModuleList):
-                for block in m:
-                    fully_shard(block)
-        return fully_shard(model)
+        return shard(model)
     return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+FSDP2_TE_RECIPE = ("FSDP2: TE's recipe for FP8 weights (quantized_model_init on the meta device, fully_shard per "
+                   "block then the root, reset_parameters, each shard loaded from the shared init; TE FusedAdam's "
+                   "fp32 master weights sharded like the parameters)")
+FSDP2_PLAIN = "FSDP2: plain fully_shard of the converted TE model"
+FSDP2_PLAIN_FP8 = (f"{FSDP2_PLAIN} (bf16 weights cast to FP8 in each step; options.te_fp8_weights=true runs TE's "
+                   "FSDP2 recipe for FP8 weights)")
 
 
 class Spread:
     """A backend whose students are wrapped for the run's strategy (everything else is the backend's own):
-    graphs are not applied (a note says so), TE FP8 reduces its amax over the data-parallel group."""
+    graphs are not applied (a note says so), TE FP8 reduces its amax over the data-parallel group, and
+    FP8 weights under FSDP2 are built by TE's own recipe (the backend's `build_sharded`)."""
 
     def __init__(self, inner, world: World):
         self.inner, self.world = inner, world
@@ -207,6 +223,8 @@ class Spread:
         return getattr(self.inner, name)
 
     def build(self, reference, cfg, device):
+        if self.world.strategy == "fsdp2" and cfg.options.te_fp8_weights and hasattr(self.inner, "build_sharded"):
+            return self.inner.build_sharded(reference, cfg, device, shard)
         return wrap(self.inner.build(reference, cfg, device), self.world, device)
 
     def policy(self, cfg, device):
@@ -215,8 +233,10 @@ class Spread:
         if p.graph is not None:
             notes.append(f"graphs not applied: CUDA graphs of a {self.world.strategy} step are not supported here; ran eager")
         if self.world.strategy == "fsdp2" and self.inner.name.startswith("te_"):
-            notes.append("FSDP2: plain fully_shard of the converted TE model (TE's quantized_model_init / FP8 "
-                         "all-gather recipe not applied)")
+            if getattr(self.inner, "fp8_weights", False):
+                notes.append(FSDP2_TE_RECIPE)
+            else:
+                notes.append(FSDP2_PLAIN_FP8 if self.inner.quantized_weights else FSDP2_PLAIN)
         return dataclasses.replace(p, graph=None, notes=tuple(notes))
 
 

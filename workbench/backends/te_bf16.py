@@ -52,8 +52,8 @@ class TEBF16(Backend):
         self.dtype = amp_dtype(device)  # fp16 (+ grad scaler) on GPUs without bf16 (T4)
         return super().build(reference, cfg, device)
 
-    def convert(self, model, cfg):
-        self.converted = convert_to_te(model, cfg, self.device)
+    def convert(self, model, cfg, meta: bool = False):
+        self.converted = convert_to_te(model, cfg, self.device, meta)
         self.kept_torch = stayed_torch(model, self.converted)
         self.runs_te_attention = any(isinstance(m, TEAttention) for m in model.modules())
         self.attention = cfg.options.te_attention
@@ -173,18 +173,20 @@ def attention_available(cfg) -> tuple[bool, str]:
     return True, ""
 
 
-def convert_to_te(model: nn.Module, cfg, device) -> list[str]:
+def convert_to_te(model: nn.Module, cfg, device, meta: bool = False) -> list[str]:
     """Swap every layer TE has a counterpart for, copying the weights: nn.Linear -> te.Linear,
     nn.LayerNorm -> te.LayerNorm, RMSNorms (torch's, and a Hugging Face model's own) -> te.RMSNorm, the
     fused LayerNormMLP -> te.LayerNormMLP (TE's GELU is the tanh form, like ours) and the LMs' attention
     core SDPACore -> te.DotProductAttention. Generic, so it also converts a Hugging Face model; embeddings
     stay torch's, in the students' parameter dtype. Returns the names of what was swapped; `stayed_torch`
-    names what was not."""
+    names what was not. `meta`: the GEMM layers (te.Linear, te.LayerNormMLP, the ones with FP8 weights) are
+    made on the meta device without their weights, which TE's FSDP2 recipe gives them after sharding."""
     te, _, _ = _te.load()
     dtype = torch.bfloat16 if cfg.model.param_dtype == "bf16" else torch.float32
     to_param_dtype(model, cfg)  # before the swap: TE modules keep FP8 state that a later .to(dtype) must not touch
     shared = _shared_parameters(model)
     kw = {"params_dtype": dtype, "device": device}
+    gemm_kw = {**kw, "device": "meta"} if meta else kw
 
     def swap(m: nn.Module):
         if any(id(p) in shared for p in m.parameters(recurse=False)):
@@ -192,15 +194,17 @@ def convert_to_te(model: nn.Module, cfg, device) -> list[str]:
         if isinstance(m, SDPACore):
             return TEAttention(te, m.heads, m.head_dim)
         if isinstance(m, LayerNormMLP):
-            new = te.LayerNormMLP(m.fc1_weight.shape[1], m.fc1_weight.shape[0], eps=m.eps, **kw)
+            new = te.LayerNormMLP(m.fc1_weight.shape[1], m.fc1_weight.shape[0], eps=m.eps, **gemm_kw)
         elif isinstance(m, nn.Linear):
-            new = te.Linear(m.in_features, m.out_features, bias=m.bias is not None, **kw)
+            new = te.Linear(m.in_features, m.out_features, bias=m.bias is not None, **gemm_kw)
         elif isinstance(m, nn.LayerNorm) and m.weight is not None and m.bias is not None:
             new = te.LayerNorm(m.normalized_shape[0], eps=m.eps, **kw)
         elif (eps := rmsnorm_eps(m)) is not None:
             new = te.RMSNorm(m.weight.shape[0], eps=eps, **kw)
         else:
             return None
+        if meta and isinstance(new, (te.Linear, te.LayerNormMLP)):
+            return new
         missing, unexpected = new.load_state_dict(m.state_dict(), strict=False)
         if unexpected or [k for k in missing if not k.endswith("_extra_state")]:
             raise RuntimeError(f"TE {type(new).__name__} does not take {type(m).__name__}'s weights: {missing} {unexpected}")

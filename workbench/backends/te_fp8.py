@@ -7,10 +7,14 @@ Each recipe is gated by TE's own capability check, and its reason is the row's r
 from __future__ import annotations
 
 import contextlib
+import copy
+import sys
 
 import torch
+from packaging.version import Version
+from torch.distributed.tensor import distribute_tensor
 
-from workbench.backends import MASTER_INIT, Context, autocast, register, to_param_dtype
+from workbench.backends import MASTER_INIT, Context, autocast, check_matched, register, to_param_dtype
 from workbench.env import te as _te
 from workbench.backends.te_bf16 import TEBF16, te_usable
 
@@ -23,6 +27,39 @@ RECIPES = {
     "mxfp8": ("is_mxfp8_available", 32),  # MXFP8BlockScaling (Blackwell)
     "nvfp4": ("is_nvfp4_available", 128),  # NVFP4BlockScaling (Blackwell); autocast does not check it
 }
+
+# TE's FSDP2 recipe for FP8 weights (quantized_model_init on the meta device, shard, then initialise; FusedAdam
+# with fp32 master weights): from TE 2.16 FusedAdam keeps those masters as DTensors sharded like the parameters.
+FSDP2_MIN_TE = Version("2.16")
+# NVFP4 weights made by quantized_model_init are not sharded by TE under FSDP2 (TE's own FSDP2 tests mark
+# it unsupported, 2.16 to 2.20: run_fsdp2_fused_adam.py); every other recipe has TE's all-gather hooks.
+FSDP2_RECIPES = tuple(r for r in RECIPES if r != "nvfp4")
+
+
+def te_version() -> Version | None:
+    """The imported Transformer Engine's version (None when it does not say)."""
+    v = getattr(sys.modules.get("transformer_engine"), "__version__", None)
+    return Version(v) if v else None
+
+
+def fsdp2_refusal(recipe: str, version: Version | None) -> str:
+    """Why TE's FSDP2 recipe for FP8 weights cannot run `recipe` with this TE ('' when it can)."""
+    if version is None or version < FSDP2_MIN_TE:
+        return (f"options.te_fp8_weights=true under parallel.strategy='fsdp2' runs TE's FSDP2 recipe for FP8 weights, "
+                f"which needs Transformer Engine >= {FSDP2_MIN_TE} (sharded fp32 master weights in its FusedAdam); "
+                f"this TE is {version or 'of unknown version'}: upgrade it, or set parallel.strategy='ddp' or "
+                "options.te_fp8_weights=false")
+    if recipe not in FSDP2_RECIPES:
+        return (f"recipe {recipe} cannot keep FP8 weights under parallel.strategy='fsdp2' (TE does not shard "
+                f"quantized_model_init's {recipe} weights with FSDP2); recipes allowed with options.te_fp8_weights=true "
+                f"there: {', '.join(FSDP2_RECIPES)}")
+    return ""
+
+
+def shards_fp8_weights(cfg) -> bool:
+    """Whether this run spreads FP8-weight students with FSDP2 (TE's recipe, `TEFP8.build_sharded`)."""
+    p = cfg.parallel
+    return cfg.options.te_fp8_weights and p.strategy == "fsdp2" and p.nproc * p.nnodes > 1
 
 
 def make_recipe(recipe_mod, name: str, amax_history_len: int = 16, amax_compute_algo: str = "max",
@@ -90,9 +127,10 @@ class TEFP8(TEBF16):
         bad = misaligned(ctx.cfg, multiple)
         if bad:
             return False, f"recipe {self.recipe} needs GEMM dims that are multiples of {multiple}; not: {', '.join(bad)}"
-        return True, ""
+        why = fsdp2_refusal(self.recipe, te_version()) if shards_fp8_weights(ctx.cfg) else ""
+        return not why, why
 
-    def build(self, reference, cfg, device):
+    def _use_recipe(self, cfg) -> None:
         _, recipe_mod, _ = _te.load()
         o = cfg.options
         # A student not spread over the ranks (a distributed run's one-GPU reference, timed on rank 0 while the
@@ -101,8 +139,40 @@ class TEFP8(TEBF16):
         self.fp8_recipe = make_recipe(recipe_mod, self.recipe, o.te_amax_history_len, o.te_amax_compute_algo,
                                       reduce_amax=not alone)
         self.fp8_weights = o.te_fp8_weights
+
+    def build(self, reference, cfg, device):
+        self._use_recipe(cfg)
         model = super().build(reference, cfg, device)
         self.dtype = torch.bfloat16
+        return model
+
+    def build_sharded(self, reference, cfg, device, shard):
+        """The student with FP8 weights spread by FSDP2 as TE's recipe says (TE >= 2.16; its example
+        examples/pytorch/quantized_model_init/fully_shard.py): the GEMM layers made on the meta device under
+        te.quantized_model_init, `shard` (FSDP2's fully_shard per block, then the root) applied, then each
+        rank's shards materialised on its GPU by the layers' own reset_parameters. That fills them with TE's
+        random init; each shard is then given its part of the shared init instead (a copy into an FP8 tensor
+        quantizes with the layer's own quantizer) and keeps that part in fp32 for its master weight in the
+        optimizer (`loop.te_fused_adam`), so every rank trains from exactly the shared weights."""
+        te, _, _ = _te.load()
+        self._use_recipe(cfg)
+        self.device, self.dtype, self.fp8_weights = device, torch.bfloat16, True
+        model = to_param_dtype(copy.deepcopy(reference), cfg)
+        exact = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}  # no full copy kept on the GPU
+        with te.quantized_model_init(enabled=True, recipe=self.fp8_recipe):
+            TEBF16.convert(self, model, cfg, meta=True)
+        check_matched(model, reference)
+        later = {name for name, p in model.named_parameters() if p.is_meta}
+        shard(model)  # FSDP2 moves the torch layers' shards to the device; the meta ones stay meta
+        for m in model.modules():
+            if any(p.is_meta for p in m.parameters(recurse=False)):
+                m.reset_parameters()
+        with torch.no_grad():
+            for name, p in model.named_parameters():  # the parameters reset_parameters made
+                if name in later:
+                    part = distribute_tensor(exact[name], p.device_mesh, p.placements, src_data_rank=None).to_local()
+                    p._local_tensor.copy_(part)  # the DTensor's own shard (TE's FusedAdam reaches it the same way)
+                    setattr(p, MASTER_INIT, part)
         return model
 
     def convert(self, model, cfg):

@@ -1,0 +1,14 @@
+#!/bin/bash
+# TE's FSDP2 recipe for FP8 weights on two GPUs (device kind nvidia-h200-x2, TE >= 2.16; ~2 minutes):
+# the GPU test that runs `seed` over 2 GPUs with FSDP2 and FusedAdam, te_fp8:delayed with FP8 weights (TE's
+# recipe) and without (plain fully_shard). Its two run folders are kept under OUTDIR/pytest (pytest's
+# --basetemp), the test's log in OUTDIR/gpu_fsdp2_fp8.log. After `bash .gpu/install.sh`:
+#     WORKBENCH_GIT_SHA=<sha> bash scripts/gpu_fsdp2_fp8.sh OUTDIR
+set -uo pipefail
+OUT=${1:-${OUT:-/tmp/out}}
+source "$(dirname "$0")/gpu_env.sh"
+python3 -c "import transformer_engine as t, torch; print('TE', t.__version__, 'torch', torch.__version__, 'GPUs', torch.cuda.device_count())" \
+  2>&1 | tee "$OUT/gpu_fsdp2_fp8.log"
+timeout 170 python3 -m pytest -q -m gpu tests/test_gpu.py -k fsdp2_fp8_weights --basetemp "$OUT/pytest" 2>&1 \
+  | tee -a "$OUT/gpu_fsdp2_fp8.log" | tail -15
+find "$OUT/pytest" -name cache -type d -prune -exec rm -rf {} +  # teacher caches: not evidence

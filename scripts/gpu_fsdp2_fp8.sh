@@ -4,6 +4,12 @@
 # recipe) and without (plain fully_shard). Its two run folders are kept under OUTDIR/pytest (pytest's
 # --basetemp), the test's log in OUTDIR/gpu_fsdp2_fp8.log. After `bash .gpu/install.sh`:
 #     WORKBENCH_GIT_SHA=<sha> bash scripts/gpu_fsdp2_fp8.sh OUTDIR
+# What this checks that could not be run on a CPU (TE 2.20's source says so, no GPU has run it yet):
+#   te.Linear / te.LayerNormMLP built with device="meta" under te.quantized_model_init defer their init;
+#   reset_parameters() on a sharded DTensor with a meta local tensor materialises it on the GPU;
+#   copy_ of the fp32 shard into an FP8 local tensor quantizes it (current scaling: amax all-reduced);
+#   FusedAdam's set_scaled_state(dtensor_param, "master_param", fp32 shard) on DTensor parameters;
+#   DTensor.full_tensor() of FP8 shards dequantizes (initial_loss); distribute_tensor(src_data_rank=None).
 set -uo pipefail
 OUT=${1:-${OUT:-/tmp/out}}
 source "$(dirname "$0")/gpu_env.sh"

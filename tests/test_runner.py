@@ -1,5 +1,6 @@
 """A real cpu-smoke run: matched students, fp32 losses, fallback without TE, result files, plots."""
 import json
+import os
 import sys
 
 import pandas as pd
@@ -224,3 +225,15 @@ def test_every_student_starts_with_tes_fp8_registry_emptied(tmp_path, monkeypatc
     assert _te.reset_fp8_state() is True
     monkeypatch.delitem(sys.modules, _te.FP8_STATE_MODULES[0])
     assert _te.reset_fp8_state() is False  # TE not imported: nothing to reset
+
+
+def test_a_run_leaves_tes_attention_switches_as_the_process_started(tmp_path, monkeypatch):
+    """A TE student forcing unfused attention sets NVTE_*_ATTN for its forwards; after the run they are the
+    process's own again, so a notebook's or an in-process sweep's next run does not inherit the forcing."""
+    for k in _te.ATTENTION_ENV["flash"]:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr(_te, "_STARTED_WITH", {k: None for k in _te.ATTENTION_ENV["flash"]})
+    _te.force_attention("unfused")  # what the last TE student of a run left behind
+    cfg = config.from_preset("cpu-smoke", backends="torch_bf16", baseline="torch_bf16", steps=2, iters=2, warmup=1)
+    runner.run(cfg, out=tmp_path, run_id="r", progress=False)
+    assert [k for k in _te.ATTENTION_ENV["flash"] if k in os.environ] == []

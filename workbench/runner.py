@@ -23,6 +23,7 @@ import torch
 
 from workbench import backends, crosscheck, distributed, results, timing
 from workbench.env import probe
+from workbench.env import te as _te
 from workbench.config import Config
 from workbench.train import Data, Diverged, run_student, tasks
 
@@ -103,6 +104,9 @@ def run(cfg: Config, out: str | Path = "results", run_id: str | None = None, req
         return _run(cfg, world, device, out, run_id, requested, progress and world.writes)
     finally:
         world.close()
+        # TE's attention switches back to what this process started with: a forced backend
+        # (options.te_attention) must not follow a notebook or an in-process sweep into its next run
+        _te.force_attention("auto")
 
 
 def _run(cfg: Config, world: distributed.World, device, out, run_id, requested, progress: bool) -> Path:

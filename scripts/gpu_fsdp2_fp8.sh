@@ -17,4 +17,6 @@ python3 -c "import transformer_engine as t, torch; print('TE', t.__version__, 't
   2>&1 | tee "$OUT/gpu_fsdp2_fp8.log"
 timeout 170 python3 -m pytest -q -m gpu tests/test_gpu.py -k fsdp2_fp8_weights --basetemp "$OUT/pytest" 2>&1 \
   | tee -a "$OUT/gpu_fsdp2_fp8.log" | tail -15
+rc=${PIPESTATUS[0]}
 find "$OUT/pytest" -name cache -type d -prune -exec rm -rf {} +  # teacher caches: not evidence
+exit "$rc"

@@ -57,14 +57,16 @@ def test_rows_of_every_rank_merge_into_one():
     world = distributed.World(rank=0, world_size=2, strategy="ddp")
     base = dict(student="s", status="ok", reason="", tokens_per_s=100.0, tflops=1.0, initial_loss=0.5,
                 final_train_loss=0.3, first_step_loss=0.5, step_ms_p20=1.0)
-    rows = [dict(base, step_ms_median=10.0, peak_mem_allocated_mb=5.0, peak_mem_reserved_mb=6.0),
+    rows = [dict(base, step_ms_median=10.0, peak_mem_allocated_mb=5.0, peak_mem_reserved_mb=6.0, mem_floor_mb=2.0),
             dict(base, step_ms_median=12.0, step_ms_p20=11.0, tokens_per_s=80.0, peak_mem_allocated_mb=7.0,
-                 peak_mem_reserved_mb=8.0)]
+                 peak_mem_reserved_mb=8.0, mem_floor_mb=1.0)]
     row, curve = distributed.merge_rows(rows, [[1.0, 0.4], [0.8, 0.2]], world)
     assert row["step_ms_median"] == 12.0 and row["step_ms_p20"] == 11.0  # the slowest rank's cells
     assert row["step_ms_median_rank_median"] == 11.0 and json.loads(row["step_ms_median_ranks"]) == [10.0, 12.0]
     assert row["tokens_per_s"] == 160.0  # both ranks at the slowest one's pace
     assert row["peak_mem_allocated_mb"] == 7.0 and json.loads(row["peak_mem_allocated_mb_ranks"]) == [5.0, 7.0]
+    # the floor of the rank whose peak it is (rank 1's 1.0, not rank 0's 2.0): peak - floor is one rank's
+    assert row["mem_floor_mb"] == 1.0 and json.loads(row["mem_floor_mb_ranks"]) == [2.0, 1.0]
     assert curve == pytest.approx([0.9, 0.3]) and row["final_train_loss"] == pytest.approx(0.3)
     assert (row["world_size"], row["strategy"]) == (2, "ddp")
     assert distributed.scaling(row, {"status": "ok", "step_ms_median": 9.0})["scaling_efficiency"] == 0.75
@@ -241,6 +243,10 @@ def test_fsdp2_fp8_weights_need_te_2_16_and_a_recipe_te_shards(monkeypatch):
     for one_gpu_or_ddp in ({"nproc": 1}, {"strategy": "ddp"}):  # other paths keep their FP8 weights as before
         cfg = config.from_preset("seed", te_fp8_weights=True, optimizer="te_fused_adam", **{"nproc": 2, **one_gpu_or_ddp})
         assert backends.make("te_fp8:delayed").availability(backends.Context(torch.device("cuda"), cfg))[0]
+    monkeypatch.setenv("WORLD_SIZE", "2")  # `torchrun --nproc-per-node 2 -m workbench run`: nproc stays 1
+    under_torchrun = config.from_preset("seed", strategy="fsdp2", te_fp8_weights=True, optimizer="te_fused_adam")
+    assert not backends.make("te_fp8:delayed").availability(backends.Context(torch.device("cuda"), under_torchrun))[0]
+    monkeypatch.delenv("WORLD_SIZE")
     monkeypatch.setattr(te_fp8, "te_version", lambda: Version("2.20.2"))
     assert backends.make("te_fp8:current").availability(ctx) == (True, "")
     why = te_fp8.fsdp2_refusal("nvfp4", Version("2.20.2"))

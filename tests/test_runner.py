@@ -230,8 +230,9 @@ def test_every_student_starts_with_tes_fp8_registry_emptied(tmp_path, monkeypatc
 def test_a_run_leaves_tes_attention_switches_as_the_process_started(tmp_path, monkeypatch):
     """A TE student forcing unfused attention sets NVTE_*_ATTN for its forwards; after the run they are the
     process's own again, so a notebook's or an in-process sweep's next run does not inherit the forcing."""
-    for k in _te.ATTENTION_ENV["flash"]:
-        monkeypatch.delenv(k, raising=False)
+    for k in _te.ATTENTION_ENV["flash"]:  # setenv first: monkeypatch then restores each key, even if this test fails
+        monkeypatch.setenv(k, "0")
+        monkeypatch.delenv(k)
     monkeypatch.setattr(_te, "_STARTED_WITH", {k: None for k in _te.ATTENTION_ENV["flash"]})
     _te.force_attention("unfused")  # what the last TE student of a run left behind
     cfg = config.from_preset("cpu-smoke", backends="torch_bf16", baseline="torch_bf16", steps=2, iters=2, warmup=1)

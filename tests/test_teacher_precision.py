@@ -53,6 +53,11 @@ def test_the_fp8_teacher_is_the_teacher_under_tes_autocast_with_current_scaling_
     assert task.teacher.state_dict().keys() >= plain.state_dict().keys()
     for k, v in plain.state_dict().items():
         assert torch.equal(task.teacher.state_dict()[k], v), k
+    torch.manual_seed(0)
+    other = Teacher(cfg.model)
+    stream = torch.get_rng_state()  # TE's layer constructors draw an init the conversion overwrites: not from here
+    teacher_precision.prepare(other, cfg, CPU, runner.teacher_dtype(cfg, CPU))
+    assert torch.equal(torch.get_rng_state(), stream)
     bf16_cfg = cfg.replace(teacher_precision="bf16")
     bf16 = tasks.MLPTask(bf16_cfg, CPU, runner.teacher_dtype(bf16_cfg, CPU))
     for k, v in bf16.reference.state_dict().items():
@@ -109,6 +114,26 @@ def test_where_fp8_cannot_run_the_teacher_falls_back_and_says_why(monkeypatch):
     why = teacher_precision.fp8_unavailable(odd, cfg, cuda)
     assert why.startswith("the teacher's FP8 GEMMs need dims that are multiples of 16; not: ")
     assert "layers.0.1.in_features=40" in why and "more" in why
+
+
+def test_a_teacher_tes_conversion_refuses_runs_as_asked_for_and_says_why(monkeypatch):
+    """A teacher with a layer TE's conversion cannot take (a Hugging Face model's, say) is not a crash: the
+    torch teacher runs, back on its device, and the reason names TE's error."""
+    from workbench.backends import te_fp8
+
+    monkeypatch.setattr(_te, "load", lambda: (FakeTEModules, FakeRecipes, ""))
+    monkeypatch.setattr(teacher_precision, "fp8_unavailable", lambda teacher, cfg, device: "")
+
+    def refuse(self, reference, cfg, device):
+        raise RuntimeError("TE Linear does not take Conv1D's weights")
+
+    monkeypatch.setattr(te_fp8.TEFP8, "build", refuse)
+    cfg = smoke(teacher_precision="fp8")
+    teacher = Teacher(cfg.model)
+    ran, precision = teacher_precision.prepare(teacher, cfg, CPU, None)
+    assert ran is teacher and precision.used == "fp32" and precision.fp8 is None
+    assert "RuntimeError: TE Linear does not take Conv1D's weights" in precision.reason
+    assert precision.reason.endswith("the teacher ran in fp32 instead of fp8")
 
 
 def test_a_run_with_an_fp8_teacher_and_no_te_says_so_in_its_files(tmp_path, monkeypatch):

@@ -138,7 +138,7 @@ COLUMNS = [  # bench.csv, in order (env stamp and cfg_* columns follow)
     "step_ms_median", "step_ms_p20", "step_ms_p80", "tokens_per_s", "train_gflop_per_step", "tflops",
     "measured_peak_tflops", "pct_of_measured_peak", "datasheet_peak_tflops", "pct_of_datasheet_peak",
     "tutorial_bf16_ms", "speedup_vs_tutorial", "tutorial_same_path_ms", "speedup_vs_tutorial_same_path", "tutorial_rows",
-    "teacher_ms_median", "teacher_pct_of_student_step", "teacher_share_pct", "teacher_tflops",
+    "teacher_precision", "teacher_ms_median", "teacher_pct_of_student_step", "teacher_share_pct", "teacher_tflops",
     "teacher_pct_of_measured_peak", "repeats", "median_spread_pct", "host_bound",
     "profiled_step_ms_median", "kernel_ms_per_step", "gpu_busy_ms_per_step", "kernels_per_step",
     "kernel_to_event_ratio", "kernel_sum_to_event_ratio", "capture_ms", "compile_ms", "peak_mem_allocated_mb", "peak_mem_reserved_mb",

@@ -165,7 +165,8 @@ class BackendOptions:
     """TE students' attention backend: 'auto' (TE picks: flash-attn, then cuDNN fused, then unfused) or force
     'flash', 'fused' or 'unfused' (TE's NVTE_FLASH_ATTN / NVTE_FUSED_ATTN / NVTE_UNFUSED_ATTN). A student whose
     forced backend cannot run here is an error row that says so; rows record the requested and the selected
-    backend. Students without TE's attention ignore it (a note)."""
+    backend. Students without TE's attention ignore it (a note). After a run the switches are the process's
+    own again (as they were when workbench was imported)."""
     te_graph: str = "fwd_bwd"
     """What bench.graphs captures for TE students: 'fwd_bwd' (te.make_graphed_callables: forward and
     backward, the loss and optimizer step eager) or 'step' (forward under TE autocast, loss, backward,

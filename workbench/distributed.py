@@ -205,8 +205,8 @@ FSDP2_TE_RECIPE = ("FSDP2: TE's recipe for FP8 weights (quantized_model_init on 
                    "block then the root, reset_parameters, each shard loaded from the shared init; TE FusedAdam's "
                    "fp32 master weights sharded like the parameters)")
 FSDP2_PLAIN = "FSDP2: plain fully_shard of the converted TE model"
-FSDP2_PLAIN_FP8 = (f"{FSDP2_PLAIN} (bf16 weights cast to FP8 in each step; options.te_fp8_weights=true runs TE's "
-                   "FSDP2 recipe for FP8 weights)")
+FSDP2_PLAIN_FP8 = (f"{FSDP2_PLAIN} (weights in model.param_dtype, quantized in each step; options.te_fp8_weights=true "
+                   "runs TE's FSDP2 recipe for FP8 weights)")
 
 
 class Spread:
@@ -254,7 +254,8 @@ def stop_together(device: torch.device):
 # ---- one row from every rank's --------------------------------------------------------------------
 def merge_rows(rows: list[dict], losses: list[list[float]], world: World) -> tuple[dict, list[float]]:
     """One student's row of a distributed run from every rank's row, and its loss curve (the mean over
-    ranks, i.e. the global batch's loss). Step-time cells are the slowest rank's; memory the largest; a
+    ranks, i.e. the global batch's loss). Step-time cells are the slowest rank's; memory the largest (with
+    that rank's floor); a
     rank that failed makes the row fail with its reason."""
     row = dict(rows[0])
     if len({r["status"] for r in rows}) > 1:  # the ranks disagree: the row is the first failed rank's
@@ -271,8 +272,12 @@ def merge_rows(rows: list[dict], losses: list[list[float]], world: World) -> tup
         row["tflops"] = slowest.get("tflops")  # per GPU
     peaks = [r.get("peak_mem_allocated_mb") for r in rows]
     if any(p is not None for p in peaks):
-        row["peak_mem_allocated_mb"] = max(p for p in peaks if p is not None)
+        top = max((i for i, p in enumerate(peaks) if p is not None), key=lambda i: peaks[i])
+        row["peak_mem_allocated_mb"] = peaks[top]
         row["peak_mem_allocated_mb_ranks"] = json.dumps(peaks)
+        # the floor of the rank with that peak: peak - floor (scaling's student memory) is one rank's
+        row["mem_floor_mb"] = rows[top].get("mem_floor_mb")
+        row["mem_floor_mb_ranks"] = json.dumps([r.get("mem_floor_mb") for r in rows])
         row["peak_mem_reserved_mb"] = max((r.get("peak_mem_reserved_mb") or 0) for r in rows)
     if any(r.get("initial_loss") is not None for r in rows):
         row["initial_loss_ranks"] = json.dumps([r.get("initial_loss") for r in rows])

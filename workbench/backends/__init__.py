@@ -31,8 +31,9 @@ from torch import nn
 from workbench.errors import ConfigError
 
 BACKENDS: dict[str, type["Backend"]] = {}
-# Attribute of an FP8 weight (options.te_fp8_weights): the fp32 CPU copy of the shared init it was quantized
-# from, which the optimizer's master weight starts at (then dropped).
+# Attribute of a parameter built from the shared init by a path that does not keep it exactly (FP8 weights,
+# options.te_fp8_weights; under FSDP2, every shard TE's recipe materialises): that init in fp32 (a CPU copy, or
+# the rank's own shard on its GPU), which the optimizer's master weight starts at (then dropped).
 MASTER_INIT = "workbench_master_init"
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import sys
 
 import torch
@@ -57,9 +58,11 @@ def fsdp2_refusal(recipe: str, version: Version | None) -> str:
 
 
 def shards_fp8_weights(cfg) -> bool:
-    """Whether this run spreads FP8-weight students with FSDP2 (TE's recipe, `TEFP8.build_sharded`)."""
+    """Whether this run spreads FP8-weight students with FSDP2 (TE's recipe, `TEFP8.build_sharded`). Inside
+    torchrun its WORLD_SIZE decides, as for `distributed.Spread`: `torchrun -m workbench run` leaves nproc at 1."""
     p = cfg.parallel
-    return cfg.options.te_fp8_weights and p.strategy == "fsdp2" and p.nproc * p.nnodes > 1
+    ranks = int(os.environ.get("WORLD_SIZE", 0)) or p.nproc * p.nnodes
+    return cfg.options.te_fp8_weights and p.strategy == "fsdp2" and ranks > 1
 
 
 def make_recipe(recipe_mod, name: str, amax_history_len: int = 16, amax_compute_algo: str = "max",

@@ -4,9 +4,11 @@
 'fp8' runs it as TE FP8 inference: the teacher converted the way the TE students are (te_fp8's `build`, so
 its weights are exactly the teacher's), under torch.no_grad, TE's autocast with current scaling (an
 inference forward has no amax history to learn delayed scales from) inside bf16 torch autocast for what TE
-does not run in FP8 (embeddings, GELU, residuals, attention). Where that cannot run (a CPU, no usable TE,
-a GPU without FP8, GEMM dims that are not multiples of 16) the torch teacher runs in bf16 autocast (fp32
-on a CPU) instead; `used` and `reason` say so in task.json, every row and summary.json.
+does not run in FP8 (embeddings, GELU, residuals, attention). Its weights stay fp32 and are quantized in
+every forward, so teacher_ms_median includes those casts (FP8-only teacher weights are not built). Where
+that cannot run (a CPU, no usable TE, a GPU without FP8, GEMM dims that are not multiples of 16, a layer
+TE's conversion refuses) the torch teacher runs in bf16 autocast (fp32 on a CPU) instead; `used` and
+`reason` say so in task.json, every row and summary.json.
 """
 from __future__ import annotations
 
@@ -65,9 +67,16 @@ def prepare(teacher: nn.Module, cfg, device: torch.device, dtype: torch.dtype | 
     # The teacher's exact weights: fp32 as trained, whatever the students' parameter dtype; TE picks its own
     # attention backend for it, and options.te_fp8_weights is a student switch (FP8 weights with master copies).
     own = cfg.replace(param_dtype="fp32", te_attention="auto", te_fp8_weights=False)
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        # Converted from a host copy: only the TE teacher ever lives on the GPU, never two teachers at once.
-        converted = fp8.build(teacher.cpu(), own, device)
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            # Converted from a host copy: only the TE teacher ever lives on the GPU, never two teachers at once.
+            converted = fp8.build(teacher.cpu(), own, device)
+    except Exception as e:  # e.g. a Hugging Face teacher with a layer TE cannot take: the teacher runs as asked for instead
+        return teacher.to(device), TeacherPrecision(
+            requested, NAMES[dtype], device, dtype,
+            reason=f"TE's FP8 conversion failed ({type(e).__name__}: {e}) -> the teacher ran in {NAMES[dtype]} instead of fp8")
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the torch teacher's blocks back to the device: free memory sizes the logits' placement
     return converted.eval().requires_grad_(False), TeacherPrecision(requested, "fp8", device, fp8.dtype, fp8=fp8)
 
 

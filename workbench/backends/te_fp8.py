@@ -161,7 +161,8 @@ class TEFP8(TEBF16):
         self._use_recipe(cfg)
         self.device, self.dtype, self.fp8_weights = device, torch.bfloat16, True
         model = to_param_dtype(copy.deepcopy(reference), cfg)
-        exact = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}  # kept on the host: each goes to the GPU only while it is split
+        # kept on the host: each goes to the GPU only while it is split into this rank's shard
+        exact = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
         with te.quantized_model_init(enabled=True, recipe=self.fp8_recipe):
             TEBF16.convert(self, model, cfg, meta=True)
         check_matched(model, reference)

@@ -71,12 +71,12 @@ def prepare(teacher: nn.Module, cfg, device: torch.device, dtype: torch.dtype | 
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             # Converted from a host copy: only the TE teacher ever lives on the GPU, never two teachers at once.
             converted = fp8.build(teacher.cpu(), own, device)
-    except Exception as e:  # e.g. a Hugging Face teacher with a layer TE cannot take: the teacher runs as asked for instead
-        return teacher.to(device), TeacherPrecision(
-            requested, NAMES[dtype], device, dtype,
-            reason=f"TE's FP8 conversion failed ({type(e).__name__}: {e}) -> the teacher ran in {NAMES[dtype]} instead of fp8")
+    except Exception as e:  # e.g. a Hugging Face teacher with a layer TE cannot take: the torch teacher runs
+        why = f"TE's FP8 conversion failed ({type(e).__name__}: {e})"
+        return teacher.to(device), TeacherPrecision(requested, NAMES[dtype], device, dtype,
+                                                    reason=f"{why} -> the teacher ran in {NAMES[dtype]} instead of fp8")
     if device.type == "cuda":
-        torch.cuda.empty_cache()  # the torch teacher's blocks back to the device: free memory sizes the logits' placement
+        torch.cuda.empty_cache()  # the torch teacher's blocks back to the device: free memory sizes the logits' place
     return converted.eval().requires_grad_(False), TeacherPrecision(requested, "fp8", device, fp8.dtype, fp8=fp8)
 
 

@@ -11,14 +11,11 @@
 # Run from the repo root after `bash .gpu/install.sh`. Writes to OUTDIR (default $OUT) at most 6 files:
 #   bench.tar.gz  every bench folder (<preset>/bench.csv, targets.json, bench.md, peak.json, runs/...), the
 #                 tokenizer/teacher cache left out; unpack into results/reference/h200/bench/
-#   bench.csv     every preset's rows in one table (column `preset`)
-#   targets.json  {preset: that bench's targets.json} (P1-P6: goal, best, row, met, breakdown where missed)
+#   all_presets_bench.csv    every preset's rows in one table (column `preset`)
+#   all_presets_targets.json {preset: that bench's targets.json} (P1-P6: goal, best, row, met, breakdown where missed)
 #   README.md     the targets of every preset in one table, then every row (`bench --write-readme`)
 #   gpu_tests.log, bench.log (the last lines of each preset's log)
 # Knobs: PRESETS, SEED_BUDGET_S LARGE_BUDGET_S LM_BUDGET_S, TOTAL_BUDGET_S, SEED_VARIANTS LARGE_VARIANTS LM_VARIANTS.
-# Wall-time estimate from results/reference/h200/bench (seed 118 s for 7 variants, large 195 s for 3) and
-# results/reference/h200/lm (84 s per LM preset, 6 students): tests ~70 s, seed ~75, large ~100, A/B ~100 each
-# with the cut iterations below (compiles dominate A/B), ~30 s of imports and probes: ~8 min.
 set -uo pipefail
 [ -n "${1:-}" ] && export OUT=$1
 source "$(dirname "$0")/gpu_env.sh"
@@ -71,9 +68,9 @@ import pandas as pd
 bench, out = Path(sys.argv[1]), Path(sys.argv[2])
 dirs = sorted(p.parent for p in bench.glob("*/bench.csv"))
 if dirs:
-    pd.concat([pd.read_csv(d / "bench.csv") for d in dirs]).to_csv(out / "bench.csv", index=False)
+    pd.concat([pd.read_csv(d / "bench.csv") for d in dirs]).to_csv(out / "all_presets_bench.csv", index=False)
 json.dump({d.name: json.loads((d / "targets.json").read_text()) for d in dirs if (d / "targets.json").exists()},
-          open(out / "targets.json", "w"), indent=1)
+          open(out / "all_presets_targets.json", "w"), indent=1)
 for d in dirs:
     for t in json.loads((d / "targets.json").read_text())["targets"]:
         if t["achieved"] is not None:

@@ -56,7 +56,7 @@ def test_bad_parallel_settings_name_the_field(overrides, needle):
 def test_rows_of_every_rank_merge_into_one():
     world = distributed.World(rank=0, world_size=2, strategy="ddp")
     base = dict(student="s", status="ok", reason="", tokens_per_s=100.0, tflops=1.0, initial_loss=0.5,
-                final_train_loss=0.3, first_step_loss=0.5, step_ms_p20=1.0)
+                final_train_loss=0.25, first_step_loss=0.6, step_ms_p20=1.0)  # rank 0's own: the merge replaces them
     rows = [dict(base, step_ms_median=10.0, peak_mem_allocated_mb=5.0, peak_mem_reserved_mb=6.0, mem_floor_mb=2.0),
             dict(base, step_ms_median=12.0, step_ms_p20=11.0, tokens_per_s=80.0, peak_mem_allocated_mb=7.0,
                  peak_mem_reserved_mb=8.0, mem_floor_mb=1.0)]
@@ -67,7 +67,8 @@ def test_rows_of_every_rank_merge_into_one():
     assert row["peak_mem_allocated_mb"] == 7.0 and json.loads(row["peak_mem_allocated_mb_ranks"]) == [5.0, 7.0]
     # the floor of the rank whose peak it is (rank 1's 1.0, not rank 0's 2.0): peak - floor is one rank's
     assert row["mem_floor_mb"] == 1.0 and json.loads(row["mem_floor_mb_ranks"]) == [2.0, 1.0]
-    assert curve == pytest.approx([0.9, 0.3]) and row["final_train_loss"] == pytest.approx(0.3)
+    assert curve == pytest.approx([0.9, 0.3])  # the global batch's loss: the mean over ranks
+    assert (row["first_step_loss"], row["final_train_loss"]) == pytest.approx((0.9, 0.3))
     assert (row["world_size"], row["strategy"]) == (2, "ddp")
     assert distributed.scaling(row, {"status": "ok", "step_ms_median": 9.0})["scaling_efficiency"] == 0.75
     failed, _ = distributed.merge_rows([rows[0], dict(rows[1], status="error", reason="OOM")], [[1.0], []], world)

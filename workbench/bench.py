@@ -623,7 +623,7 @@ def _target_figure(t: Target, ran: pd.DataFrame, preset: str | None) -> tuple[di
     fp8 = ran[ran["precision"] == "fp8"]
     step = "step_ms_median"
     if t.id in ("P1", "P1-te-fp8", "P2", "P6"):
-        pool = {"P1": ran, "P1-te-fp8": te_fp8[te_fp8.get("graph_scope", pd.Series(index=te_fp8.index, dtype=object)) == "step"],
+        pool = {"P1": ran, "P1-te-fp8": te_fp8[te_fp8["graph_scope"] == "step"],
                 "P2": te_fp8, "P6": fp8}[t.id]
         best = _best(pool)
         return best, _num(best[step]) if best else None, ""
@@ -648,7 +648,7 @@ def _target_figure(t: Target, ran: pd.DataFrame, preset: str | None) -> tuple[di
     if t.id == "P4":
         pool = ran[graphed] if preset == "seed" else ran
         best = _best(pool, "median_spread_pct", largest=True)
-        host = ran[ran.get("host_bound", pd.Series(index=ran.index, dtype=object)).map(_truthy)]
+        host = ran[ran["host_bound"].map(_truthy)]
         worst_host = _best(host, "median_spread_pct", largest=True)
         note = (f"{len(host)} host-bound rows (GPU busy < {HOST_BOUND_BELOW:.0%} of the step), worst spread "
                 f"{_num(worst_host['median_spread_pct']):.1f} % ({worst_host['variant']} / {worst_host['student']})"

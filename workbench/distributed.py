@@ -48,8 +48,6 @@ from workbench import results
 from workbench.config import PRESETS, Config, ConfigError
 from workbench.train import Diverged
 
-REFERENCE_SUFFIX = results.REFERENCE_SUFFIX
-
 
 def in_torchrun() -> bool:
     """True in a process torchrun started (it sets RANK and WORLD_SIZE)."""

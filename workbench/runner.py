@@ -176,7 +176,7 @@ def _all_students(cfg: Config, run_dir: Path, task, data: Data, device, progress
             def alone():  # the same student on rank 0 alone, from the same memory floor
                 _free(device)
                 return _one_student(spec, cfg, ctx, student_task, data, device, progress,
-                                    name=f"{name}{distributed.REFERENCE_SUFFIX}")
+                                    name=f"{name}{results.REFERENCE_SUFFIX}")
             done = _across_ranks(cfg, world, done[0], alone)
         for row, losses, profile, curve in done:
             row.setdefault("world_size", 1)

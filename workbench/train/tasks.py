@@ -49,7 +49,7 @@ class MLPTask:
         # The one torch model every student is a converted copy of (matched init by construction)
         self.reference = reference_student(cfg.model, Student(cfg.model).state_dict())
         self.teacher, self.teacher_precision = teacher_precision.prepare(self.teacher, cfg, device, tdtype)
-        self.info: dict[str, Any] = {"teacher_precision": cfg.distill.teacher_precision, **self.teacher_precision.cells()}
+        self.info: dict[str, Any] = self.teacher_precision.info()
 
     def loss(self, out, targets: objectives.Targets) -> torch.Tensor:
         return objectives.loss(self.kind, out, targets)
@@ -114,7 +114,7 @@ class LMTask:
                 raise ConfigError(f"{who}: the Hugging Face model's vocabulary has {vocab} tokens, model.vocab is "
                                   f"{m.vocab}; set model.vocab={vocab} (the text is tokenized to model.vocab tokens)")
         self.teacher, self.teacher_precision = teacher_precision.prepare(self.teacher, cfg, device, tdtype)
-        self.info.update(teacher_precision=cfg.distill.teacher_precision, **self.teacher_precision.cells())
+        self.info.update(self.teacher_precision.info())
         self.place_logits()  # now, with the teacher on the device: task.json is written before the batches
 
     # ---- models ---------------------------------------------------------------------------------

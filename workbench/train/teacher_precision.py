@@ -48,8 +48,12 @@ class TeacherPrecision:
         return stack
 
     def cells(self) -> dict[str, Any]:
-        """What a row, task.json and summary.json say about it."""
+        """What a row and summary.json say about it."""
         return {"teacher_precision_used": self.used, "teacher_precision_reason": self.reason}
+
+    def info(self) -> dict[str, Any]:
+        """What task.json says about it: what was asked for, too."""
+        return {"teacher_precision": self.requested, **self.cells()}
 
 
 def prepare(teacher: nn.Module, cfg, device: torch.device, dtype: torch.dtype | None) -> tuple[nn.Module, TeacherPrecision]:

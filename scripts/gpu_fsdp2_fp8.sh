@@ -15,8 +15,11 @@ OUT=${1:-${OUT:-/tmp/out}}
 source "$(dirname "$0")/gpu_env.sh"
 python3 -c "import transformer_engine as t, torch; print('TE', t.__version__, 'torch', torch.__version__, 'GPUs', torch.cuda.device_count())" \
   2>&1 | tee "$OUT/gpu_fsdp2_fp8.log"
-timeout 170 python3 -m pytest -q -m gpu tests/test_gpu.py -k fsdp2_fp8_weights --basetemp "$OUT/pytest" 2>&1 \
+# the test skips itself below two GPUs or without TE: a skip here is a failed check, not a pass
+python3 -c "import sys, torch; sys.exit(torch.cuda.device_count() < 2)" || { echo "needs 2 GPUs" | tee -a "$OUT/gpu_fsdp2_fp8.log"; exit 2; }
+timeout 170 python3 -m pytest -q -rs -m gpu tests/test_gpu.py -k fsdp2_fp8_weights --basetemp "$OUT/pytest" 2>&1 \
   | tee -a "$OUT/gpu_fsdp2_fp8.log" | tail -15
 rc=${PIPESTATUS[0]}
+grep -q "1 passed" "$OUT/gpu_fsdp2_fp8.log" || [ "$rc" != 0 ] || rc=1
 find "$OUT/pytest" -name cache -type d -prune -exec rm -rf {} +  # teacher caches: not evidence
 exit "$rc"

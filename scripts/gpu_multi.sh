@@ -6,7 +6,7 @@
 # rank's peak memory. On the 2 x H200 host (device kind nvidia-h200-x2), after `bash .gpu/install.sh`:
 #     WORKBENCH_GIT_SHA=<sha> bash scripts/gpu_multi.sh OUTDIR          # NPROC=4 (or 8) for a scaling curve
 # Knobs: PRESETS (default large; lm-a / lm-b are the transformer shapes), STRATEGIES, RUN_LIMIT_S,
-# MULTI_BUDGET_S (no run starts after it), TEST=0 skips the test. Then the 2-GPU GPU test. Writes OUTDIR/multi/<strategy>-<N>gpu/ (run folders and their logs) and
+# MULTI_BUDGET_S (no run starts after it), TEST=0 skips the test. Then the 2-GPU GPU test. Writes OUTDIR/multi/<preset>-<strategy>-<N>gpu/ (run folders and their logs) and
 # OUTDIR/gpu_multi_tests.log. Budget: ~4 minutes on two GPUs (10 train steps, 5 warm-up, 20 timed).
 set -uo pipefail
 OUT=${1:-${OUT:-/tmp/out}}
@@ -42,4 +42,7 @@ except Exception as e:
 PY
 done
 done
-[ "${TEST:-1}" = 1 ] && timeout 90 python3 -m pytest -q -m gpu tests/test_gpu.py -k two_gpus 2>&1 | tee "$OUT/gpu_multi_tests.log" | tail -3
+if [ "${TEST:-1}" = 1 ]; then
+  timeout 90 python3 -m pytest -q -m gpu tests/test_gpu.py -k two_gpus 2>&1 | tee "$OUT/gpu_multi_tests.log" | tail -3
+  exit "${PIPESTATUS[0]}"
+fi

@@ -40,6 +40,7 @@ def run(label, param_dtype="bf16", capturable=True, graph=False, moments="fp32")
 
 
 for args in [dict(label="capturable-eager-bf16"), dict(label="capturable-graph-bf16", graph=True),
+             dict(label="capturable-graph-bf16-moments", graph=True, moments="bf16"),
              dict(label="noncapturable-eager-bf16", capturable=False),
              dict(label="capturable-eager-fp32", param_dtype="fp32"), dict(label="capturable-graph-fp32", param_dtype="fp32", graph=True)]:
     try:

@@ -33,7 +33,7 @@ def main(args) -> int:
                           f"and lm.teacher to 'train' (got kind {cfg.model.kind!r}, teacher {cfg.lm.teacher!r})")
     device = runner.resolve_device(cfg)
     tdtype = runner.teacher_dtype(cfg, device)
-    task = tasks.LMTask(cfg, device, tdtype, Path(args.out) / "cache")
+    task = tasks.LMTask(cfg, device, tdtype, Path(args.out) / "cache", with_batches=False)
     acc = lm_metrics.LMMetrics(cfg.distill.loss_chunk_tokens)
     for window in task.text.batches("heldout", cfg.model.batch, cfg.model.seq_len, cfg.train.eval_batches,
                                     cfg.train.seed + 3):

@@ -93,7 +93,8 @@ class MLPTask:
 class LMTask:
     """A causal LM student distilled from a causal LM teacher on the offline corpus (or your text)."""
 
-    def __init__(self, cfg, device: torch.device, tdtype, cache_dir: str | Path, ce_only: bool = False):
+    def __init__(self, cfg, device: torch.device, tdtype, cache_dir: str | Path, ce_only: bool = False,
+                 with_batches: bool = True):
         from workbench.data import TextSpec, load_text
 
         self.cfg, self.device, self.tdtype, self.cache_dir = cfg, device, tdtype, Path(cache_dir)
@@ -115,7 +116,8 @@ class LMTask:
                                   f"{m.vocab}; set model.vocab={vocab} (the text is tokenized to model.vocab tokens)")
         self.teacher, self.teacher_precision = teacher_precision.prepare(self.teacher, cfg, device, tdtype)
         self.info.update(self.teacher_precision.info())
-        self.place_logits()  # now, with the teacher on the device: task.json is written before the batches
+        if with_batches:  # False for `workbench teacher`: no training batch, so no logits to place or refuse over
+            self.place_logits()  # now, with the teacher on the device: task.json is written before the batches
 
     # ---- models ---------------------------------------------------------------------------------
     def shape(self, teacher: bool = False):

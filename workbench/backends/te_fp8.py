@@ -100,6 +100,11 @@ def misaligned(cfg, multiple: int) -> list[str]:
         dims.update({"model.hidden": m.hidden, "model.intermediate": m.intermediate})
         if m.kind != "mlp":  # the LM head is a GEMM over the vocabulary
             dims["model.vocab"] = m.vocab
+    return not_multiples(dims, multiple)
+
+
+def not_multiples(dims: dict[str, int], multiple: int) -> list[str]:
+    """'name=value' for every dimension that is not a multiple of `multiple`: the first four and a count."""
     bad = [f"{k}={v}" for k, v in dims.items() if v % multiple]
     return bad if len(bad) <= 4 else [*bad[:4], f"and {len(bad) - 4} more"]
 

@@ -21,7 +21,7 @@ from torch import nn
 
 from workbench import backends
 from workbench.backends.te_bf16 import _shared_parameters, te_usable
-from workbench.backends.te_fp8 import RECIPES
+from workbench.backends.te_fp8 import RECIPES, not_multiples
 from workbench.env import te as _te
 from workbench.models import LayerNormMLP
 
@@ -114,5 +114,4 @@ def misaligned_gemms(model: nn.Module, tokens: int, multiple: int) -> list[str]:
         elif isinstance(m, LayerNormMLP):
             ffn, hidden = m.fc1_weight.shape
             dims.update({f"{name}.hidden": hidden, f"{name}.ffn": ffn})
-    bad = [f"{k}={v}" for k, v in dims.items() if v % multiple]
-    return bad if len(bad) <= 4 else [*bad[:4], f"and {len(bad) - 4} more"]
+    return not_multiples(dims, multiple)

@@ -15,7 +15,7 @@
 #   all_presets_targets.json {preset: that bench's targets.json} (P1-P6: goal, best, row, met, breakdown where missed)
 #   README.md     the targets of every preset in one table, then every row (`bench --write-readme`)
 #   gpu_tests.log, bench.log (the last lines of each preset's log)
-# Knobs: PRESETS, SEED_BUDGET_S LARGE_BUDGET_S LM_BUDGET_S, TOTAL_BUDGET_S, SEED_VARIANTS LARGE_VARIANTS LM_VARIANTS.
+# Knobs: TESTS (0: no GPU tests first), PRESETS, SEED_BUDGET_S LARGE_BUDGET_S LM_BUDGET_S, TOTAL_BUDGET_S, SEED_VARIANTS LARGE_VARIANTS LM_VARIANTS.
 set -uo pipefail
 [ -n "${1:-}" ] && export OUT=$1
 source "$(dirname "$0")/gpu_env.sh"
@@ -27,9 +27,11 @@ mkdir -p "$B"
 T0=$SECONDS
 show() { grep -v -e '^{' -e 'USDT:' | tail -"${1:-40}"; }
 
-timeout 100 python3 -m pytest -q -m gpu tests/test_gpu.py -k "whole_step or fused_adam" 2>&1 \
-  | tee "$OUT/gpu_tests.log" | tail -5
-echo "== GPU tests done at $((SECONDS - T0)) s"
+if [ "${TESTS:-1}" = 1 ]; then  # TESTS=0: the bench only (a call that runs scripts/gpu_tests.sh anyway)
+  timeout 100 python3 -m pytest -q -m gpu tests/test_gpu.py -k "whole_step or fused_adam" 2>&1 \
+    | tee "$OUT/gpu_tests.log" | tail -5
+  echo "== GPU tests done at $((SECONDS - T0)) s"
+fi
 
 : > "$R/bench.log"
 for preset in ${PRESETS:-seed large lm-a lm-b}; do

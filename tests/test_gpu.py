@@ -1,8 +1,9 @@
 """GPU-only checks of what CPU tests cannot reach: CUDA-graph capture keeps students matched, TE FP8
 trains, peak memory is measured. Run on the H200 with scripts/gpu_tests.sh; skipped without CUDA."""
+import gc
 import json
-
-
+import math
+import weakref
 
 import pandas as pd
 import pytest
@@ -10,7 +11,8 @@ import torch
 
 from workbench import config, distributed, results, runner
 from workbench.env import te as _te
-from workbench.train import tasks
+from workbench import backends
+from workbench.train import loop, tasks
 
 pytestmark = pytest.mark.gpu
 
@@ -35,6 +37,35 @@ def test_graphed_step_trains_like_the_eager_one(tmp_path):
     assert g["first_step_loss"] == pytest.approx(e["first_step_loss"], rel=1e-3)
     assert g["final_train_loss"] == pytest.approx(e["final_train_loss"], rel=2e-2)
     assert g["peak_mem_allocated_mb"] > 0
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "te_fused_adam"])
+def test_the_whole_step_graph_keeps_its_optimizer_alive(optimizer, tmp_path):
+    """The graph holds the optimizer state's raw addresses. The caller keeps only the step (runner,
+    prepare_step), so the step must keep the optimizer: before, it was collected, the next allocations (here:
+    NaN everywhere the pool had room; in the runner: initial_loss's reference copy) overwrote its moments and
+    master weights, and TE FusedAdam's second step gave loss inf (results/reference/h200/probes/)."""
+    if optimizer == "te_fused_adam" and _te.load()[0] is None:
+        pytest.skip("Transformer Engine does not import here")
+    cuda = torch.device("cuda")
+    cfg = config.from_preset("seed", steps=4, param_dtype="bf16", fused_optimizer=True, optimizer=optimizer)
+    task = tasks.for_config(cfg, cuda, runner.teacher_dtype(cfg, cuda), cache_dir=tmp_path)
+    data = task.make_data()
+    backend = backends.make("torch_bf16")
+    model = backend.build(task.reference, cfg, cuda)
+    model.train()
+    opt, _ = loop.make_optimizer(model, cfg, cuda, capturable=True)
+    step = loop.capture_step(model, model, opt, backend, task, data.train[0])
+    alive = weakref.ref(opt)
+    del opt, model
+    gc.collect()
+    assert alive() is not None
+    free = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+    junk = [torch.full((n,), float("nan"), device=cuda) for n in (free // 16, free // 16, free // 8, 1 << 14, 1 << 10)]
+    del junk
+    losses = [float(step(*batch)) for batch in data.train]
+    assert all(map(math.isfinite, losses)), losses
+    assert losses[-1] < losses[0]
 
 
 @pytest.mark.skipif(_te.load()[0] is None, reason="Transformer Engine does not import here")

@@ -15,7 +15,7 @@
 #   all_presets_targets.json {preset: that bench's targets.json} (P1-P6: goal, best, row, met, breakdown where missed)
 #   README.md     the targets of every preset in one table, then every row (`bench --write-readme`)
 #   gpu_tests.log, bench.log (the last lines of each preset's log)
-# Knobs: TESTS (0: no GPU tests first), PRESETS, SEED_BUDGET_S LARGE_BUDGET_S LM_BUDGET_S, TOTAL_BUDGET_S, SEED_VARIANTS LARGE_VARIANTS LM_VARIANTS.
+# Knobs: TESTS (0: no GPU tests first), PRESETS, SEED_BUDGET_S LARGE_BUDGET_S LM_BUDGET_S LM_HARD_S, TOTAL_BUDGET_S, SEED_VARIANTS LARGE_VARIANTS LM_VARIANTS.
 set -uo pipefail
 [ -n "${1:-}" ] && export OUT=$1
 source "$(dirname "$0")/gpu_env.sh"
@@ -48,7 +48,7 @@ for preset in ${PRESETS:-seed large lm-a lm-b}; do
     # decoder stacks: compiles take the time; a small corpus (a random teacher: speed and memory only)
     lm-a|lm-b) budget=${LM_BUDGET_S:-100}; variants=${LM_VARIANTS:-lm-te,lm-compile,lm-te-step,lm-te-fp8-weights}
                args=(--set steps=4 --set warmup=3 --set iters=10 --set eval_batches=1 --set no_kd_student=false
-                     --set corpus_mb=1); hard=160 ;;
+                     --set corpus_mb=1); hard=${LM_HARD_S:-160} ;;
     *) echo "gpu_bench.sh: unknown preset $preset"; continue ;;
   esac
   timeout "$hard" python3 -m workbench bench --preset "$preset" --out "$B" --run-id "$preset" "${args[@]}" \

@@ -5,17 +5,18 @@ import pytest
 from workbench import cli, results, scaling
 
 
-def _run(root, run_id, gpus, strategy, step_ms, ref_ms, peak, preset="large", ref_floor=1000.0):
+def _run(root, run_id, gpus, strategy, step_ms, ref_ms, peak, preset="large", ref_floor=1000.0, status="ok",
+         ref_status="ok"):
     """A complete distributed run folder: the merged N-GPU row and its '@1gpu' reference row (both started
     from 1000 MB allocated unless `ref_floor` says the reference started on the distributed student's leftovers)."""
     d = root / run_id
     d.mkdir()
     common = {"run_id": run_id, "cfg_preset": preset, "cfg_strategy": strategy, "cfg_nproc": gpus}
     rows = [
-        {"student": "te_fp8:delayed", "status": "ok", "world_size": gpus, "strategy": strategy, "step_ms_median": step_ms,
+        {"student": "te_fp8:delayed", "status": status, "world_size": gpus, "strategy": strategy, "step_ms_median": step_ms,
          "tokens_per_s": gpus * 8192 / (step_ms / 1e3), "peak_mem_allocated_mb": peak, "mem_floor_mb": 1000.0,
          **common},
-        {"student": "te_fp8:delayed@1gpu", "status": "ok", "world_size": 1, "step_ms_median": ref_ms,
+        {"student": "te_fp8:delayed@1gpu", "status": ref_status, "world_size": 1, "step_ms_median": ref_ms,
          "tokens_per_s": 8192 / (ref_ms / 1e3), "peak_mem_allocated_mb": 5000.0 + ref_floor, "mem_floor_mb": ref_floor,
          **common},
         {"student": "torch_bf16", "status": "error", "reason": "boom", "world_size": gpus, **common},
@@ -37,6 +38,18 @@ def test_points_line_up_one_curve_per_strategy_with_its_own_one_gpu_point(tmp_pa
     assert ddp.loc[4, "tokens_per_s_per_gpu"] == pytest.approx(8192 / 0.025)
     fsdp = t[t["strategy"] == "fsdp2"].set_index("gpus")
     assert fsdp.loc[2, "scaling_efficiency"] == pytest.approx(20.0 / 24.0) and fsdp.loc[2, "peak_mem_allocated_mb"] == 4000.0
+
+
+def test_a_point_that_fell_back_says_so_and_gets_no_efficiency_against_a_point_that_did_not(tmp_path):
+    """A TE student that ran as PyTorch autocast on the GPUs (a fallback row) is no TE scaling point: its
+    status says fallback, and its step against the TE one-GPU step is no efficiency."""
+    _run(tmp_path, "ddp-2", 2, "ddp", 22.0, 20.0, 6100.0, status="fallback")
+    _run(tmp_path, "fsdp2-2", 2, "fsdp2", 24.0, 20.0, 4000.0, status="fallback", ref_status="fallback")
+    t = scaling.points(results.load(tmp_path)).set_index(["strategy", "gpus"])
+    assert t.loc[("ddp", 1), "status"] == "ok" and t.loc[("ddp", 2), "status"] == "fallback"
+    assert pd.isna(t.loc[("ddp", 2), "scaling_efficiency"])
+    assert t.loc[("fsdp2", 2), "status"] == "fallback"  # both fell back: the same thing ran at 1 and 2 GPUs
+    assert t.loc[("fsdp2", 2), "scaling_efficiency"] == pytest.approx(20.0 / 24.0)
 
 
 def test_memory_per_gpu_is_the_students_peak_above_its_floor_so_leftovers_do_not_count(tmp_path):

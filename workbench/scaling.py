@@ -42,13 +42,18 @@ def points(df: pd.DataFrame) -> pd.DataFrame:
     out = ran.groupby(keys, dropna=False).agg(
         step_ms_median=("step_ms_median", "median"), tokens_per_s=("tokens_per_s", "median"),
         peak_mem_allocated_mb=("peak_mem_allocated_mb", "max"), student_mem_mb=("student_mem_mb", "max"),
-        runs=("run_id", "nunique")).reset_index()
-    one = out[out["gpus"] == 1].set_index(["preset", "strategy", "base"])["step_ms_median"]
-    ref = out.set_index(["preset", "strategy", "base"]).index.map(one.to_dict().get)
-    # weak scaling: every GPU steps its own batch; 1.0 when N GPUs take the one-GPU step time
-    out["scaling_efficiency"] = pd.Series(ref, index=out.index, dtype=float) / out["step_ms_median"]
+        runs=("run_id", "nunique"),
+        # a point with a fallback row in it ran PyTorch autocast, not the student it is named after
+        status=("status", lambda s: "fallback" if (s == "fallback").any() else "ok")).reset_index()
+    base = out[out["gpus"] == 1].set_index(["preset", "strategy", "base"])
+    at = out.set_index(["preset", "strategy", "base"]).index
+    ref = pd.Series(at.map(base["step_ms_median"].to_dict().get), index=out.index, dtype=float)
+    # weak scaling: every GPU steps its own batch; 1.0 when N GPUs take the one-GPU step time. Only between
+    # points that ran the same thing: a TE student against its autocast fallback would be no scaling figure.
+    same = pd.Series(at.map(base["status"].to_dict().get), index=out.index) == out["status"]
+    out["scaling_efficiency"] = (ref / out["step_ms_median"]).where(same)
     out["tokens_per_s_per_gpu"] = out["tokens_per_s"] / out["gpus"]
-    out = out.rename(columns={"base": "student"}).assign(status="ok")
+    out = out.rename(columns={"base": "student"})
     return out.sort_values(["preset", "strategy", "student", "gpus"])[COLUMNS].reset_index(drop=True)
 
 

@@ -275,6 +275,7 @@ def test_the_readme_table_is_generated_from_targets_json(tmp_path, capsys):
     assert "gemm 15.2" in table[table.index("| `seed` | P1 |"):].splitlines()[0]  # missed: its split shown
     assert "gemm 15.2" not in table[table.index("| `large` | P2 |"):].splitlines()[0]  # met: none needed
     assert "| `seed` | P4 |" in table and "### `large` preset" in text
+    assert text.count("fastest student train step") == 1  # the targets once, not again under each preset's rows
 
 
 # ---- the real thing on a CPU ----------------------------------------------------------------------

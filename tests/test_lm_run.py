@@ -174,10 +174,33 @@ def test_teacher_logits_go_to_the_gpu_when_they_fit_else_to_the_host_else_the_ru
     with pytest.raises(config.ConfigError, match=r"training batches \(150.0 GiB\) fit neither place: the GPU has 140.0 "
                                                  r"GiB free, the host 100.0 GiB available"):
         place("auto", train, kept, 140 * GIB, 100 * GIB)
+    # two ranks on one host each pin their own 60 GiB: 120 GiB > 80% of 100 GiB, though one rank's would fit
+    assert place("host", 60 * GIB, kept, 140 * GIB, 100 * GIB) == "host"
+    with pytest.raises(config.ConfigError, match=r"\(60.0 GiB on each of this host's 2 ranks\) fit neither place"):
+        place("host", 60 * GIB, kept, 140 * GIB, 100 * GIB, host_ranks=2)
     with pytest.raises(config.ConfigError, match=r"timed and held-out batches need 3.0 GiB on the GPU, 4.0 GiB are free"):
         place("host", 10 * GIB, kept, 4 * GIB, 100 * GIB)
     with pytest.raises(config.ConfigError, match="distill.teacher_logits must be one of"):
         config.from_preset("gpt-cpu", teacher_logits="disk")
+
+
+def test_host_placed_logits_are_judged_for_every_rank_of_the_host(tmp_path, monkeypatch):
+    """Under torchrun every rank of a host pins its own training batches' logits: the host's memory is
+    checked for LOCAL_WORLD_SIZE of them, not one."""
+    import torch
+
+    from workbench.train import tasks
+
+    cfg = config.from_preset("gpt-cpu", vocab=256, tokenizer="bytes", corpus_mb=0.1, teacher="random", hidden=32,
+                             heads=4, intermediate=64, layers=1, seq_len=16, batch=4, steps=5, eval_batches=1,
+                             warmup=0, iters=1, teacher_logits="host")
+    need = cfg.train.steps * cfg.model.batch * cfg.model.seq_len * cfg.model.vocab * 4  # fp32 logits on a CPU
+    monkeypatch.setattr(tasks, "_memory_gb", lambda: (None, 1.5 * need / tasks.HOST_LOGITS_SHARE / 2**30))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert tasks.LMTask(cfg, torch.device("cpu"), None, tmp_path).info["teacher_logits"] == "host"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(config.ConfigError, match="on each of this host's 2 ranks"):
+        tasks.LMTask(cfg, torch.device("cpu"), None, tmp_path)
 
 
 def test_training_on_host_placed_teacher_logits_gives_the_same_losses(tmp_path):

@@ -114,8 +114,9 @@ class DistillConfig:
     teacher_logits: str = "auto"
     """gpt/llama: where the training batches' teacher logits live: 'gpu' (all on the GPU), 'host' (pinned host
     memory, each batch copied to the GPU one step ahead; the timed and held-out batches stay on the GPU, so
-    step times are unchanged) or 'auto' (the GPU when they fit 60% of its free memory, else the host). The
-    run refuses up front when neither can hold them; task.json records the placement."""
+    step times are unchanged) or 'auto' (the GPU when they fit 60% of its free memory, else the host: 80% of
+    its available memory, shared by every rank on it). The run refuses up front when neither can hold them;
+    task.json records the placement."""
 
 
 @dataclass

@@ -14,6 +14,7 @@ import copy
 import dataclasses
 import hashlib
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -218,8 +219,10 @@ class LMTask:
         kept = self.bench_batches() + cfg.train.eval_batches
         gpu_free = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else None
         host_gb = _memory_gb()[1]
+        # every rank of this host (torchrun's LOCAL_WORLD_SIZE) pins its own training batches' logits
+        ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
         where = place_teacher_logits(cfg.distill.teacher_logits, cfg.train.steps * per_batch, kept * per_batch,
-                                     gpu_free, None if host_gb is None else int(host_gb * 2**30))
+                                     gpu_free, None if host_gb is None else int(host_gb * 2**30), host_ranks=ranks)
         self.info.update(teacher_logits=where, teacher_logits_requested=cfg.distill.teacher_logits,
                          teacher_logits_train_gib=round(cfg.train.steps * per_batch / 2**30, 3))
 
@@ -263,11 +266,12 @@ class LMTask:
 
 
 def place_teacher_logits(choice: str, train_bytes: int, kept_bytes: int, gpu_free: int | None,
-                         host_available: int | None) -> str:
+                         host_available: int | None, host_ranks: int = 1) -> str:
     """Where the training batches' teacher logits live: 'gpu' or 'host' (pinned memory, copied to the GPU
     per step). `kept_bytes` (the bench and held-out batches' logits) are always on the GPU. `choice` is
     distill.teacher_logits; `gpu_free` is None on a CPU run (there 'gpu' is the run's device, no limit is
-    checked), `host_available` None where unknown. Raises ConfigError, with the GiB needed and available,
+    checked), `host_available` None where unknown; `host_ranks` ranks on this host each pin their own
+    `train_bytes` in that memory. Raises ConfigError, with the GiB needed and available,
     when the placement cannot hold them."""
     gib = 2**30
     if gpu_free is not None:
@@ -286,9 +290,10 @@ def place_teacher_logits(choice: str, train_bytes: int, kept_bytes: int, gpu_fre
             choice = "gpu" if fits_gpu else "host"
     elif choice == "auto":
         choice = "gpu"
-    if choice == "host" and host_available is not None and train_bytes > HOST_LOGITS_SHARE * host_available:
+    if choice == "host" and host_available is not None and host_ranks * train_bytes > HOST_LOGITS_SHARE * host_available:
         gpu = "" if gpu_free is None else f"the GPU has {gpu_free / gib:.1f} GiB free, "
-        raise ConfigError(f"the teacher's logits of the training batches ({train_bytes / gib:.1f} GiB) fit neither place: "
+        each = f" on each of this host's {host_ranks} ranks" if host_ranks > 1 else ""
+        raise ConfigError(f"the teacher's logits of the training batches ({train_bytes / gib:.1f} GiB{each}) fit neither place: "
                           f"{gpu}the host {host_available / gib:.1f} GiB available ({HOST_LOGITS_SHARE:.0%} of it is "
                           "their budget); lower train.steps, model.batch or model.seq_len")
     return choice

@@ -89,3 +89,16 @@ def test_the_fp8_size_check_reads_a_hugging_face_students_own_linears(saved, tmp
                    "and 2 more"]
     with pytest.raises(ConfigError, match="no Hugging Face causal LM loads from .*nowhere"):
         misaligned(config.from_preset("gpt-cpu", **lm, student=str(tmp_path / "nowhere")), 16)
+
+
+def test_a_tied_lm_head_is_no_fp8_gemm_so_an_odd_vocabulary_does_not_skip_the_student(tmp_path):
+    """A head tied to the embedding stays torch in the TE conversion (a copy would untie it): its vocabulary
+    is no FP8 GEMM dimension. Untied, the same odd vocabulary is one, and is named."""
+    from workbench.backends.te_fp8 import misaligned
+
+    lm = dict(kind="llama", vocab=256, tokenizer="bytes")
+    for tied in (True, False):
+        folder = tmp_path / f"tied-{tied}"
+        load_causal_lm(LlamaConfig(**{**TINY, "vocab_size": 250, "tie_word_embeddings": tied})).model.save_pretrained(folder)
+        bad = misaligned(config.from_preset("gpt-cpu", **lm, student=str(folder)), 16)
+        assert bad == ([] if tied else ["lm_head.out_features=250"]), bad

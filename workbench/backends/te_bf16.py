@@ -5,7 +5,6 @@ options.te_graph picks what the CUDA graph covers: forward and backward (te.make
 whole step (the trainer's capture_step, as for the torch students)."""
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 
@@ -15,7 +14,7 @@ from torch import nn
 
 from workbench.backends import Backend, Context, amp_dtype, autocast, register, replace_modules, to_param_dtype
 from workbench.env import te as _te
-from workbench.models import LayerNormMLP, SDPACore
+from workbench.models import LayerNormMLP, SDPACore, shared_parameters
 
 
 def te_usable(ctx: Context) -> tuple[bool, str]:
@@ -184,7 +183,7 @@ def convert_to_te(model: nn.Module, cfg, device, meta: bool = False) -> list[str
     te, _, _ = _te.load()
     dtype = torch.bfloat16 if cfg.model.param_dtype == "bf16" else torch.float32
     to_param_dtype(model, cfg)  # before the swap: TE modules keep FP8 state that a later .to(dtype) must not touch
-    shared = _shared_parameters(model)
+    shared = shared_parameters(model)
     kw = {"params_dtype": dtype, "device": device}
     gemm_kw = {**kw, "device": "meta"} if meta else kw
 
@@ -249,12 +248,6 @@ def rmsnorm_eps(m: nn.Module) -> float | None:
         tol = 1e-5 if weight.dtype == torch.float32 else 2e-2  # bf16/fp16 weights: their rounding
         plain_rms = torch.allclose(m(x.to(weight.dtype)).float(), plain, rtol=tol, atol=tol)
     return float(eps) if plain_rms else None
-
-
-def _shared_parameters(model: nn.Module) -> set[int]:
-    """ids of parameters that more than one module owns (tied weights)."""
-    owners = collections.Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
-    return {i for i, n in owners.items() if n > 1}
 
 
 def stayed_torch(model: nn.Module, swapped: list[str]) -> list[str]:

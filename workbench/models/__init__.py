@@ -3,4 +3,15 @@ causal LMs (lm; a Hugging Face model through hf). Precision backends convert cop
 below are the package's face."""
 from workbench.models.mlp import (  # noqa: F401
     FUSED_TO_SEPARATE, LayerNormMLP, Student, Teacher, load_matched, reference_student)
+import collections
+
+from torch import nn
+
 from workbench.models.lm import CausalLM, LMShape, SDPACore, attention_masks  # noqa: F401
+
+
+def shared_parameters(model: nn.Module) -> set[int]:
+    """ids of parameters that more than one module owns (tied weights: an LM head tied to the embedding).
+    A TE conversion leaves their modules in torch (a copy would untie them), so no size check counts them."""
+    owners = collections.Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
+    return {i for i, n in owners.items() if n > 1}

@@ -16,6 +16,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from workbench.errors import ConfigError
+from workbench.models import shared_parameters
 from workbench.models.lm import lm_train_flops_per_token
 
 
@@ -67,8 +68,8 @@ def load_causal_lm(path_or_config: str | Path | PretrainedConfig, seq_len: int |
 
 @functools.lru_cache(maxsize=8)
 def linear_shapes(path: str) -> dict[str, tuple[int, int]]:
-    """{name: (in_features, out_features)} of every nn.Linear of the local causal LM at `path`, from its
-    config alone (built on the meta device: no weights read, no memory): what a size check (FP8's multiples
+    """{name: (in_features, out_features)} of every nn.Linear of the local causal LM at `path` but a tied one,
+    from its config alone (built on the meta device: no weights read, no memory): what a size check (FP8's multiples
     of 16) needs before any student exists. Names as in HFCausalLM.model."""
     try:
         config = AutoConfig.from_pretrained(path, local_files_only=True)
@@ -76,7 +77,9 @@ def linear_shapes(path: str) -> dict[str, tuple[int, int]]:
             model = AutoModelForCausalLM.from_config(config)
     except (OSError, ValueError) as e:
         raise _not_loadable(path, e) from e
-    return {name: (m.in_features, m.out_features) for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+    shared = shared_parameters(model)  # a tied LM head stays torch: its vocabulary is no FP8 GEMM
+    return {name: (m.in_features, m.out_features) for name, m in model.named_modules()
+            if isinstance(m, nn.Linear) and not any(id(p) in shared for p in m.parameters(recurse=False))}
 
 
 def _not_loadable(path, e: Exception) -> ConfigError:

@@ -20,10 +20,10 @@ import torch
 from torch import nn
 
 from workbench import backends
-from workbench.backends.te_bf16 import _shared_parameters, te_usable
+from workbench.backends.te_bf16 import te_usable
 from workbench.backends.te_fp8 import RECIPES, not_multiples
 from workbench.env import te as _te
-from workbench.models import LayerNormMLP
+from workbench.models import LayerNormMLP, shared_parameters
 
 FP8_RECIPE = "current"  # Float8CurrentScaling: scales from this forward's own amaxes
 NAMES = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -105,7 +105,7 @@ def misaligned_gemms(model: nn.Module, tokens: int, multiple: int) -> list[str]:
     LayerNormMLP layers; a tied weight stays torch) and of its `tokens` rows that is not a multiple of
     `multiple`; the first four and a count."""
     dims = {"tokens (batch*seq_len)": tokens}
-    shared = _shared_parameters(model)
+    shared = shared_parameters(model)
     for name, m in model.named_modules():
         if any(id(p) in shared for p in m.parameters(recurse=False)):
             continue

@@ -66,6 +66,10 @@ def test_lm_config_errors_name_the_field():
         config.from_preset("gpt-cpu", hidden=100, heads=8)
     with pytest.raises(config.ConfigError, match="lm.tokenizer"):
         config.from_preset("gpt-cpu", tokenizer="words")
+    with pytest.raises(config.ConfigError, match=r"distill.loss_impl must be one of \['checkpointed', 'fused'\]"):
+        config.from_preset("gpt-cpu", loss_impl="triton")
+    with pytest.raises(config.ConfigError, match="distill.loss_impl='fused' computes forward_kl only, not distill.loss='jsd'"):
+        config.from_preset("gpt-cpu", loss_impl="fused", loss="jsd")
 
 
 def test_a_hugging_face_llama_as_teacher_and_as_student(tmp_path):
@@ -223,6 +227,28 @@ def test_training_on_host_placed_teacher_logits_gives_the_same_losses(tmp_path):
         assert len(data.train) == cfg.train.steps
         _, losses[where] = loop.run_student(backends.make("torch_fp32"), task.cfg, task, data, torch.device("cpu"))
     assert losses["host"] == losses["gpu"]
+
+
+def test_the_fused_loss_trains_like_the_checkpointed_one(tmp_path):
+    """distill.loss_impl=fused end to end (its gradient written in the forward): the distilled and the
+    no-KD student follow the checkpointed loss's curves to fp32 rounding."""
+    import torch
+
+    from workbench import backends
+    from workbench.train import loop, tasks
+
+    cfg = config.from_preset("gpt-cpu", vocab=256, tokenizer="bytes", corpus_mb=0.1, teacher="random", hidden=32,
+                             heads=4, intermediate=64, layers=1, seq_len=16, batch=4, steps=6, eval_batches=1,
+                             warmup=0, iters=1, loss_chunk_tokens=24)
+    curves = {}
+    for impl in ("checkpointed", "fused"):
+        task = tasks.LMTask(cfg.replace(loss_impl=impl), torch.device("cpu"), None, tmp_path)
+        data = task.make_data()
+        for name, t in (("kd", task), ("no-kd", task.no_kd())):
+            _, curves[impl, name] = loop.run_student(backends.make("torch_fp32"), task.cfg, t, data, torch.device("cpu"))
+    for name in ("kd", "no-kd"):
+        assert curves["fused", name] == pytest.approx(curves["checkpointed", name], rel=1e-4)
+    assert curves["fused", "kd"][-1] < curves["fused", "kd"][0]
 
 
 def test_a_hugging_face_model_with_another_vocabulary_is_one_clear_error(tmp_path):

@@ -114,6 +114,10 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("lm-te-step", STEP, ("te_fp8:delayed",), "the whole TE FP8 step in one CUDA graph"),
     Variant("lm-te-fp8-weights", {**TE_ADAM, "te_fp8_weights": True}, ("te_fp8:delayed",),
             "FP8 primary weights with TE FusedAdam's fp32 masters, eager"),
+    Variant("lm-fused-loss", {"compile": True, "loss_impl": "fused"}, ("torch_bf16", "te_fp8:delayed"),
+            "the logit loss fused (closed-form gradient in the forward, compiled): compiled torch bf16 and eager TE FP8"),
+    Variant("lm-te-step-fused-loss", {**STEP, "loss_impl": "fused"}, ("te_fp8:delayed",),
+            "the whole TE FP8 step in one CUDA graph, with the fused logit loss"),
 )}
 
 # Default variant list per preset, most telling first (a --budget-s cut drops the tail). `large` skips
@@ -126,8 +130,8 @@ DEFAULT_VARIANTS: dict[str, tuple[str, ...]] = {
     "large": ("tutorial", "graphs-step-fused-bf16", "fp8-weights-fused-bf16", "te-adam-graphs-step-fused-bf16",
               "te-adam-bf16-moments-graphs-step-fused-bf16", "graphs-fused-bf16", "eager", "compile-bf16",
               "eager-fused-bf16"),
-    "lm-a": ("lm-te", "lm-compile", "lm-te-step", "lm-te-fp8-weights"),
-    "lm-b": ("lm-te", "lm-compile", "lm-te-step", "lm-te-fp8-weights"),
+    "lm-a": ("lm-te", "lm-compile", "lm-fused-loss", "lm-te-step-fused-loss", "lm-te-step", "lm-te-fp8-weights"),
+    "lm-b": ("lm-te", "lm-compile", "lm-fused-loss", "lm-te-step-fused-loss", "lm-te-step", "lm-te-fp8-weights"),
     "cpu-smoke": ("smoke",),
 }
 

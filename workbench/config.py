@@ -109,6 +109,10 @@ class DistillConfig:
     """gpt/llama, loss 'jsd': the generalized Jensen-Shannon mixture weight (0.5: symmetric)."""
     loss_chunk_tokens: int = 4096
     """gpt/llama: tokens per chunk of the fp32 loss, which bounds the logits' memory at large vocabularies."""
+    loss_impl: str = "checkpointed"
+    """gpt/llama: how the logit loss runs: 'checkpointed' (autograd over the chunks, each recomputed in the
+    backward; every loss) or 'fused' (forward_kl only: each chunk's loss and closed-form gradient computed
+    once in the forward, torch.compile'd on CUDA; the backward only scales the stored gradient)."""
     no_kd_student: bool = True
     """gpt/llama: also train the baseline student on cross-entropy only, so the gain from distillation shows."""
     teacher_logits: str = "auto"
@@ -288,6 +292,10 @@ class Config:
         _positive("bench.repeats", b.repeats)
         _choice("model.kind", m.kind, KINDS)
         _choice("distill.loss", d.loss, MLP_LOSSES if m.kind == "mlp" else LM_LOSSES)
+        _choice("distill.loss_impl", d.loss_impl, LOSS_IMPLS)
+        if d.loss_impl == "fused" and m.kind != "mlp" and d.loss != "forward_kl":
+            raise ConfigError(f"distill.loss_impl='fused' computes forward_kl only, not distill.loss={d.loss!r}; "
+                              "set distill.loss_impl=checkpointed")
         if m.kind != "mlp":
             self._validate_lm()
         _choice("distill.teacher_precision", d.teacher_precision, TEACHER_PRECISIONS)
@@ -372,6 +380,7 @@ MOMENTS_DTYPES = ("fp32", "bf16")
 PARAM_DTYPES = ("fp32", "bf16")
 MLP_LOSSES = ("mse", "cosine", "hidden")
 LM_LOSSES = ("forward_kl", "reverse_kl", "jsd")
+LOSS_IMPLS = ("checkpointed", "fused")
 LOSSES = MLP_LOSSES + LM_LOSSES
 KINDS = ("mlp", "gpt", "llama")
 TOKENIZERS = ("bpe", "bytes")

@@ -17,6 +17,15 @@ Losses (per token, averaged over the counted tokens, i.e. those whose next token
 and cross-entropy of the student on the text's next tokens (T = 1) mixed in:
   loss = (1 - ce_weight) * KD + ce_weight * CE  [+ hidden_weight * hidden-state MSE]
 ce_weight = 1 is the student without distillation (teacher logits are then not needed).
+
+Two implementations of forward_kl + CE (distill.loss_impl):
+  checkpointed  the chunks above under autograd: the backward recomputes each chunk's forward, then runs
+                log-softmax's backward (every kind of loss)
+  fused         the gradient has a closed form, d/ds = kd_w*T*(softmax(s/T) - softmax(t/T)) + ce_w*(softmax(s)
+                - onehot(y)), per counted token / counted tokens: each chunk's loss and gradient are computed
+                once, in the forward, and the backward only scales the stored gradient (the logits' dtype,
+                the size autograd's own gradient has). On CUDA the chunk's maths is torch.compile'd into a few
+                fused kernels. forward_kl only.
 """
 from __future__ import annotations
 
@@ -30,6 +39,7 @@ from workbench.errors import ConfigError
 from workbench.train.objectives import mse
 
 KINDS = ("forward_kl", "reverse_kl", "jsd")
+IMPLS = ("checkpointed", "fused")  # config.LOSS_IMPLS
 IGNORE_INDEX = -100  # torch's cross_entropy default: next tokens to leave out (padding)
 DEFAULT_CHUNK_TOKENS = 4096  # 4096 x 128k vocab x 4 B = 2 GB per fp32 copy: bounded, and large enough to be fast
 
@@ -59,10 +69,76 @@ def _chunk_sums(student, teacher, next_tokens, kind, temperature, beta, kd_w, ce
     return torch.stack([kd, ce])
 
 
-def check_options(kind: str, temperature: float, ce_weight: float, beta: float, chunk_tokens: int) -> None:
+def _chunk_loss_and_grad(s, t, y, counted, temperature: float, kd_w: float, ce_w: float):
+    """(kd_w * KD sum + ce_w * CE sum, d(loss)/ds in s's dtype) of one chunk of forward_kl + CE, where
+    loss = that sum / counted. No autograd: the gradient is written out (see the module's docstring)."""
+    s32 = s.float()
+    keep = (y != IGNORE_INDEX).to(torch.float32)
+    total, grad = s32.new_zeros(()), 0.0
+    if kd_w:
+        ls = F.log_softmax(s32 / temperature, dim=-1)
+        lt = F.log_softmax(t.float() / temperature, dim=-1)
+        pt = lt.exp()
+        total = total + kd_w * temperature ** 2 * ((pt * (lt - ls)).sum(-1) * keep).sum()
+        grad = grad + kd_w * temperature * (ls.exp() - pt)
+    if ce_w:
+        ls1 = F.log_softmax(s32, dim=-1)
+        target = y.clamp(min=0).unsqueeze(-1)  # ignored positions pick token 0; `keep` zeroes them
+        total = total - ce_w * (ls1.gather(-1, target).squeeze(-1) * keep).sum()
+        # softmax(s) - onehot(y), without a [chunk, vocab] one-hot tensor
+        grad = grad + ce_w * ls1.exp().scatter_add(-1, target, torch.full(target.shape, -1.0, device=s.device))
+    return total / counted, (grad * keep.unsqueeze(-1) / counted).to(s.dtype)
+
+
+_COMPILED: dict[str, object] = {}
+
+
+def compiled_chunk():
+    """_chunk_loss_and_grad through torch.compile: one graph (fullgraph: a graph break would split the fused
+    kernels), static shapes (a run has at most two chunk sizes: full and the last). Made once per process."""
+    if "chunk" not in _COMPILED:
+        _COMPILED["chunk"] = torch.compile(_chunk_loss_and_grad, dynamic=False, fullgraph=True)
+    return _COMPILED["chunk"]
+
+
+def _chunk_fn(device: torch.device):
+    """The chunk's maths: compiled on CUDA (a few fused kernels instead of a dozen passes over [chunk,
+    vocab] fp32 tensors), eager elsewhere (CPU runs are for correctness, and compiling costs ~20 s)."""
+    return compiled_chunk() if device.type == "cuda" else _chunk_loss_and_grad
+
+
+class _FusedForwardKL(torch.autograd.Function):
+    """forward_kl + CE with the gradient computed in the forward, chunk by chunk (distill.loss_impl=fused)."""
+
+    @staticmethod
+    def forward(ctx, s, t, y, temperature: float, kd_w: float, ce_w: float, chunk_tokens: int):
+        counted = (y != IGNORE_INDEX).sum().clamp(min=1).to(torch.float32)  # all padding: zero, not NaN
+        fn = _chunk_fn(s.device)
+        grad = torch.empty_like(s)
+        loss = s.new_zeros((), dtype=torch.float32)
+        for start in range(0, s.shape[0], chunk_tokens):
+            part = slice(start, start + chunk_tokens)
+            value, grad[part] = fn(s[part], t[part], y[part], counted, temperature, kd_w, ce_w)
+            loss = loss + value
+        ctx.save_for_backward(grad)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (grad,) = ctx.saved_tensors
+        return grad * grad_out.to(grad.dtype), None, None, None, None, None, None
+
+
+def check_options(kind: str, temperature: float, ce_weight: float, beta: float, chunk_tokens: int,
+                  impl: str = "checkpointed") -> None:
     """One line naming the bad value and what is allowed."""
     if kind not in KINDS:
         raise ConfigError(f"distillation loss {kind!r} is not one of {', '.join(KINDS)}")
+    if impl not in IMPLS:
+        raise ConfigError(f"distill.loss_impl {impl!r} is not one of {', '.join(IMPLS)}")
+    if impl == "fused" and kind != "forward_kl":
+        raise ConfigError(f"distill.loss_impl='fused' computes forward_kl only, not {kind!r}; set "
+                          "distill.loss_impl=checkpointed")
     if not temperature > 0:
         raise ConfigError(f"temperature {temperature} must be > 0")
     if not 0.0 <= ce_weight <= 1.0:
@@ -100,13 +176,14 @@ def hidden_mse(student_hidden: list[torch.Tensor], teacher_hidden: list[torch.Te
 def lm_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor | None, next_tokens: torch.Tensor,
             kind: str = "forward_kl", temperature: float = 1.0, ce_weight: float = 0.0, beta: float = 0.5,
             chunk_tokens: int = DEFAULT_CHUNK_TOKENS, hidden_weight: float = 0.0,
-            hidden: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None) -> torch.Tensor:
+            hidden: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
+            impl: str = "checkpointed") -> torch.Tensor:
     """Scalar fp32 loss: (1 - ce_weight) * KD(kind) + ce_weight * CE [+ hidden_weight * hidden_mse(*hidden)].
 
     Logits are [..., vocab] in any dtype (bf16 in, fp32 maths); `next_tokens` is [...] int64, IGNORE_INDEX
     where a position does not count. `teacher_logits` may be None only when ce_weight == 1.
     """
-    check_options(kind, temperature, ce_weight, beta, chunk_tokens)
+    check_options(kind, temperature, ce_weight, beta, chunk_tokens, impl)
     kd_w = 1.0 - ce_weight
     if kd_w > 0 and teacher_logits is None:
         raise ValueError("teacher logits are needed unless ce_weight == 1 (the student without distillation)")
@@ -115,14 +192,17 @@ def lm_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor | None, n
         t = s.detach()  # a placeholder the KD term never reads (kd_w == 0)
     # checkpoint only when a backward will run: under no_grad it would only add overhead
     recompute = torch.is_grad_enabled() and s.requires_grad
-    sums = s.new_zeros(2, dtype=torch.float32)
-    # split, not slicing: its backward concatenates the chunks' gradients once, where each slice's backward
-    # would write its chunk into a zero tensor of the full logits' size
-    for sc, tc, yc in zip(s.split(chunk_tokens), t.split(chunk_tokens), y.split(chunk_tokens)):
-        args = (sc, tc, yc, kind, temperature, beta, kd_w, ce_weight)
-        sums = sums + (checkpoint(_chunk_sums, *args, use_reentrant=False) if recompute else _chunk_sums(*args))
-    counted = (y != IGNORE_INDEX).sum().clamp(min=1)  # all padding: a zero loss, not a NaN
-    loss = (kd_w * sums[0] + ce_weight * sums[1]) / counted
+    if impl == "fused" and recompute:  # without a backward to come, the plain chunks below are the same maths
+        loss = _FusedForwardKL.apply(s, t, y, float(temperature), kd_w, float(ce_weight), chunk_tokens)
+    else:
+        sums = s.new_zeros(2, dtype=torch.float32)
+        # split, not slicing: its backward concatenates the chunks' gradients once, where each slice's backward
+        # would write its chunk into a zero tensor of the full logits' size
+        for sc, tc, yc in zip(s.split(chunk_tokens), t.split(chunk_tokens), y.split(chunk_tokens)):
+            args = (sc, tc, yc, kind, temperature, beta, kd_w, ce_weight)
+            sums = sums + (checkpoint(_chunk_sums, *args, use_reentrant=False) if recompute else _chunk_sums(*args))
+        counted = (y != IGNORE_INDEX).sum().clamp(min=1)  # all padding: a zero loss, not a NaN
+        loss = (kd_w * sums[0] + ce_weight * sums[1]) / counted
     if hidden_weight:
         if hidden is None:
             raise ValueError("hidden_weight > 0 needs hidden=(student states, teacher states)")

@@ -238,7 +238,8 @@ class LMTask:
     def loss(self, out, targets: objectives.Targets) -> torch.Tensor:
         d = self.cfg.distill
         if self.ce_only:
-            return lm_objectives.lm_loss(out, None, targets.next_tokens, ce_weight=1.0, chunk_tokens=d.loss_chunk_tokens)
+            return lm_objectives.lm_loss(out, None, targets.next_tokens, ce_weight=1.0, chunk_tokens=d.loss_chunk_tokens,
+                                         impl=d.loss_impl)
         return self.matched_loss(out, targets)
 
     def matched_loss(self, out, targets: objectives.Targets) -> torch.Tensor:
@@ -246,7 +247,8 @@ class LMTask:
         against the others' with the same measure."""
         d = self.cfg.distill
         return lm_objectives.lm_loss(out, targets.out, targets.next_tokens, kind=d.loss, temperature=d.temperature,
-                                     ce_weight=d.ce_weight, beta=d.jsd_beta, chunk_tokens=d.loss_chunk_tokens)
+                                     ce_weight=d.ce_weight, beta=d.jsd_beta, chunk_tokens=d.loss_chunk_tokens,
+                                     impl=d.loss_impl)
 
     @torch.no_grad()
     def evaluate(self, model, backend, batches) -> dict[str, Any]:

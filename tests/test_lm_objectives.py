@@ -1,6 +1,8 @@
 """LM distillation losses and held-out metrics against hand-computed values on tiny tensors, and the
 chunking: same loss and gradient as unchunked, one chunk's fp32 maths at a time."""
 import math
+import os
+import shutil
 
 import pytest
 import torch
@@ -235,18 +237,53 @@ def test_the_fused_loss_is_forward_kl_only_and_says_so():
         lm_loss(S, T, Y, impl="auto")
 
 
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="inductor's CPU backend needs a C++ compiler")
 def test_the_compiled_chunk_is_one_graph_and_equals_the_eager_one():
     """What runs on CUDA: the chunk's maths through torch.compile with fullgraph=True (a graph break fails
-    here). Compiled on this CPU by inductor's C++ backend (~20 s), against the eager function."""
+    here). Compiled on this CPU by inductor's C++ backend (~15 s), against the eager function; then the
+    same compiled function at other temperatures and weights, and a shorter chunk (0-dim tensors and a
+    dynamic token count: no recompile per value, no recompile limit hit)."""
     torch.manual_seed(0)
     s = (torch.randn(21, 50) * 3).to(torch.bfloat16)
     t = (torch.randn(21, 50) * 3).to(torch.bfloat16)
     y = torch.randint(0, 50, (21,))
     y[:3] = IGNORE_INDEX
     counted = torch.tensor(18.0)
-    for args in [(2.0, 0.5, 0.5), (1.0, 1.0, 0.0), (1.0, 0.0, 1.0)]:
-        eager = lm_objectives._chunk_loss_and_grad(s, t, y, counted, *args)
-        compiled = lm_objectives.compiled_chunk()(s, t, y, counted, *args)
-        assert compiled[0].item() == pytest.approx(eager[0].item(), rel=1e-5)
-        assert compiled[1].dtype == torch.bfloat16
-        assert torch.allclose(compiled[1].float(), eager[1].float(), rtol=1e-2, atol=1e-4)
+    fn = lm_objectives.compiled_chunk()
+    cases = [(2.0, 0.5, 0.5, True, True), (1.0, 1.0, 0.0, True, False), (1.0, 0.0, 1.0, False, True)]
+    cases += [(1.0 + i / 10, 0.5, 0.5, True, True) for i in range(10)]
+    for rows in (21, 21, 13):
+        for temperature, kd_w, ce_w, with_kd, with_ce in cases[:3] if rows == 21 else cases:
+            args = (s[:rows], t[:rows], y[:rows], counted, *map(torch.tensor, (temperature, kd_w, ce_w)), with_kd,
+                    with_ce, torch.bfloat16)
+            eager, compiled = lm_objectives._chunk_loss_and_grad(*args), fn(*args)
+            assert compiled[0].item() == pytest.approx(eager[0].item(), rel=1e-5)
+            assert compiled[1].dtype == torch.bfloat16
+            assert torch.allclose(compiled[1].float(), eager[1].float(), rtol=1e-2, atol=1e-4)
+
+
+def test_fp16_logits_keep_an_fp32_gradient_so_the_grad_scaler_can_scale_it():
+    """fp16 autocast: per-token gradients / the token count are below fp16's range, and a grad scaler's
+    65536 in fp16 is inf. The kept gradient is fp32, scaled by the fp32 grad_output, then cast."""
+    torch.manual_seed(0)
+    s = (torch.randn(2048, 512) * 3).to(torch.float16).requires_grad_()
+    t = (torch.randn(2048, 512) * 3).to(torch.float16)
+    y = torch.randint(0, 512, (2048,))
+    loss = lm_loss(s, t, y, temperature=2.0, ce_weight=0.5, impl="fused")
+    (loss * 65536.0).backward()
+    ref = s.detach().float().requires_grad_()
+    (lm_loss(ref, t.float(), y, temperature=2.0, ce_weight=0.5) * 65536.0).backward()
+    assert torch.isfinite(s.grad).all()
+    assert (s.grad != 0).float().mean() > 0.99
+    assert torch.allclose(s.grad.float(), ref.grad, rtol=1e-2, atol=1e-3)
+
+
+def test_the_fused_backward_runs_once_and_the_teacher_gets_no_gradient():
+    s = torch.randn(4, 10, requires_grad=True)
+    loss = lm_loss(s, torch.randn(4, 10), torch.randint(0, 10, (4,)), impl="fused")
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="runs once"):
+        loss.backward()
+    with pytest.raises(ValueError, match="detach them"):
+        lm_objectives._FusedForwardKL.apply(s, torch.randn(4, 10, requires_grad=True), torch.zeros(4, dtype=torch.long),
+                                            1.0, 1.0, 0.0, 4)

@@ -189,8 +189,8 @@ def test_teacher_logits_go_to_the_gpu_when_they_fit_else_to_the_host_else_the_ru
 
 
 def test_host_placed_logits_are_judged_for_every_rank_of_the_host(tmp_path, monkeypatch):
-    """Under torchrun every rank of a host pins its own training batches' logits: the host's memory is
-    checked for LOCAL_WORLD_SIZE of them, not one."""
+    """Under torchrun every rank of a host pins its own training batches' logits: the host's first rank
+    checks the memory for LOCAL_WORLD_SIZE of them, not one."""
     import torch
 
     from workbench.train import tasks
@@ -205,6 +205,10 @@ def test_host_placed_logits_are_judged_for_every_rank_of_the_host(tmp_path, monk
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     with pytest.raises(config.ConfigError, match="on each of this host's 2 ranks"):
         tasks.LMTask(cfg, torch.device("cpu"), None, tmp_path)
+    # a later rank of the host: rank 0 judged for all of them before anything was pinned; this one needs
+    # its own share only (counting the others again against what they left would refuse what fits)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert tasks.LMTask(cfg, torch.device("cpu"), None, tmp_path).info["teacher_logits"] == "host"
 
 
 def test_training_on_host_placed_teacher_logits_gives_the_same_losses(tmp_path):
@@ -229,13 +233,17 @@ def test_training_on_host_placed_teacher_logits_gives_the_same_losses(tmp_path):
     assert losses["host"] == losses["gpu"]
 
 
-def test_the_fused_loss_trains_like_the_checkpointed_one(tmp_path):
+def test_the_fused_loss_trains_like_the_checkpointed_one(tmp_path, monkeypatch):
     """distill.loss_impl=fused end to end (its gradient written in the forward): the distilled and the
-    no-KD student follow the checkpointed loss's curves to fp32 rounding."""
+    no-KD student follow the checkpointed loss's curves to fp32 rounding, and the fused loss really ran."""
     import torch
 
     from workbench import backends
-    from workbench.train import loop, tasks
+    from workbench.train import lm_objectives, loop, tasks
+
+    calls = []
+    real = lm_objectives._FusedForwardKL.apply
+    monkeypatch.setattr(lm_objectives._FusedForwardKL, "apply", lambda *a: calls.append(1) or real(*a))
 
     cfg = config.from_preset("gpt-cpu", vocab=256, tokenizer="bytes", corpus_mb=0.1, teacher="random", hidden=32,
                              heads=4, intermediate=64, layers=1, seq_len=16, batch=4, steps=6, eval_batches=1,
@@ -245,7 +253,10 @@ def test_the_fused_loss_trains_like_the_checkpointed_one(tmp_path):
         task = tasks.LMTask(cfg.replace(loss_impl=impl), torch.device("cpu"), None, tmp_path)
         data = task.make_data()
         for name, t in (("kd", task), ("no-kd", task.no_kd())):
+            calls.clear()
             _, curves[impl, name] = loop.run_student(backends.make("torch_fp32"), task.cfg, t, data, torch.device("cpu"))
+            # one per training step, and the timed ones
+            assert len(calls) == (cfg.train.steps + cfg.bench.iters if impl == "fused" else 0), (impl, name)
     for name in ("kd", "no-kd"):
         assert curves["fused", name] == pytest.approx(curves["checkpointed", name], rel=1e-4)
     assert curves["fused", "kd"][-1] < curves["fused", "kd"][0]

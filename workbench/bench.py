@@ -130,8 +130,8 @@ DEFAULT_VARIANTS: dict[str, tuple[str, ...]] = {
     "large": ("tutorial", "graphs-step-fused-bf16", "fp8-weights-fused-bf16", "te-adam-graphs-step-fused-bf16",
               "te-adam-bf16-moments-graphs-step-fused-bf16", "graphs-fused-bf16", "eager", "compile-bf16",
               "eager-fused-bf16"),
-    "lm-a": ("lm-te", "lm-compile", "lm-fused-loss", "lm-te-step-fused-loss", "lm-te-step", "lm-te-fp8-weights"),
-    "lm-b": ("lm-te", "lm-compile", "lm-fused-loss", "lm-te-step-fused-loss", "lm-te-step", "lm-te-fp8-weights"),
+    "lm-a": ("lm-te", "lm-compile", "lm-te-step", "lm-te-fp8-weights", "lm-fused-loss", "lm-te-step-fused-loss"),
+    "lm-b": ("lm-te", "lm-compile", "lm-te-step", "lm-te-fp8-weights", "lm-fused-loss", "lm-te-step-fused-loss"),
     "cpu-smoke": ("smoke",),
 }
 

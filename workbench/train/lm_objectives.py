@@ -2,9 +2,10 @@
 
 At a vocabulary of 32k-128k the fp32 copies of [tokens, vocab] logits (softmax, log-softmax, their
 gradients) dwarf the model's activations: 8k tokens x 128k vocab is 4 GB per fp32 copy. So every loss here
-walks the tokens in chunks of `chunk_tokens` rows and wraps each chunk in `torch.utils.checkpoint`: the
-forward keeps only the chunk's input views (no new memory), and the backward recomputes one chunk's fp32
-maths at a time. Peak extra memory is a few [chunk_tokens, vocab] fp32 tensors, whatever the batch.
+walks the tokens in chunks of `chunk_tokens` rows. The checkpointed path (the default) wraps each chunk in
+`torch.utils.checkpoint`: the forward keeps only the chunk's input views (no new memory), and the backward
+recomputes one chunk's fp32 maths at a time. Its peak extra memory is a few [chunk_tokens, vocab] fp32
+tensors, whatever the batch (the fused path's is below).
 
 Losses (per token, averaged over the counted tokens, i.e. those whose next token is not `ignore_index`):
   forward_kl   KL(teacher || student) at temperature T, times T^2 (Hinton: keeps gradient scale
@@ -23,9 +24,10 @@ Two implementations of forward_kl + CE (distill.loss_impl):
                 log-softmax's backward (every kind of loss)
   fused         the gradient has a closed form, d/ds = kd_w*T*(softmax(s/T) - softmax(t/T)) + ce_w*(softmax(s)
                 - onehot(y)), per counted token / counted tokens: each chunk's loss and gradient are computed
-                once, in the forward, and the backward only scales the stored gradient (the logits' dtype,
-                the size autograd's own gradient has). On CUDA the chunk's maths is torch.compile'd into a few
-                fused kernels. forward_kl only.
+                once, in the forward, and the backward only scales the kept gradient in place. That
+                gradient ([tokens, vocab] in the logits' dtype, fp32 for fp16 logits) lives from the loss's
+                forward to its backward: one logits-sized tensor more than the checkpointed path holds
+                then. On CUDA the chunk's maths is torch.compile'd into a few fused kernels. forward_kl only.
 """
 from __future__ import annotations
 
@@ -69,25 +71,27 @@ def _chunk_sums(student, teacher, next_tokens, kind, temperature, beta, kd_w, ce
     return torch.stack([kd, ce])
 
 
-def _chunk_loss_and_grad(s, t, y, counted, temperature: float, kd_w: float, ce_w: float):
-    """(kd_w * KD sum + ce_w * CE sum, d(loss)/ds in s's dtype) of one chunk of forward_kl + CE, where
-    loss = that sum / counted. No autograd: the gradient is written out (see the module's docstring)."""
+def _chunk_loss_and_grad(s, t, y, counted, temperature, kd_w, ce_w, with_kd: bool, with_ce: bool, grad_dtype):
+    """(kd_w * KD sum + ce_w * CE sum, d(loss)/ds in `grad_dtype`) of one chunk of forward_kl + CE, where
+    loss = that sum / counted. No autograd: the gradient is written out (see the module's docstring).
+    temperature, kd_w, ce_w are 0-dim tensors, so a new value is no new compiled graph; with_kd / with_ce
+    leave out a term whose weight is 0 (the no-KD student reads no teacher logits)."""
     s32 = s.float()
     keep = (y != IGNORE_INDEX).to(torch.float32)
     total, grad = s32.new_zeros(()), 0.0
-    if kd_w:
+    if with_kd:
         ls = F.log_softmax(s32 / temperature, dim=-1)
         lt = F.log_softmax(t.float() / temperature, dim=-1)
         pt = lt.exp()
         total = total + kd_w * temperature ** 2 * ((pt * (lt - ls)).sum(-1) * keep).sum()
         grad = grad + kd_w * temperature * (ls.exp() - pt)
-    if ce_w:
+    if with_ce:
         ls1 = F.log_softmax(s32, dim=-1)
         target = y.clamp(min=0).unsqueeze(-1)  # ignored positions pick token 0; `keep` zeroes them
         total = total - ce_w * (ls1.gather(-1, target).squeeze(-1) * keep).sum()
         # softmax(s) - onehot(y), without a [chunk, vocab] one-hot tensor
-        grad = grad + ce_w * ls1.exp().scatter_add(-1, target, torch.full(target.shape, -1.0, device=s.device))
-    return total / counted, (grad * keep.unsqueeze(-1) / counted).to(s.dtype)
+        grad = grad + ce_w * ls1.exp().scatter_add(-1, target, s32.new_full(target.shape, -1.0))
+    return total / counted, (grad * keep.unsqueeze(-1) / counted).to(grad_dtype)
 
 
 _COMPILED: dict[str, object] = {}
@@ -95,38 +99,50 @@ _COMPILED: dict[str, object] = {}
 
 def compiled_chunk():
     """_chunk_loss_and_grad through torch.compile: one graph (fullgraph: a graph break would split the fused
-    kernels), static shapes (a run has at most two chunk sizes: full and the last). Made once per process."""
+    kernels); the token count may vary (the last chunk), the vocabulary is what the kernels are built for.
+    Made once per process."""
     if "chunk" not in _COMPILED:
-        _COMPILED["chunk"] = torch.compile(_chunk_loss_and_grad, dynamic=False, fullgraph=True)
+        _COMPILED["chunk"] = torch.compile(_chunk_loss_and_grad, fullgraph=True)
     return _COMPILED["chunk"]
 
 
 def _chunk_fn(device: torch.device):
     """The chunk's maths: compiled on CUDA (a few fused kernels instead of a dozen passes over [chunk,
-    vocab] fp32 tensors), eager elsewhere (CPU runs are for correctness, and compiling costs ~20 s)."""
+    vocab] fp32 tensors), eager elsewhere (CPU runs are for correctness, and compiling costs ~15 s)."""
     return compiled_chunk() if device.type == "cuda" else _chunk_loss_and_grad
 
 
 class _FusedForwardKL(torch.autograd.Function):
-    """forward_kl + CE with the gradient computed in the forward, chunk by chunk (distill.loss_impl=fused)."""
+    """forward_kl + CE with the gradient computed in the forward, chunk by chunk (distill.loss_impl=fused).
+    The gradient is kept in the logits' dtype (bf16: the size autograd's own gradient has), in fp32 for fp16
+    logits (per-token gradients / the token count underflow fp16 before the grad scaler multiplies them); the
+    backward scales it in place, so it runs once (no retain_graph)."""
 
     @staticmethod
     def forward(ctx, s, t, y, temperature: float, kd_w: float, ce_w: float, chunk_tokens: int):
+        if t.requires_grad:
+            raise ValueError("the fused loss gives no gradient to the teacher's logits; detach them")
         counted = (y != IGNORE_INDEX).sum().clamp(min=1).to(torch.float32)  # all padding: zero, not NaN
+        scalars = [torch.tensor(v, dtype=torch.float32, device=s.device) for v in (temperature, kd_w, ce_w)]
         fn = _chunk_fn(s.device)
-        grad = torch.empty_like(s)
+        grad = torch.empty_like(s, dtype=torch.float32 if s.dtype == torch.float16 else s.dtype)
         loss = s.new_zeros((), dtype=torch.float32)
         for start in range(0, s.shape[0], chunk_tokens):
             part = slice(start, start + chunk_tokens)
-            value, grad[part] = fn(s[part], t[part], y[part], counted, temperature, kd_w, ce_w)
+            value, grad[part] = fn(s[part], t[part], y[part], counted, *scalars, kd_w > 0, ce_w > 0, grad.dtype)
             loss = loss + value
         ctx.save_for_backward(grad)
+        ctx.logits_dtype, ctx.done = s.dtype, False
         return loss
 
     @staticmethod
     def backward(ctx, grad_out):
+        if ctx.done:
+            raise RuntimeError("the fused loss's backward scales its kept gradient in place: it runs once")
+        ctx.done = True
         (grad,) = ctx.saved_tensors
-        return grad * grad_out.to(grad.dtype), None, None, None, None, None, None
+        grad.mul_(grad_out)  # grad_out stays fp32: a bf16 copy of it would round the scale
+        return grad.to(ctx.logits_dtype), None, None, None, None, None, None
 
 
 def check_options(kind: str, temperature: float, ce_weight: float, beta: float, chunk_tokens: int,

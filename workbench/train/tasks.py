@@ -219,8 +219,14 @@ class LMTask:
         kept = self.bench_batches() + cfg.train.eval_batches
         gpu_free = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else None
         host_gb = _memory_gb()[1]
-        # every rank of this host (torchrun's LOCAL_WORLD_SIZE) pins its own training batches' logits
-        ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
+        # Every rank of this host (torchrun's LOCAL_WORLD_SIZE) pins its own training batches' logits. The
+        # host's first rank builds its task before the others (runner: the others wait at a barrier), so
+        # it judges the memory for all of them, before anything is pinned; each later rank then finds its
+        # share left (if N*X fits 80% of what rank 0 saw, X fits 80% of what is left after the others). On
+        # a second node all ranks build at once: its first rank may see some peers' pinned pages and refuse
+        # early, which errs on the safe side.
+        local = os.environ.get("LOCAL_RANK") in (None, "0")
+        ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or 1) if local else 1
         where = place_teacher_logits(cfg.distill.teacher_logits, cfg.train.steps * per_batch, kept * per_batch,
                                      gpu_free, None if host_gb is None else int(host_gb * 2**30), host_ranks=ranks)
         self.info.update(teacher_logits=where, teacher_logits_requested=cfg.distill.teacher_logits,

@@ -188,6 +188,13 @@ def test_teacher_logits_go_to_the_gpu_when_they_fit_else_to_the_host_else_the_ru
         config.from_preset("gpt-cpu", teacher_logits="disk")
 
 
+def _tiny_gpt(**overrides):
+    """A GPT of a few thousand parameters on byte tokens with a random teacher: seconds on a CPU."""
+    return config.from_preset("gpt-cpu", **{**dict(vocab=256, tokenizer="bytes", corpus_mb=0.1, teacher="random",
+                                                  hidden=32, heads=4, intermediate=64, layers=1, seq_len=16, batch=4,
+                                                  steps=5, eval_batches=1, warmup=0, iters=1), **overrides})
+
+
 def test_host_placed_logits_are_judged_for_every_rank_of_the_host(tmp_path, monkeypatch):
     """Under torchrun every rank of a host pins its own training batches' logits: the host's first rank
     checks the memory for LOCAL_WORLD_SIZE of them, not one."""
@@ -195,9 +202,7 @@ def test_host_placed_logits_are_judged_for_every_rank_of_the_host(tmp_path, monk
 
     from workbench.train import tasks
 
-    cfg = config.from_preset("gpt-cpu", vocab=256, tokenizer="bytes", corpus_mb=0.1, teacher="random", hidden=32,
-                             heads=4, intermediate=64, layers=1, seq_len=16, batch=4, steps=5, eval_batches=1,
-                             warmup=0, iters=1, teacher_logits="host")
+    cfg = _tiny_gpt(teacher_logits="host")
     need = cfg.train.steps * cfg.model.batch * cfg.model.seq_len * cfg.model.vocab * 4  # fp32 logits on a CPU
     monkeypatch.setattr(tasks, "_memory_gb", lambda: (None, 1.5 * need / tasks.HOST_LOGITS_SHARE / 2**30))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
@@ -220,9 +225,7 @@ def test_training_on_host_placed_teacher_logits_gives_the_same_losses(tmp_path):
     from workbench import backends
     from workbench.train import loop, tasks
 
-    cfg = config.from_preset("gpt-cpu", vocab=256, tokenizer="bytes", corpus_mb=0.1, teacher="random", hidden=32,
-                             heads=4, intermediate=64, layers=1, seq_len=16, batch=4, steps=5, eval_batches=1,
-                             warmup=0, iters=1, eval_every=2)
+    cfg = _tiny_gpt(eval_every=2)
     losses = {}
     for where in ("gpu", "host"):
         task = tasks.LMTask(cfg.replace(teacher_logits=where), torch.device("cpu"), None, tmp_path)
@@ -245,9 +248,7 @@ def test_the_fused_loss_trains_like_the_checkpointed_one(tmp_path, monkeypatch):
     real = lm_objectives._FusedForwardKL.apply
     monkeypatch.setattr(lm_objectives._FusedForwardKL, "apply", lambda *a: calls.append(1) or real(*a))
 
-    cfg = config.from_preset("gpt-cpu", vocab=256, tokenizer="bytes", corpus_mb=0.1, teacher="random", hidden=32,
-                             heads=4, intermediate=64, layers=1, seq_len=16, batch=4, steps=6, eval_batches=1,
-                             warmup=0, iters=1, loss_chunk_tokens=24)
+    cfg = _tiny_gpt(steps=6, loss_chunk_tokens=24)
     curves = {}
     for impl in ("checkpointed", "fused"):
         task = tasks.LMTask(cfg.replace(loss_impl=impl), torch.device("cpu"), None, tmp_path)

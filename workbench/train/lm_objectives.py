@@ -123,7 +123,8 @@ class _FusedForwardKL(torch.autograd.Function):
         if t.requires_grad:
             raise ValueError("the fused loss gives no gradient to the teacher's logits; detach them")
         counted = (y != IGNORE_INDEX).sum().clamp(min=1).to(torch.float32)  # all padding: zero, not NaN
-        scalars = [torch.tensor(v, dtype=torch.float32, device=s.device) for v in (temperature, kd_w, ce_w)]
+        # filled on the device, not copied from the host: a host-to-device copy is illegal inside a CUDA graph capture
+        scalars = [torch.full((), v, dtype=torch.float32, device=s.device) for v in (temperature, kd_w, ce_w)]
         fn = _chunk_fn(s.device)
         grad = torch.empty_like(s, dtype=torch.float32 if s.dtype == torch.float16 else s.dtype)
         loss = s.new_zeros((), dtype=torch.float32)

@@ -19,6 +19,7 @@ runs never write into one folder.
 from __future__ import annotations
 
 import datetime as _dt
+import io
 import itertools
 import json
 import os
@@ -98,13 +99,24 @@ def write_bytes(path: Path, data: bytes) -> Path:
 
 
 def write_figure(fig, folder: Path, name: str) -> list[Path]:
-    """A matplotlib figure as <name>.png and <name>.svg, each written atomically."""
-    paths = []
-    for ext in ("png", "svg"):
-        def save(f, ext=ext):
-            fig.savefig(f, format=ext, dpi=110)
-        paths.append(_atomic_write(Path(folder) / f"{name}.{ext}", save, mode="wb"))
+    """A matplotlib figure as <name>.png (a 256-colour palette PNG) and <name>.svg, each written atomically."""
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
+    paths = [write_bytes(Path(folder) / f"{name}.png", compact_png(png.getvalue()))]
+    paths.append(_atomic_write(Path(folder) / f"{name}.svg", lambda f: fig.savefig(f, format="svg"), mode="wb"))
     return paths
+
+
+def compact_png(data: bytes) -> bytes:
+    """The PNG re-encoded with a 256-colour palette: a line plot looks the same at about a third of the
+    bytes, which keeps the tree that travels to a GPU machine beside its wheels under the device tool's
+    64 MiB. The original where it is smaller."""
+    from PIL import Image  # matplotlib's own dependency
+
+    out = io.BytesIO()
+    image = Image.open(io.BytesIO(data)).convert("RGB")
+    image.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(out, "PNG", optimize=True)
+    return out.getvalue() if out.tell() < len(data) else data
 
 
 def read_json(path: Path) -> Any:

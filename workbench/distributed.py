@@ -253,8 +253,7 @@ def stop_together(device: torch.device):
 def merge_rows(rows: list[dict], losses: list[list[float]], world: World) -> tuple[dict, list[float]]:
     """One student's row of a distributed run from every rank's row, and its loss curve (the mean over
     ranks, i.e. the global batch's loss). Step-time cells are the slowest rank's; memory the largest (with
-    that rank's floor); a
-    rank that failed makes the row fail with its reason."""
+    that rank's floor); a rank that failed makes the row fail with its reason."""
     row = dict(rows[0])
     if len({r["status"] for r in rows}) > 1:  # the ranks disagree: the row is the first failed rank's
         rank, bad = next(((i, r) for i, r in enumerate(rows) if r["status"] not in results.RAN), (0, rows[0]))

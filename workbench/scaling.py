@@ -45,13 +45,13 @@ def points(df: pd.DataFrame) -> pd.DataFrame:
         runs=("run_id", "nunique"),
         # a point with a fallback row in it ran PyTorch autocast, not the student it is named after
         status=("status", lambda s: "fallback" if (s == "fallback").any() else "ok")).reset_index()
-    base = out[out["gpus"] == 1].set_index(["preset", "strategy", "base"])
-    at = out.set_index(["preset", "strategy", "base"]).index
-    ref = pd.Series(at.map(base["step_ms_median"].to_dict().get), index=out.index, dtype=float)
+    curve = ["preset", "strategy", "base"]
+    one = out.loc[out["gpus"] == 1, curve + ["step_ms_median", "status"]]
+    out = out.merge(one, on=curve, how="left", suffixes=("", "_1gpu"))
     # weak scaling: every GPU steps its own batch; 1.0 when N GPUs take the one-GPU step time. Only between
     # points that ran the same thing: a TE student against its autocast fallback would be no scaling figure.
-    same = pd.Series(at.map(base["status"].to_dict().get), index=out.index) == out["status"]
-    out["scaling_efficiency"] = (ref / out["step_ms_median"]).where(same)
+    out["scaling_efficiency"] = (out["step_ms_median_1gpu"] / out["step_ms_median"]).where(
+        out["status_1gpu"] == out["status"])
     out["tokens_per_s_per_gpu"] = out["tokens_per_s"] / out["gpus"]
     out = out.rename(columns={"base": "student"})
     return out.sort_values(["preset", "strategy", "student", "gpus"])[COLUMNS].reset_index(drop=True)

@@ -177,12 +177,6 @@ def capture_step(model: torch.nn.Module, fwd: torch.nn.Module, opt: torch.optim.
     reset_optimizer(opt)
     backend.reset_after_capture(model)
 
-    # The graph holds raw addresses, not references: the optimizer (its moments, master weights, step count,
-    # learning rate) and the model must live as long as the step. Nothing else may hold the optimizer (a caller
-    # keeps only the step), and once collected its memory went to the next allocation: TE FusedAdam's state
-    # was overwritten by initial_loss's reference copy and the second step read garbage (loss inf).
-    keep_alive = (model, fwd, opt)
-
     def step(tokens: torch.Tensor, targets: objectives.Targets) -> torch.Tensor:
         s_tokens.copy_(tokens)
         for static, new in zip(s_targets.tensors(), targets.tensors()):
@@ -190,7 +184,11 @@ def capture_step(model: torch.nn.Module, fwd: torch.nn.Module, opt: torch.optim.
         graph.replay()
         return s_loss  # a static buffer: read it before the next replay
 
-    step.keep_alive = keep_alive
+    # The graph holds raw addresses, not references: the optimizer (its moments, master weights, step count,
+    # learning rate) and the model must live as long as the step. Nothing else may hold the optimizer (a caller
+    # keeps only the step), and once collected its memory went to the next allocation: TE FusedAdam's state
+    # was overwritten by initial_loss's reference copy and the second step read garbage (loss inf).
+    step.keep_alive = (model, fwd, opt)
     return step
 
 

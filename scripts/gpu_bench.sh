@@ -46,7 +46,7 @@ for preset in ${PRESETS:-seed large lm-a lm-b}; do
     large) budget=${LARGE_BUDGET_S:-100}; variants=${LARGE_VARIANTS:-tutorial,graphs-step-fused-bf16,fp8-weights-fused-bf16,te-adam-graphs-step-fused-bf16,te-adam-bf16-moments-graphs-step-fused-bf16,graphs-fused-bf16}
            args=(--set steps=4 --set warmup=4 --set iters=15 --set eval_batches=2); hard=150 ;;
     # decoder stacks: compiles take the time; a small corpus (a random teacher: speed and memory only)
-    lm-a|lm-b) budget=${LM_BUDGET_S:-100}; variants=${LM_VARIANTS:-lm-te,lm-compile,lm-te-step,lm-te-fp8-weights,lm-fused-loss,lm-te-step-fused-loss}
+    lm-a|lm-b) budget=${LM_BUDGET_S:-100}; variants=${LM_VARIANTS:-lm-te-step,lm-compile,lm-te,lm-te-fp8-weights,lm-checkpointed-loss,lm-te-step-checkpointed-loss}
                args=(--set steps=4 --set warmup=3 --set iters=10 --set eval_batches=1 --set no_kd_student=false
                      --set corpus_mb=1); hard=${LM_HARD_S:-160} ;;
     *) echo "gpu_bench.sh: unknown preset $preset"; continue ;;

@@ -199,8 +199,8 @@ def test_host_placed_teacher_logits_train_like_gpu_placed_ones(tmp_path):
 
 def test_the_fused_logit_loss_trains_like_the_checkpointed_one_eager_and_in_the_whole_step_graph(tmp_path,
                                                                                                   monkeypatch):
-    """distill.loss_impl=fused on CUDA: the chunk's maths torch.compile'd, the gradient written in the forward,
-    inside a whole-step CUDA graph too. Same students, same batches: every loss curve within bf16 rounding
+    """The default distill.loss_impl (auto: fused for forward_kl) on CUDA: the chunk's maths torch.compile'd,
+    the gradient written in the forward, inside a whole-step CUDA graph too. Same students, same batches: every loss curve within bf16 rounding
     of the checkpointed loss's (2 %), and the same starting weights; the compiled chunk really ran."""
     from workbench.train import lm_objectives
 
@@ -211,10 +211,10 @@ def test_the_fused_logit_loss_trains_like_the_checkpointed_one_eager_and_in_the_
     for graphs in (False, True):
         kw = dict(backends=students, baseline="torch_bf16", param_dtype="bf16", fused_optimizer=True, graphs=graphs,
                   te_graph="step")
-        ref, ref_dir = _lm_run(tmp_path, f"checkpointed-{graphs}", **kw)
+        ref, ref_dir = _lm_run(tmp_path, f"checkpointed-{graphs}", loss_impl="checkpointed", **kw)
         assert not used
-        got, got_dir = _lm_run(tmp_path, f"fused-{graphs}", loss_impl="fused", **kw)
-        assert used
+        got, got_dir = _lm_run(tmp_path, f"fused-{graphs}", **kw)
+        assert used and results.read_json(got_dir / "task.json")["loss_impl"] == "fused"
         used.clear()
         assert (got["status"] == "ok").all(), got["reason"].to_dict()
         assert got["initial_loss"].tolist() == pytest.approx(ref["initial_loss"].tolist(), rel=1e-5)

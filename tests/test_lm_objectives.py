@@ -105,13 +105,14 @@ def test_chunked_loss_and_gradient_equal_unchunked_and_chunks_are_bounded(kind, 
     t = torch.randn(3, 7, 50)
     y = torch.randint(0, 50, (3, 7))
     y[0, :2] = IGNORE_INDEX
-    whole = lm_loss(s, t, y, kind, temperature=1.5, ce_weight=0.4, beta=0.3, chunk_tokens=10_000)
+    kw = dict(temperature=1.5, ce_weight=0.4, beta=0.3, impl="checkpointed")  # 'auto' fuses forward_kl
+    whole = lm_loss(s, t, y, kind, chunk_tokens=10_000, **kw)
     (g_whole,) = torch.autograd.grad(whole, s)
 
     rows = []
     real = lm_objectives._chunk_sums
     monkeypatch.setattr(lm_objectives, "_chunk_sums", lambda st, *a: rows.append(st.shape[0]) or real(st, *a))
-    chunked = lm_loss(s, t, y, kind, temperature=1.5, ce_weight=0.4, beta=0.3, chunk_tokens=4)
+    chunked = lm_loss(s, t, y, kind, chunk_tokens=4, **kw)
     assert rows == [4, 4, 4, 4, 4, 1]  # the forward saw 4 tokens at a time
     (g_chunked,) = torch.autograd.grad(chunked, s)
     assert sorted(rows[6:]) == [1, 4, 4, 4, 4, 4]  # the backward recomputed each chunk alone (checkpoint)
@@ -128,7 +129,7 @@ def test_the_backward_keeps_no_fp32_copy_of_the_logits(kind):
     y = torch.randint(0, 1000, (64,))
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda x: saved.append(x) or x, lambda x: x):
-        loss = lm_loss(s, t, y, kind, ce_weight=0.5, chunk_tokens=16)
+        loss = lm_loss(s, t, y, kind, ce_weight=0.5, chunk_tokens=16, impl="checkpointed")
     inputs = {s.untyped_storage().data_ptr(), t.untyped_storage().data_ptr(), y.untyped_storage().data_ptr()}
     big = [x for x in saved if x.numel() > 1]
     assert big and all(x.untyped_storage().data_ptr() in inputs for x in big)
@@ -233,8 +234,18 @@ def test_all_padding_gives_zero_loss_and_gradient_when_fused():
 def test_the_fused_loss_is_forward_kl_only_and_says_so():
     with pytest.raises(ConfigError, match="distill.loss_impl='fused' computes forward_kl only, not 'jsd'"):
         lm_loss(S, T, Y, "jsd", impl="fused")
-    with pytest.raises(ConfigError, match="distill.loss_impl 'auto' is not one of checkpointed, fused"):
-        lm_loss(S, T, Y, impl="auto")
+    with pytest.raises(ConfigError, match="distill.loss_impl 'triton' is not one of auto, checkpointed, fused"):
+        lm_loss(S, T, Y, impl="triton")
+
+
+@pytest.mark.parametrize("kind, ran", [("forward_kl", "fused"), ("reverse_kl", "checkpointed"), ("jsd", "checkpointed")])
+def test_auto_fuses_forward_kl_and_checkpoints_the_rest(kind, ran, monkeypatch):
+    calls = []
+    monkeypatch.setattr(lm_objectives._FusedForwardKL, "apply", lambda *a: calls.append("fused") or S.sum() * 0)
+    monkeypatch.setattr(lm_objectives, "checkpoint", lambda f, *a, **k: calls.append("checkpointed") or f(*a))
+    s = S.clone().requires_grad_(True)
+    lm_loss(s, T, Y, kind, ce_weight=0.5)  # impl defaults to 'auto'
+    assert set(calls) == {ran} and lm_objectives.resolve_impl(kind, "auto") == ran
 
 
 @pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="inductor's CPU backend needs a C++ compiler")

@@ -66,7 +66,7 @@ def test_lm_config_errors_name_the_field():
         config.from_preset("gpt-cpu", hidden=100, heads=8)
     with pytest.raises(config.ConfigError, match="lm.tokenizer"):
         config.from_preset("gpt-cpu", tokenizer="words")
-    with pytest.raises(config.ConfigError, match=r"distill.loss_impl must be one of \['checkpointed', 'fused'\]"):
+    with pytest.raises(config.ConfigError, match=r"distill.loss_impl must be one of \['auto', 'checkpointed', 'fused'\]"):
         config.from_preset("gpt-cpu", loss_impl="triton")
     with pytest.raises(config.ConfigError, match="distill.loss_impl='fused' computes forward_kl only, not distill.loss='jsd'"):
         config.from_preset("gpt-cpu", loss_impl="fused", loss="jsd")
@@ -252,6 +252,7 @@ def test_the_fused_loss_trains_like_the_checkpointed_one(tmp_path, monkeypatch):
     curves = {}
     for impl in ("checkpointed", "fused"):
         task = tasks.LMTask(cfg.replace(loss_impl=impl), torch.device("cpu"), None, tmp_path)
+        assert task.info["loss_impl"] == impl
         data = task.make_data()
         for name, t in (("kd", task), ("no-kd", task.no_kd())):
             calls.clear()
@@ -261,6 +262,10 @@ def test_the_fused_loss_trains_like_the_checkpointed_one(tmp_path, monkeypatch):
     for name in ("kd", "no-kd"):
         assert curves["fused", name] == pytest.approx(curves["checkpointed", name], rel=1e-4)
     assert curves["fused", "kd"][-1] < curves["fused", "kd"][0]
+    # the default, 'auto': fused for forward_kl, checkpointed for a loss it cannot fuse; task.json says which
+    for loss, ran in (("forward_kl", "fused"), ("jsd", "checkpointed")):
+        info = tasks.LMTask(cfg.replace(loss=loss), torch.device("cpu"), None, tmp_path).info
+        assert (info["loss_impl"], info["loss_impl_requested"]) == (ran, "auto")
 
 
 def test_a_hugging_face_model_with_another_vocabulary_is_one_clear_error(tmp_path):

@@ -109,10 +109,11 @@ class DistillConfig:
     """gpt/llama, loss 'jsd': the generalized Jensen-Shannon mixture weight (0.5: symmetric)."""
     loss_chunk_tokens: int = 4096
     """gpt/llama: tokens per chunk of the fp32 loss, which bounds the logits' memory at large vocabularies."""
-    loss_impl: str = "checkpointed"
+    loss_impl: str = "auto"
     """gpt/llama: how the logit loss runs: 'checkpointed' (autograd over the chunks, each recomputed in the
-    backward; every loss) or 'fused' (forward_kl only: each chunk's loss and closed-form gradient computed
-    once in the forward, torch.compile'd on CUDA; the backward only scales the stored gradient)."""
+    backward; every loss), 'fused' (forward_kl only: each chunk's loss and closed-form gradient computed
+    once in the forward, torch.compile'd on CUDA; the backward only scales the stored gradient) or 'auto'
+    (fused for forward_kl, else checkpointed; task.json records which ran in `loss_impl`)."""
     no_kd_student: bool = True
     """gpt/llama: also train the baseline student on cross-entropy only, so the gain from distillation shows."""
     teacher_logits: str = "auto"
@@ -380,7 +381,7 @@ MOMENTS_DTYPES = ("fp32", "bf16")
 PARAM_DTYPES = ("fp32", "bf16")
 MLP_LOSSES = ("mse", "cosine", "hidden")
 LM_LOSSES = ("forward_kl", "reverse_kl", "jsd")
-LOSS_IMPLS = ("checkpointed", "fused")
+LOSS_IMPLS = ("auto", "checkpointed", "fused")
 LOSSES = MLP_LOSSES + LM_LOSSES
 KINDS = ("mlp", "gpt", "llama")
 TOKENIZERS = ("bpe", "bytes")

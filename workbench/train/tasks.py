@@ -104,7 +104,11 @@ class LMTask:
         self.text = load_text(TextSpec(files=tuple(lm.corpus_files), max_bytes=int(lm.corpus_mb * 1e6),
                                        tokenizer=lm.tokenizer, vocab_size=m.vocab if lm.tokenizer == "bpe" else 256,
                                        heldout_fraction=lm.heldout_fraction), self.cache_dir)
-        self.info = {"text_folder": str(self.text.folder), "tokenizer_vocab": self.text.vocab_size}
+        d = cfg.distill
+        # one implementation for every student of the run, the no-KD one included (its CE alone could always be fused)
+        self.loss_impl = lm_objectives.resolve_impl(d.loss, d.loss_impl)
+        self.info = {"text_folder": str(self.text.folder), "tokenizer_vocab": self.text.vocab_size,
+                     "loss_impl": self.loss_impl, "loss_impl_requested": d.loss_impl}
         torch.manual_seed(cfg.train.seed)
         self.teacher = self._teacher().to(device).eval().requires_grad_(False)
         torch.manual_seed(cfg.train.seed)  # the students' init does not depend on how the teacher came to be
@@ -245,7 +249,7 @@ class LMTask:
         d = self.cfg.distill
         if self.ce_only:
             return lm_objectives.lm_loss(out, None, targets.next_tokens, ce_weight=1.0, chunk_tokens=d.loss_chunk_tokens,
-                                         impl=d.loss_impl)
+                                         impl=self.loss_impl)
         return self.matched_loss(out, targets)
 
     def matched_loss(self, out, targets: objectives.Targets) -> torch.Tensor:
@@ -254,7 +258,7 @@ class LMTask:
         d = self.cfg.distill
         return lm_objectives.lm_loss(out, targets.out, targets.next_tokens, kind=d.loss, temperature=d.temperature,
                                      ce_weight=d.ce_weight, beta=d.jsd_beta, chunk_tokens=d.loss_chunk_tokens,
-                                     impl=d.loss_impl)
+                                     impl=self.loss_impl)
 
     @torch.no_grad()
     def evaluate(self, model, backend, batches) -> dict[str, Any]:

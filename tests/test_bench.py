@@ -119,6 +119,10 @@ def test_kernel_breakdown_skips_annotations_and_names_what_takes_the_time():
     top = b["top_kernels"][0]
     assert top["category"] == "gemm" and top["launches_per_step"] == 0.5 and top["ms_per_step"] == 0.3
     assert crosscheck.category("ln_bwd_finalize_general_kernel") == "norm" and crosscheck.category("xyz") == "other"
+    # the fused logit loss as inductor names it (H200, bench/lm-a): its ops include amax, yet it is the loss
+    fused_loss = "triton_red_fused__log_softmax__to_copy_amax_clamp_div_exp_ge_mul_neg_new_full_prepare_softmax_online"
+    assert crosscheck.category(fused_loss) == "logit loss"
+    assert crosscheck.category("void cunn_SoftMaxForward<4, float, float, float, LogSoftMaxForwardEpilogue>") == "logit loss"
 
 # ---- variants, targets, Markdown ------------------------------------------------------------------
 def test_variant_config_rejects_unknown_students_as_rows():

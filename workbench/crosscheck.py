@@ -41,6 +41,8 @@ DETAIL = ("kernel_categories_ms_per_step", "top_kernels")
 CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
     ("memcpy/memset", ("memcpy", "memset")),
     ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "wgmma", "cublas", "_mm_")),
+    # before casts: the fused logit loss's Triton kernel is named after its ops, amax and to_copy among them
+    ("logit loss", ("log_softmax", "logsoftmax", "cross_entropy", "nll_loss")),
     ("cast/amax/transpose", ("cast", "quantiz", "amax", "fp8", "transpose", "scale")),
     ("norm", ("norm", "ln_fwd", "ln_bwd")),
     ("activation", ("gelu", "silu", "relu")),

@@ -168,8 +168,8 @@ def test_fsdp2_fp8_weights_follow_tes_recipe_over_2_gpus(tmp_path):
 
 def _lm_run(tmp_path, run_id, **overrides):
     """A tiny GPT run on real text (random teacher): seconds on the H200."""
-    cfg = config.from_preset("gpt-cpu", corpus_mb=0.2, teacher="random", steps=6, warmup=1, iters=3, eval_batches=1,
-                             no_kd_student=False, **overrides)
+    cfg = config.from_preset("gpt-cpu", **{**dict(corpus_mb=0.2, teacher="random", steps=6, warmup=1, iters=3,
+                                                  eval_batches=1, no_kd_student=False), **overrides})
     run_dir = runner.run(cfg, out=tmp_path, run_id=run_id, progress=False)
     return results.load(run_dir).set_index("student"), run_dir
 
@@ -209,14 +209,15 @@ def test_the_fused_logit_loss_trains_like_the_checkpointed_one_eager_and_in_the_
     monkeypatch.setattr(lm_objectives, "compiled_chunk", lambda: used.append(1) or real())
     students = "torch_bf16,te_fp8:delayed" if _te.load()[0] is not None else "torch_bf16"
     for graphs in (False, True):
+        # with the no-KD student: its cross-entropy alone is the fused loss's other compiled graph (no KD term)
         kw = dict(backends=students, baseline="torch_bf16", param_dtype="bf16", fused_optimizer=True, graphs=graphs,
-                  te_graph="step")
+                  te_graph="step", no_kd_student=True)
         ref, ref_dir = _lm_run(tmp_path, f"checkpointed-{graphs}", loss_impl="checkpointed", **kw)
         assert not used
         got, got_dir = _lm_run(tmp_path, f"fused-{graphs}", **kw)
         assert used and results.read_json(got_dir / "task.json")["loss_impl"] == "fused"
         used.clear()
-        assert (got["status"] == "ok").all(), got["reason"].to_dict()
+        assert (got["status"] == "ok").all() and "torch_bf16:no_kd" in got.index, got["reason"].to_dict()
         assert got["initial_loss"].tolist() == pytest.approx(ref["initial_loss"].tolist(), rel=1e-5)
         for student in got.index:
             assert _losses(got_dir, student) == pytest.approx(_losses(ref_dir, student), rel=0.02), student

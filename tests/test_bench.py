@@ -387,3 +387,17 @@ def test_committed_benches_read_back_the_same(bench_dir, tmp_path):
     assert _rounded(bench.crosscheck_report(df, cc["preset"], d)["headline"]) == _rounded(cc["headline"])
     if bench_dir.startswith("bench-profile"):  # benches with the per-kernel breakdown: it is found too
         assert cc["headline"]["top_kernels"] and cc["headline"]["kernel_categories_ms_per_step"]
+
+
+def test_lm_bench_rows_say_which_logit_loss_ran(tmp_path):
+    """The H200 lm-a bench (its rows from before students.csv had the cell): no column is made up; a run
+    whose rows carry `loss_impl` (every LM run now) passes it to bench.csv beside the requested cfg_loss_impl."""
+    d = shutil.copytree(REFERENCE / "bench" / "lm-a", tmp_path / "lm-a")
+    assert "loss_impl" not in bench.bench_rows(d).columns
+    students = d / "runs" / "lm-te" / "students.csv"
+    pd.read_csv(students).assign(loss_impl="fused").to_csv(students, index=False)
+    done = json.loads((students.parent / "done.json").read_text())  # it guards the file's size: rewritten here
+    (students.parent / "done.json").write_text(json.dumps({**done, "students_csv_bytes": students.stat().st_size}))
+    df = bench.bench_rows(d).set_index(["variant", "student"])
+    assert df.loc[("lm-te", "te_fp8:delayed"), ["loss_impl", "cfg_loss_impl"]].tolist() == ["fused", "auto"]
+    assert df.loc[("lm-checkpointed-loss", "te_fp8:delayed"), "cfg_loss_impl"] == "checkpointed"

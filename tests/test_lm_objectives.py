@@ -248,6 +248,16 @@ def test_auto_fuses_forward_kl_and_checkpoints_the_rest(kind, ran, monkeypatch):
     assert set(calls) == {ran} and lm_objectives.resolve_impl(kind, "auto") == ran
 
 
+def test_auto_fuses_on_cuda_only_where_triton_can_compile_it(monkeypatch):
+    cuda = torch.device("cuda")  # resolve_impl only reads its type: no GPU needed
+    monkeypatch.setattr(lm_objectives, "can_fuse", lambda device: device.type != "cuda")
+    assert lm_objectives.resolve_impl("forward_kl", "auto", cuda) == "checkpointed"
+    assert lm_objectives.resolve_impl("forward_kl", "auto", torch.device("cpu")) == "fused"
+    assert lm_objectives.resolve_impl("forward_kl", "fused", cuda) == "fused"  # explicit: LMTask refuses it up front
+    monkeypatch.undo()
+    assert lm_objectives.can_fuse(torch.device("cpu"))  # eager there: nothing to compile
+
+
 @pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="inductor's CPU backend needs a C++ compiler")
 def test_the_compiled_chunk_is_one_graph_and_equals_the_eager_one():
     """What runs on CUDA: the chunk's maths through torch.compile with fullgraph=True (a graph break fails

@@ -36,6 +36,8 @@ def test_gpt_cpu_writes_the_usual_files_with_the_lm_metrics(gpt_run):
     assert (df["initial_loss"] == df.loc["torch_fp32", "initial_loss"]).all()  # no-KD too: the same measure
     assert results.load_summary(run_dir)["initial_losses_equal"]
     assert df.loc["te_fp8:delayed", "status"] == "fallback"  # no TE on a CPU: says so, still runs
+    # the requested loss_impl ('auto') is in cfg_loss_impl; what ran is on every row, as in task.json
+    assert (df["loss_impl"] == "fused").all() and (df["cfg_loss_impl"] == "auto").all()
     losses = results.load_losses(run_dir)
     assert len(losses) == cfg.train.steps * 3
 
@@ -266,6 +268,11 @@ def test_the_fused_loss_trains_like_the_checkpointed_one(tmp_path, monkeypatch):
     for loss, ran in (("forward_kl", "fused"), ("jsd", "checkpointed")):
         info = tasks.LMTask(cfg.replace(loss=loss), torch.device("cpu"), None, tmp_path).info
         assert (info["loss_impl"], info["loss_impl_requested"]) == (ran, "auto")
+    # where it could not run compiled (CUDA without Triton), auto falls back and an explicit 'fused' is refused
+    monkeypatch.setattr(lm_objectives, "can_fuse", lambda device: False)
+    assert tasks.LMTask(cfg, torch.device("cpu"), None, tmp_path).info["loss_impl"] == "checkpointed"
+    with pytest.raises(config.ConfigError, match="distill.loss_impl='fused' runs compiled .* Triton"):
+        tasks.LMTask(cfg.replace(loss_impl="fused"), torch.device("cpu"), None, tmp_path)
 
 
 def test_a_hugging_face_model_with_another_vocabulary_is_one_clear_error(tmp_path):

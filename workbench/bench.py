@@ -482,6 +482,7 @@ def _bench_row(meta, peak, variant, r, obs, teacher_obs, run_dir) -> dict[str, A
         "measured_peak_tflops": measured, "pct_of_measured_peak": _pct(r.get("tflops"), measured),
         "datasheet_peak_tflops": sheet, "pct_of_datasheet_peak": _pct(r.get("tflops"), sheet),
         "optimizer": r.get("optimizer", r.get("cfg_optimizer")), "graph_scope": r.get("graph_scope"),
+        **({"loss_impl": r["loss_impl"]} if isinstance(r.get("loss_impl"), str) else {}),  # LM rows: the logit loss that ran
         "teacher_ms_median": r.get("teacher_ms_median"),
         "teacher_pct_of_student_step": _pct(r.get("teacher_ms_median"), step),
         **_teacher_cells(r, step, peak),

@@ -113,7 +113,8 @@ class DistillConfig:
     """gpt/llama: how the logit loss runs: 'checkpointed' (autograd over the chunks, each recomputed in the
     backward; every loss), 'fused' (forward_kl only: each chunk's loss and closed-form gradient computed
     once in the forward, torch.compile'd on CUDA; the backward only scales the stored gradient) or 'auto'
-    (fused for forward_kl, else checkpointed; task.json records which ran in `loss_impl`)."""
+    (fused for forward_kl where it can run compiled, else checkpointed; every row and task.json say which ran,
+    `loss_impl`)."""
     no_kd_student: bool = True
     """gpt/llama: also train the baseline student on cross-entropy only, so the gain from distillation shows."""
     teacher_logits: str = "auto"

@@ -144,7 +144,7 @@ def _run(cfg: Config, world: distributed.World, device, out, run_id, requested, 
     rows, loss_rows = _all_students(cfg, run_dir, task, data, device, progress, world)
     if world.writes:
         common = {"schema_version": results.SCHEMA_VERSION, "run_id": run_id, **teacher_cells,
-                  **task.teacher_precision.cells(),
+                  **task.cells(),
                   **{f"cfg_{k}": (",".join(v) if isinstance(v, list) else v) for k, v in cfg.flat().items()},
                   **{k: env.get(k) for k in results.ENV_STAMP}}
         df = results.students_frame([{**row, **common} for row in rows])

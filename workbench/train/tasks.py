@@ -52,6 +52,10 @@ class MLPTask:
         self.teacher, self.teacher_precision = teacher_precision.prepare(self.teacher, cfg, device, tdtype)
         self.info: dict[str, Any] = self.teacher_precision.info()
 
+    def cells(self) -> dict[str, Any]:
+        """What every student row of the run carries from its task."""
+        return self.teacher_precision.cells()
+
     def loss(self, out, targets: objectives.Targets) -> torch.Tensor:
         return objectives.loss(self.kind, out, targets)
 
@@ -106,7 +110,10 @@ class LMTask:
                                        heldout_fraction=lm.heldout_fraction), self.cache_dir)
         d = cfg.distill
         # one implementation for every student of the run, the no-KD one included (its CE alone could always be fused)
-        self.loss_impl = lm_objectives.resolve_impl(d.loss, d.loss_impl)
+        self.loss_impl = lm_objectives.resolve_impl(d.loss, d.loss_impl, device)
+        if self.loss_impl == "fused" and not lm_objectives.can_fuse(device):
+            raise ConfigError("distill.loss_impl='fused' runs compiled (torch.compile with Triton) on CUDA, and Triton "
+                              "is not usable here; set distill.loss_impl=checkpointed or auto")
         self.info = {"text_folder": str(self.text.folder), "tokenizer_vocab": self.text.vocab_size,
                      "loss_impl": self.loss_impl, "loss_impl_requested": d.loss_impl}
         torch.manual_seed(cfg.train.seed)
@@ -123,6 +130,10 @@ class LMTask:
         self.info.update(self.teacher_precision.info())
         if with_batches:  # False for `workbench teacher`: no training batch, so no logits to place or refuse over
             self.place_logits()  # now, with the teacher on the device: task.json is written before the batches
+
+    def cells(self) -> dict[str, Any]:
+        """What every student row of the run carries from its task: the teacher's precision, the logit loss."""
+        return {**self.teacher_precision.cells(), "loss_impl": self.loss_impl}
 
     # ---- models ---------------------------------------------------------------------------------
     def shape(self, teacher: bool = False):
@@ -357,7 +368,8 @@ def train_lm(model: torch.nn.Module, windows: list[torch.Tensor], lr: float, dev
         w = w.to(device)
         with backends.autocast(device, dtype):
             logits = model(w[:, :-1])
-        loss = lm_objectives.lm_loss(logits, None, w[:, 1:], ce_weight=1.0)
+        # checkpointed, whatever distill.loss_impl: a cached teacher's recipe (its key) does not name the loss
+        loss = lm_objectives.lm_loss(logits, None, w[:, 1:], ce_weight=1.0, impl="checkpointed")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

@@ -9,9 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
-from workbench import config, distributed, results, runner
+from workbench import backends, config, distributed, results, runner
 from workbench.env import te as _te
-from workbench import backends
 from workbench.train import loop, tasks
 
 pytestmark = pytest.mark.gpu

@@ -253,7 +253,9 @@ def test_auto_fuses_on_cuda_only_where_triton_can_compile_it(monkeypatch):
     monkeypatch.setattr(lm_objectives, "can_fuse", lambda device: device.type != "cuda")
     assert lm_objectives.resolve_impl("forward_kl", "auto", cuda) == "checkpointed"
     assert lm_objectives.resolve_impl("forward_kl", "auto", torch.device("cpu")) == "fused"
-    assert lm_objectives.resolve_impl("forward_kl", "fused", cuda) == "fused"  # explicit: LMTask refuses it up front
+    with pytest.raises(ConfigError, match="distill.loss_impl='fused' runs compiled .* Triton"):
+        lm_objectives.resolve_impl("forward_kl", "fused", cuda)  # explicit: refused, not a compile error later
+    assert lm_objectives.resolve_impl("forward_kl", "fused", torch.device("cpu")) == "fused"
     monkeypatch.undo()
     assert lm_objectives.can_fuse(torch.device("cpu"))  # eager there: nothing to compile
 

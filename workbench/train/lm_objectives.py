@@ -32,17 +32,17 @@ checkpointed for the other losses):
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from workbench.config import LM_LOSSES as KINDS, LOSS_IMPLS as IMPLS
 from workbench.errors import ConfigError
 from workbench.train.objectives import mse
 
-KINDS = ("forward_kl", "reverse_kl", "jsd")
-IMPLS = ("auto", "checkpointed", "fused")  # config.LOSS_IMPLS
 IGNORE_INDEX = -100  # torch's cross_entropy default: next tokens to leave out (padding)
 DEFAULT_CHUNK_TOKENS = 4096  # 4096 x 128k vocab x 4 B = 2 GB per fp32 copy: bounded, and large enough to be fast
 
@@ -147,9 +147,10 @@ class _FusedForwardKL(torch.autograd.Function):
         return grad.to(ctx.logits_dtype), None, None, None, None, None, None
 
 
+@functools.cache
 def can_fuse(device: torch.device) -> bool:
     """The fused maths is torch.compile'd on CUDA, which needs Triton for this GPU (torch's CUDA wheels for
-    Windows, for one, come without it); elsewhere it runs eager."""
+    Windows, for one, come without it); elsewhere it runs eager. Cached: lm_loss asks in every step."""
     if device.type != "cuda":
         return True
     try:
@@ -163,11 +164,15 @@ def can_fuse(device: torch.device) -> bool:
 
 def resolve_impl(kind: str, impl: str, device: torch.device | None = None) -> str:
     """The implementation that runs: 'auto' is fused where it exists (forward_kl; the no-KD student's CE is
-    forward_kl with no KD term) and can run compiled, else checkpointed. On an H200 the fused loss took 16 ms
-    off a 42 ms TE FP8 step at shape A, at the same loss and a lower peak (results/reference/h200/bench/lm-a)."""
+    forward_kl with no KD term) and can run compiled, else checkpointed; an explicit 'fused' that cannot run
+    compiled on `device` is refused. On an H200 the fused loss took 16 ms off a 42 ms TE FP8 step at shape A,
+    at the same loss and a lower peak (results/reference/h200/bench/lm-a)."""
+    compiles = device is None or can_fuse(device)
+    if impl == "fused" and not compiles:
+        raise ConfigError("distill.loss_impl='fused' runs compiled (torch.compile with Triton) on CUDA, and Triton "
+                          "is not usable here; set distill.loss_impl=checkpointed or auto")
     if impl == "auto":
-        fusable = kind == "forward_kl" and (device is None or can_fuse(device))
-        return "fused" if fusable else "checkpointed"
+        return "fused" if kind == "forward_kl" and compiles else "checkpointed"
     return impl
 
 

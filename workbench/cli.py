@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import sys
 
 from workbench import results
@@ -45,12 +44,12 @@ add_arguments = add_run_arguments
 
 
 def main_run(args: argparse.Namespace) -> int:
-    from workbench import config, runner
+    from workbench import config, distributed, runner
 
     overrides = config.parse_set(args.overrides)
     cfg = config.from_preset(args.preset, **overrides)
     run_dir = runner.run(cfg, out=args.out, run_id=args.run_id, requested={"preset": args.preset, **overrides})
-    if os.environ.get("RANK", "0") != "0" or cfg.parallel.node_rank > 0:  # rank 0 (on node 0) reports the run
+    if not distributed.reports_run(cfg):  # one summary line per run
         return 0
     summary = results.load_summary(run_dir)
     summary["run_dir"] = str(run_dir)

@@ -276,6 +276,11 @@ class Config:
     def validate(self) -> "Config":
         """Raise ConfigError on the first bad field; return self so calls can chain."""
         m, t, b, d = self.model, self.train, self.bench, self.distill
+        for section, cls in SECTIONS.items():  # before any field is used: torch overflows on such sizes
+            for f in fields(cls):
+                v = getattr(getattr(self, section), f.name)
+                if isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_INT:
+                    raise ConfigError(f"{section}.{f.name} must be at most {MAX_INT} (2**31 - 1), got {v}")
         for name in ("vocab", "hidden", "intermediate", "layers", "seq_len", "batch"):
             _positive(f"model.{name}", getattr(m, name))
         _choice("model.layout", m.layout, LAYOUTS)
@@ -372,6 +377,7 @@ class Config:
                 raise ConfigError(f"{name} must be a finite number > 0, got {v!r}")
 
 
+MAX_INT = 2**31 - 1  # every integer field's bound: an index or size torch takes in int32 arithmetic
 LAYOUTS = ("separate", "fused")
 AMAX_ALGOS = ("max", "most_recent")
 TE_ATTENTION = ("auto", "flash", "fused", "unfused")

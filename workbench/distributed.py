@@ -13,7 +13,8 @@ start the same command on every node, each with its node rank (two "nodes" on on
     workbench run --preset large --run-id two-nodes --set nproc=1 --set nnodes=2 --set node_rank=1 \\
         --set rdzv_endpoint=localhost:29511
 
-Inside torchrun every rank builds the same task (rank 0 first, so caches are written once), the reference
+Inside torchrun every rank builds the same task at once (one process builds each cache entry, the others
+wait on its lock, not at a collective bounded by parallel.timeout_s), the reference
 student's weights are broadcast from rank 0 (matched init by construction), and each rank trains on its own
 batches (`task.make_data(shard=rank)`; held-out batches are shared): the global batch is world size x
 model.batch. Each student is converted, then wrapped (DDP, or FSDP2: `fully_shard` on every element of
@@ -84,6 +85,18 @@ def torchrun_command(cfg: Config, out: str | Path, run_id: str, python: str = sy
     return cmd + ["-m", "workbench", "run", "--out", str(out), "--run-id", run_id, *cli_args(cfg)]
 
 
+LAUNCHED_ENV = "WORKBENCH_LAUNCHED"
+"""Set for the ranks of a run `launch` started: the launcher reports the run (its summary line), they do not."""
+
+
+def reports_run(cfg: Config) -> bool:
+    """Whether this process prints the run's summary line: rank 0 on node 0 of a torchrun started by hand,
+    the launcher of one `launch` started (its ranks' output is relayed: rank 0 printing too made it twice)."""
+    if in_torchrun():
+        return os.environ.get("RANK") == "0" and not os.environ.get(LAUNCHED_ENV)
+    return cfg.parallel.node_rank == 0
+
+
 class LaunchError(RuntimeError):
     """torchrun (or one of its ranks) failed; the message carries the end of its output."""
 
@@ -98,7 +111,7 @@ def launch(cfg: Config, out: str | Path, run_id: str | None, auto_id: str, progr
     else:  # another node's rank 0 writes the files
         run_dir = results.output_root(out) / results.check_name(run_id, "run id")
     cmd = torchrun_command(cfg, run_dir.parent, run_dir.name)
-    env = {**os.environ, results.HANDOVER_ENV: str(run_dir), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, results.HANDOVER_ENV: str(run_dir), LAUNCHED_ENV: "1", "PYTHONUNBUFFERED": "1"}
     tail: deque[str] = deque(maxlen=40)
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
         try:

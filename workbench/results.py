@@ -83,6 +83,9 @@ def _atomic_write(path: Path, write, mode: str = "w") -> Path:
     return path
 
 
+write_with = _atomic_write  # write_with(path, write(f), mode): any writer, atomically (the caches' torch.save)
+
+
 def write_json(path: Path, obj: Any) -> Path:
     return _atomic_write(path, lambda f: json.dump(obj, f, indent=2, sort_keys=False, default=str))
 
@@ -185,6 +188,21 @@ def create_run_dir(out: str | Path, run_id: str | None, auto_id: str) -> Path:
             return path
         except FileExistsError:
             continue  # another run started in the same second
+
+
+PRE_TASK_FILES = ("config.json", "env.json", "task.json")  # what a run writes before its first student
+
+
+def discard_run_dir(run_dir: str | Path) -> None:
+    """Remove a run folder refused before any student ran: the files it wrote so far (PRE_TASK_FILES), and
+    the folder once it is empty (a driver's folder with its own files in it stays)."""
+    run_dir = Path(run_dir)
+    for name in PRE_TASK_FILES:
+        (run_dir / name).unlink(missing_ok=True)
+    try:
+        run_dir.rmdir()
+    except OSError:
+        pass
 
 
 # ---- completeness --------------------------------------------------------------------------------

@@ -126,18 +126,22 @@ def _run(cfg: Config, world: distributed.World, device, out, run_id, requested, 
             "derived": {"device": str(device), "teacher_dtype": str(tdtype or torch.float32),
                         "world_size": world.world_size, "strategy": world.strategy},
         })
-    if not world.writes:
-        world.barrier()  # rank 0 builds the task first: the text, tokenizer and teacher caches are written once
-    task = tasks.for_config(cfg, device, tdtype, cache_dir=Path(out) / "cache")
-    if task.teacher_precision.reason:
-        _say(progress, f"[teacher] {task.teacher_precision.reason}")
-    if world.writes:
-        world.barrier()
-        results.write_json(run_dir / "task.json", task.info)
-    if world.active:  # every rank distils rank 0's teacher into rank 0's initial weights
-        for module in (task.teacher, task.reference):
-            distributed.broadcast_module(module, device)
-    data = task.make_data(shard=world.rank)
+    try:
+        # Every rank builds its task at once: the text and teacher caches are built by one process (a lock
+        # on each entry), the others wait on that lock, not at a collective bounded by parallel.timeout_s
+        task = tasks.for_config(cfg, device, tdtype, cache_dir=Path(out) / "cache")
+        if task.teacher_precision.reason:
+            _say(progress, f"[teacher] {task.teacher_precision.reason}")
+        if world.writes:
+            results.write_json(run_dir / "task.json", task.info)
+        if world.active:  # every rank distils rank 0's teacher into rank 0's initial weights
+            for module in (task.teacher, task.reference):
+                distributed.broadcast_module(module, device)
+        data = task.make_data(shard=world.rank)
+    except Exception:  # refused before any student ran: no folder of a run that never was
+        if world.writes:
+            results.discard_run_dir(run_dir)
+        raise
     if world.writes:
         teacher_cells, teacher_profile = time_teacher(cfg, task, data, device)
         _write_profile(run_dir, "teacher", teacher_profile)

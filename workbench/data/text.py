@@ -11,11 +11,13 @@ disjoint, does not move when other documents join the corpus, and a single long 
 tokenizer (Hugging Face `tokenizers` byte-level BPE, or raw bytes) is trained on the train split only.
 
 Everything lands in <cache_dir>/text-<key>/, the key a hash of the corpus text, the tokenizer and the split:
-tokenizer.json, train.npy, heldout.npy, then meta.json last (its presence means the folder is complete).
-A later call with the same key reads it back instead of training again.
+tokenizer.json, train.npy, heldout.npy, then meta.json last (its presence means the folder is complete; it
+records each file's size and sha256). A later call with the same key reads it back instead of training
+again; a damaged entry is rebuilt, and two processes building one entry take turns (workbench.data.cache).
 """
 from __future__ import annotations
 
+import codecs
 import glob
 import hashlib
 import io
@@ -29,8 +31,9 @@ import numpy as np
 import pydoc_data.topics
 import torch
 
+from workbench.data import cache
 from workbench.errors import ConfigError
-from workbench.results import read_json, write_bytes, write_json
+from workbench.results import read_json
 
 try:
     import tokenizers
@@ -84,9 +87,11 @@ def builtin_documents():
             yield f"stdlib/{rel}", (root / rel).read_text(encoding="utf-8", errors="replace")
 
 
-def user_documents(patterns: tuple[str, ...]):
-    """(path as matched, text) for every file the patterns match, sorted per pattern, each file once."""
-    seen = set()
+def user_documents(patterns: tuple[str, ...], max_bytes: int | None = None):
+    """(path as matched, text) for every file the patterns match, sorted per pattern, each file once; with
+    `max_bytes`, only that much of all of them together is read (a 1 GB file of which 1 MB is used costs
+    1 MB). A file with a NUL byte in what is read is not text, and refused."""
+    seen, left = set(), max_bytes
     for pattern in patterns:
         paths = sorted(p for p in glob.glob(str(Path(pattern).expanduser()), recursive=True) if Path(p).is_file())
         if not paths:
@@ -97,15 +102,27 @@ def user_documents(patterns: tuple[str, ...]):
                 continue
             seen.add(path)
             try:
-                yield path, Path(path).read_text(encoding="utf-8", errors="replace")
+                with open(path, "rb") as f:
+                    data = f.read() if left is None else f.read(left)
             except OSError as e:
                 raise TextDataError(f"text file {path}: {e.strerror or e}") from None
+            if b"\0" in data:
+                raise TextDataError(f"text file {path}: not text (a NUL byte at offset {data.index(0)}); "
+                                    "lm.corpus_files takes text files (UTF-8)")
+            # where the budget cut the file, a character cut in two is dropped (not final), as `documents` does
+            ended = left is None or len(data) < left
+            text = codecs.getincrementaldecoder("utf-8")(errors="replace").decode(data, final=ended)
+            yield path, text
+            if left is not None:
+                left -= len(text.encode("utf-8"))
+                if left <= 0:
+                    return
 
 
 def documents(spec: TextSpec) -> list[tuple[str, str]]:
     """The corpus: documents in order until `spec.max_bytes` of UTF-8, the last one cut to fit."""
     out, left = [], spec.max_bytes
-    for name, text in (user_documents(spec.files) if spec.files else builtin_documents()):
+    for name, text in (user_documents(spec.files, spec.max_bytes) if spec.files else builtin_documents()):
         data = text.encode("utf-8")
         if len(data) >= left:
             text = data[:left].decode("utf-8", errors="ignore")  # a character cut in two is dropped
@@ -237,23 +254,31 @@ def load_text(spec: TextSpec = TextSpec(), cache_dir: str | Path = "results/cach
     named = pieces(documents(spec))
     folder = Path(cache_dir) / f"text-{_key(spec, kind, named)}"
     vocab = spec.vocab_size if kind == "bpe" else 256
-    if (folder / "meta.json").exists():
-        tok = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json")) if kind == "bpe" else None
-        tokens = {s: np.load(folder / f"{s}.npy") for s in SPLITS}
-        return TextData(spec, kind, vocab, tokens, folder, True, tok)
-
-    parts = split_pieces(named, spec.heldout_fraction)
-    texts = {s: [text for _, text in parts[s]] for s in SPLITS}
-    tok = train_bpe(texts["train"], vocab) if kind == "bpe" else None  # held-out text stays unseen
-    tokens = {s: _encode(texts[s], tok) for s in SPLITS}
-    if tok is not None:
-        write_bytes(folder / "tokenizer.json", tok.to_str().encode())
-    for s in SPLITS:
-        write_bytes(folder / f"{s}.npy", _npy(tokens[s]))
-    write_json(folder / "meta.json", {  # last: its presence says the folder is complete
-        "spec": asdict(spec), "tokenizer_kind": kind, "vocab_size": vocab,
-        "trained_vocab_size": tok.get_vocab_size() if tok else 256,
-        "documents": len({name.rsplit("#", 1)[0] for name, _ in named}),
-        "pieces": {s: len(parts[s]) for s in SPLITS}, "tokens": {s: int(len(tokens[s])) for s in SPLITS},
-        "heldout_pieces": [name for name, _ in parts["heldout"]]})
+    entry = cache.Entry(folder)
+    if entry.read() is not None:
+        return _read(spec, kind, vocab, folder)
+    with entry.building() as meta:  # another process may have built it while this one waited
+        if meta is not None:
+            return _read(spec, kind, vocab, folder)
+        parts = split_pieces(named, spec.heldout_fraction)
+        texts = {s: [text for _, text in parts[s]] for s in SPLITS}
+        tok = train_bpe(texts["train"], vocab) if kind == "bpe" else None  # held-out text stays unseen
+        tokens = {s: _encode(texts[s], tok) for s in SPLITS}
+        if tok is not None:
+            entry.write_file("tokenizer.json", lambda f: f.write(tok.to_str().encode()))
+        for s in SPLITS:
+            entry.write_file(f"{s}.npy", lambda f, s=s: f.write(_npy(tokens[s])))
+        entry.commit({  # last: its presence says the folder is complete
+            "spec": asdict(spec), "tokenizer_kind": kind, "vocab_size": vocab,
+            "trained_vocab_size": tok.get_vocab_size() if tok else 256,
+            "documents": len({name.rsplit("#", 1)[0] for name, _ in named}),
+            "pieces": {s: len(parts[s]) for s in SPLITS}, "tokens": {s: int(len(tokens[s])) for s in SPLITS},
+            "heldout_pieces": [name for name, _ in parts["heldout"]]})
     return TextData(spec, kind, vocab, tokens, folder, False, tok)
+
+
+def _read(spec: TextSpec, kind: str, vocab: int, folder: Path) -> TextData:
+    """The cached text of a verified entry (its files match the sizes and hashes meta.json recorded)."""
+    tok = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json")) if kind == "bpe" else None
+    tokens = {s: np.load(folder / f"{s}.npy") for s in SPLITS}
+    return TextData(spec, kind, vocab, tokens, folder, True, tok)

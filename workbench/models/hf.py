@@ -12,6 +12,7 @@ import functools
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
@@ -61,9 +62,27 @@ def load_causal_lm(path_or_config: str | Path | PretrainedConfig, seq_len: int |
     else:
         try:
             model = AutoModelForCausalLM.from_pretrained(path_or_config, local_files_only=True, dtype=torch.float32)
-        except (OSError, ValueError) as e:  # no such folder, no config / weights in it, not a causal LM
-            raise _not_loadable(path_or_config, e) from e
+        except (OSError, ValueError, SafetensorError) as e:  # no such folder, no config / weights, not a causal
+            raise _not_loadable(path_or_config, e) from e  # LM, weights cut short or damaged
     return HFCausalLM(model.train(), seq_len)
+
+
+POSITION_FIELDS = ("n_positions", "max_position_embeddings")  # GPT-2's name, and Llama's (most others')
+
+
+def check_folder(path: str, field: str, seq_len: int) -> None:
+    """ConfigError naming `field` unless `path` holds a Hugging Face causal LM config whose position limit
+    (n_positions / max_position_embeddings, where it has one) covers `seq_len`: from the config alone,
+    before any text is tokenized or any teacher trained."""
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{field}: {_not_loadable(path, e)}") from e
+    for name in POSITION_FIELDS:
+        limit = getattr(config, name, None)
+        if isinstance(limit, int) and limit < seq_len:
+            raise ConfigError(f"{field}: the Hugging Face model at {path!r} has {name}={limit} positions, fewer than "
+                              f"model.seq_len={seq_len}; set model.seq_len to at most {limit}")
 
 
 @functools.lru_cache(maxsize=8)

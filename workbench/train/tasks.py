@@ -14,6 +14,7 @@ import copy
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -21,7 +22,8 @@ from typing import Any
 
 import torch
 
-from workbench import backends, results
+from workbench import backends
+from workbench.data import cache
 from workbench.env.probe import _memory_gb
 from workbench.errors import ConfigError
 from workbench.models import Student, Teacher, reference_student
@@ -80,6 +82,7 @@ class MLPTask:
         with self.teacher_precision.forward():
             y = self.teacher(tokens, return_hidden=self.needs_hidden)
         out, hidden = y if self.needs_hidden else (y, None)
+        check_teacher_output(out, self.cfg)
         return tokens, objectives.Targets(out.float(), [h.float() for h in hidden] if hidden else None)
 
     @torch.no_grad()
@@ -105,9 +108,21 @@ class LMTask:
         self.cfg, self.device, self.tdtype, self.cache_dir = cfg, device, tdtype, Path(cache_dir)
         self.needs_hidden, self.ce_only = False, ce_only
         m, lm = cfg.model, cfg.lm
+        if lm.student or lm.teacher not in ("train", "random"):  # before any text is tokenized or teacher trained
+            from workbench.models.hf import check_folder
+
+            for name in ("student", "teacher"):
+                if getattr(lm, name) not in ("", "train", "random"):
+                    check_folder(getattr(lm, name), f"lm.{name}", m.seq_len)
         self.text = load_text(TextSpec(files=tuple(lm.corpus_files), max_bytes=int(lm.corpus_mb * 1e6),
                                        tokenizer=lm.tokenizer, vocab_size=m.vocab if lm.tokenizer == "bpe" else 256,
                                        heldout_fraction=lm.heldout_fraction), self.cache_dir)
+        for split, n in ((s, len(t)) for s, t in self.text.tokens.items()):  # every batch is a window of seq_len + 1 tokens
+            if n < m.seq_len + 1:
+                raise ConfigError(f"the text's {split} split has {n} tokens, fewer than model.seq_len + 1 = "
+                                  f"{m.seq_len + 1}: raise lm.corpus_mb ({lm.corpus_mb})"
+                                  + (" or lm.heldout_fraction" if split == "heldout" else "") + ", give more "
+                                  "lm.corpus_files, or lower model.seq_len")
         d = cfg.distill
         # one implementation for every student of the run, the no-KD one included (its CE alone could always be fused)
         self.loss_impl = lm_objectives.resolve_impl(d.loss, d.loss_impl, device)  # refuses a fused one that cannot run
@@ -183,22 +198,37 @@ class LMTask:
                   "lr": cfg.lm.teacher_lr, "seed": cfg.train.seed, "batch": cfg.model.batch,
                   "train_precision": teacher_precision.NAMES[self.tdtype]}
         key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
-        folder = self.cache_dir / f"teacher-{key}"
+        entry = cache.Entry(self.cache_dir / f"teacher-{key}")
         model = CausalLM(shape)
-        self.info["teacher_checkpoint"] = str(folder)
-        if (folder / "meta.json").exists():
-            model.load_state_dict(torch.load(folder / "teacher.pt", map_location="cpu", weights_only=True))
-            self.info["teacher_cached"] = True
-            return model
-        t0 = time.monotonic()
+        self.info["teacher_checkpoint"] = str(entry.folder)
+        if entry.read() is None:
+            with entry.building() as meta:  # checks the cache writable before training; waits for another builder
+                if meta is None:
+                    return self._train_teacher(model, entry, recipe)
+        model.load_state_dict(torch.load(entry.folder / "teacher.pt", map_location="cpu", weights_only=True))
+        self.info["teacher_cached"] = True
+        return model
+
+    def _train_teacher(self, model: torch.nn.Module, entry, recipe: dict) -> torch.nn.Module:
+        """Train the teacher, refuse it when its loss is not finite, and cache it; a teacher that cannot be
+        cached (a full disk) is still used, and task.json says why it was not kept."""
+        cfg, t0 = self.cfg, time.monotonic()
         losses = train_lm(model, self.text.batches("train", cfg.model.batch, cfg.model.seq_len, cfg.lm.teacher_steps,
                                                    cfg.train.seed + 7), cfg.lm.teacher_lr, self.device, self.tdtype)
-        folder.mkdir(parents=True, exist_ok=True)
-        buf = folder / ".teacher.pt.tmp"
-        torch.save(model.state_dict(), buf)
-        buf.replace(folder / "teacher.pt")
-        results.write_json(folder / "meta.json", {**recipe, "final_loss": losses[-1], "train_s": time.monotonic() - t0})
-        self.info.update(teacher_cached=False, teacher_train_s=round(time.monotonic() - t0, 2), teacher_final_loss=losses[-1])
+        bad = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
+        if bad is not None:
+            raise ConfigError(f"the teacher trained here diverged: its training loss is {losses[bad]} at step {bad + 1} "
+                              f"of lm.teacher_steps={cfg.lm.teacher_steps} (lm.teacher_lr={cfg.lm.teacher_lr}); lower "
+                              "lm.teacher_lr. It was not cached")
+        train_s = time.monotonic() - t0
+        self.info.update(teacher_cached=False, teacher_train_s=round(train_s, 2), teacher_final_loss=losses[-1])
+        try:
+            entry.write_file("teacher.pt", lambda f: torch.save(model.state_dict(), f))
+            entry.commit({**recipe, "final_loss": losses[-1], "train_s": train_s})
+        except OSError as e:  # the temporary file is gone (results.write_with); the teacher is still good
+            self.info["teacher_cache_error"] = f"not cached: {type(e).__name__}: {e}"
+            print(f"[teacher] trained, but {entry.folder} could not be written ({e}); using it without caching",
+                  flush=True)
         return model
 
     # ---- data, loss, evaluation -----------------------------------------------------------------
@@ -231,12 +261,10 @@ class LMTask:
         kept = self.bench_batches() + cfg.train.eval_batches
         gpu_free = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else None
         host_gb = _memory_gb()[1]
-        # Every rank of this host (torchrun's LOCAL_WORLD_SIZE) pins its own training batches' logits. The
-        # host's first rank builds its task before the others (runner: the others wait at a barrier), so
-        # it judges the memory for all of them, before anything is pinned; each later rank then finds its
-        # share left (if N*X fits 80% of what rank 0 saw, X fits 80% of what is left after the others). On
-        # a second node all ranks build at once: its first rank may see some peers' pinned pages and refuse
-        # early, which errs on the safe side.
+        # Every rank of this host (torchrun's LOCAL_WORLD_SIZE) pins its own training batches' logits, each
+        # after every rank has placed them (the runner broadcasts the teacher first, a collective), so the
+        # host's first rank judges the memory for all of them, before anything is pinned, and each other
+        # rank its own share of it (if N*X fits 80% of what rank 0 saw, X fits 80% of what each sees).
         local = os.environ.get("LOCAL_RANK") in (None, "0")
         ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or 1) if local else 1
         where = place_teacher_logits(cfg.distill.teacher_logits, cfg.train.steps * per_batch, kept * per_batch,
@@ -248,6 +276,7 @@ class LMTask:
         tokens, next_tokens = window[:, :-1].to(self.device), window[:, 1:].to(self.device)
         with self.teacher_precision.forward():
             logits = self.teacher(tokens)
+        check_teacher_output(logits, self.cfg)
         if host:  # one batch at a time: all of them would not fit on the GPU
             if self.device.type == "cuda":  # pinned: the copy back to the GPU can then run asynchronously
                 logits = torch.empty(logits.shape, dtype=logits.dtype, pin_memory=True).copy_(logits)
@@ -283,6 +312,19 @@ class LMTask:
         other = copy.copy(self)
         other.ce_only = True
         return other
+
+
+def check_teacher_output(out: torch.Tensor, cfg) -> None:
+    """Refuse the run when the teacher's outputs (every student's targets) are not finite: no student can
+    learn from them, and each would otherwise be blamed for what the teacher did. One fp32 sum per batch:
+    it is finite exactly when every value is (a logit is far below the float32 range)."""
+    if not torch.isfinite(out.sum(dtype=torch.float32)):
+        lm = cfg.lm
+        source = ("" if cfg.model.kind == "mlp" else
+                  f", lm.teacher={lm.teacher!r}" + (f", lm.teacher_lr={lm.teacher_lr}" if lm.teacher == "train" else ""))
+        raise ConfigError(f"the teacher's outputs are not finite (NaN or inf), so no student can train on them "
+                          f"(distill.teacher_precision={cfg.distill.teacher_precision!r}{source}): try "
+                          "teacher_precision=fp32 or bf16 (fp16 overflows), or another teacher")
 
 
 def place_teacher_logits(choice: str, train_bytes: int, kept_bytes: int, gpu_free: int | None,

@@ -41,10 +41,17 @@ class Data:
         checked = [(tokens, [t for t in targets.tensors() if t is not targets.out]) for tokens, targets in host or []]
         checked += [(tokens, targets.tensors()) for tokens, targets in (*(self.train if host is None else []),
                                                                          *self.bench, *self.eval)]
-        # accumulate in fp64 without an fp64 copy of each tensor (LM logits are GBs)
-        sums = [t.sum(dtype=torch.float64) for tokens, tensors in checked for t in (tokens, *tensors)]
-        # their bit patterns: a NaN sum equals itself there (torch.equal on NaN floats is never true)
-        return torch.stack(sums).cpu().view(torch.int64)
+        return torch.stack([_bit_sum(t) for tokens, tensors in checked for t in (tokens, *tensors)]).cpu()
+
+
+_SAME_WIDTH_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bit_sum(t: torch.Tensor) -> torch.Tensor:
+    """The int64 sum of a tensor's values read as integers of their width (a view, no copy: LM logits are GBs):
+    exact, and a NaN in it is a bit pattern like any other, so a float sum's NaN (never equal to itself,
+    and hiding every other change) cannot make unchanged batches look changed."""
+    return (t.view(_SAME_WIDTH_INT[t.element_size()]) if t.is_floating_point() else t).sum(dtype=torch.int64)
 
 
 class Diverged(RuntimeError):

@@ -128,7 +128,7 @@ def _run(cfg: Config, world: distributed.World, device, out, run_id, requested, 
         })
     if not world.writes:
         world.barrier()  # rank 0 builds the task first: the text, tokenizer and teacher caches are written once
-    task = tasks.for_config(cfg, device, tdtype, cache_dir=Path(out) / "cache")
+    task = tasks.for_config(cfg, device, tdtype, cache_dir=results.cache_dir(out))
     if task.teacher_precision.reason:
         _say(progress, f"[teacher] {task.teacher_precision.reason}")
     if world.writes:

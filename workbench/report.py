@@ -19,6 +19,7 @@ converts it to report.html with nbconvert; the notebook calls `write_files` (CSV
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 import re
 import sys
@@ -43,6 +44,7 @@ REF_COLUMNS = ("step_ms_median", "final_train_loss", "eval_mse", "peak_mem_alloc
 # A student is unstable when its final train loss is above its initial loss, or any step's loss is
 # above SPIKE x the initial loss (e.g. bf16 at hidden 8192 / 8192 tokens on the H200: 0.72 -> 2.0).
 SPIKE = 2.0
+NO_NBCONVERT = "pip install 'nbconvert>=7.0'"  # the `report` extra; the same command for a wheel and a checkout
 
 
 def low_precision(df: pd.DataFrame) -> pd.Series:
@@ -73,9 +75,9 @@ def load_sweep(path: str | Path, reference: str = REFERENCE) -> pd.DataFrame:
 def _point_frame(d: Path) -> pd.DataFrame:
     """A point's students.csv, plus each student's highest step loss (losses.csv: for `unstable`) and
     when the point finished (done.json: the report's date)."""
-    df = pd.read_csv(d / "students.csv").assign(point=d.name)
+    df = results.read_students(d).assign(point=d.name)
     if (d / "losses.csv").exists():
-        peak = pd.read_csv(d / "losses.csv").groupby("student")["loss"].max().rename("max_train_loss")
+        peak = results.read_csv(d / "losses.csv").groupby("student")["loss"].max().rename("max_train_loss")
         df = df.drop(columns="max_train_loss", errors="ignore").merge(peak, left_on="student", right_index=True, how="left")
     if (d / sweep_plan.DONE_FILE).exists():
         df["finished_at"] = results.read_json(d / sweep_plan.DONE_FILE).get("finished_at")
@@ -116,10 +118,20 @@ def add_derived(df: pd.DataFrame, reference: str = REFERENCE) -> pd.DataFrame:
 
 
 def failed_points(sweep_dir: str | Path) -> pd.DataFrame:
-    """Points whose notebook did not finish (from index.csv), with their error."""
-    idx = sweep_plan.read_index(sweep_dir)
+    """Points of the current spec without results in the report: those index.csv does not call done, with
+    their error, and every complete point whose result files were damaged after it finished (status
+    `damaged`, the error naming the file). A damaged index.csv is said on stderr and leaves the damaged ones."""
+    try:
+        idx = sweep_plan.read_index(sweep_dir)
+    except sweep_plan.DamagedIndex as e:
+        print(f"workbench report: {e}; the next sweep run rebuilds it", file=sys.stderr)
+        idx = pd.DataFrame(columns=sweep_plan.INDEX_COLUMNS)
     wanted = sweep_plan.planned_ids(sweep_dir)  # rows of an earlier spec's points are history, not failures
     bad = idx[(idx["status"] != "done") & (idx["point"].isin(wanted) if wanted is not None else True)]
+    damaged = pd.DataFrame([{"point": d.name, "status": "damaged", "error_kind": "damaged", "error": why}
+                            for d, why in sweep_plan.damaged_points(sweep_dir).items()],
+                           columns=["point", "status", "error_kind", "error"])
+    bad = pd.concat([bad[~bad["point"].isin(damaged["point"])], damaged], ignore_index=True) if len(damaged) else bad
     cols = ["point", "status", "error_kind", "error"] + [c for c in idx.columns if c.startswith("grid_")]
     return bad[[c for c in cols if c in bad.columns]].reset_index(drop=True)
 
@@ -498,10 +510,7 @@ def to_html(executed: str | Path, html_path: str | Path, title: str | None = Non
     """The executed report notebook as a standalone HTML page, code hidden (a report, not a program)."""
     import nbformat
 
-    try:
-        from nbconvert import HTMLExporter
-    except ModuleNotFoundError as e:
-        raise ModuleNotFoundError(f"{e}; the HTML report needs nbconvert: pip install -e '.[report]'") from None
+    from nbconvert import HTMLExporter  # `run` says what to install when it is missing
 
     nb = nbformat.read(str(executed), as_version=4)
     nb.metadata["title"] = title or "Sweep report"  # the page's <title>; nbconvert's default is "Notebook"
@@ -528,6 +537,10 @@ def run(sweep_dir: str | Path, reference: str = REFERENCE, out_dir: str | Path |
                         parameters={"sweep_dir": str(sweep_dir), "reference": reference, "out_dir": str(out_dir)},
                         kernel_name="python3", language="python", progress_bar=progress,
                         cwd=str(out_dir))
+    if importlib.util.find_spec("nbconvert") is None:  # the report stands without its HTML page
+        print(f"workbench report: report.html not written: it needs nbconvert ({NO_NBCONVERT}); the CSVs, plots "
+              f"and the executed notebook are in {out_dir}", file=sys.stderr)
+        return out_dir
     to_html(executed, out_dir / "report.html", title=f"Sweep report: {sweep_dir.name}")
     return out_dir
 

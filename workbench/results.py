@@ -9,7 +9,7 @@ results/<run_id>/
   profile-<student>.json, profile-teacher.json   with bench.profile: the profiled block (workbench.crosscheck)
   *.png / *.svg  plots (workbench.plots)
   done.json      written last: the run is complete (loaders skip folders without it); it records the size
-                 of students.csv, so a file damaged later is named instead of read as half a row
+                 and hash of every CSV, so a file damaged later is named (read_csv) instead of read as half a row
 Every write goes to a temporary file in the same folder, then os.replace: a reader never sees half a file.
 
 Every command names its folders through `output_root`, `check_name` and `create_run_dir`: run ids and
@@ -19,6 +19,7 @@ runs never write into one folder.
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import io
 import itertools
 import json
@@ -37,6 +38,9 @@ DONE_FILE = "done.json"
 HANDOVER_ENV = "WORKBENCH_RUN_DIR"
 """A driver (`workbench notebook`, a sweep point) creates the run folder and names it here for the
 notebook kernel it starts; the kernel's `create_run_dir` takes that one folder over, once."""
+CACHE_ENV = "WORKBENCH_CACHE_DIR"
+"""The folder of the text, tokenizer and teacher caches, where a driver (a sweep) shares one across its
+runs; unset: each run's <out>/cache."""
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 STUDENT_COLUMNS = [  # the first columns of students.csv, in order; config and env stamp follow
@@ -151,6 +155,11 @@ def check_name(value: str, what: str) -> str:
     return value
 
 
+def cache_dir(out: str | Path) -> Path:
+    """Where a run with output root `out` keeps its caches: CACHE_ENV when a driver set it, else <out>/cache."""
+    return Path(os.environ.get(CACHE_ENV) or Path(out) / "cache")
+
+
 def output_root(out: str | Path) -> Path:
     """`out` resolved, created if missing and checked writable; OutputError (one line) otherwise."""
     root = Path(out).expanduser().resolve()
@@ -207,13 +216,18 @@ def discard_run_dir(run_dir: str | Path) -> None:
 
 # ---- completeness --------------------------------------------------------------------------------
 def mark_complete(run_dir: str | Path, **info: Any) -> Path:
-    """Write done.json, the last file of a run: it makes the run complete and records the size of
-    students.csv, against which `load` checks it."""
+    """Write done.json, the last file of a run: it makes the run complete and records the size and
+    SHA-256 of every CSV in the folder (students.csv, losses.csv, ...), against which `read_csv` checks them."""
     run_dir = Path(run_dir)
     students = run_dir / "students.csv"
     return write_json(run_dir / DONE_FILE, {
         "finished_at": _dt.datetime.now().isoformat(timespec="seconds"),
-        "students_csv_bytes": students.stat().st_size, "students_rows": len(pd.read_csv(students)), **info})
+        "students_csv_bytes": students.stat().st_size, "students_rows": len(pd.read_csv(students)),
+        "files": {f.name: _fingerprint(f) for f in sorted(run_dir.glob("*.csv"))}, **info})
+
+
+def _fingerprint(path: Path) -> dict[str, Any]:
+    return {"bytes": path.stat().st_size, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
 
 
 def is_complete(run_dir: str | Path) -> bool:
@@ -233,26 +247,62 @@ def run_dirs(path: str | Path, include_incomplete: bool = False) -> list[Path]:
     return [d for d in folders_with(path, "students.csv") if include_incomplete or is_complete(d)]
 
 
-def read_students(run_dir: str | Path) -> pd.DataFrame:
-    """One run's students.csv; DamagedResults naming the file when it is cut short or unreadable."""
-    path = Path(run_dir) / "students.csv"
-    done = Path(run_dir) / DONE_FILE
-    expected = (read_json(done) if done.exists() else {}).get("students_csv_bytes")
-    size = path.stat().st_size
-    if expected is not None and size != expected:
-        raise DamagedResults(f"{path} is damaged: {size} bytes, but {DONE_FILE} recorded {expected} "
-                             f"(cut short or changed after the run finished)")
-    with open(path, "rb") as f:  # without done.json: a file the writer finished ends with a newline
-        f.seek(max(size - 1, 0))
-        if size == 0 or f.read(1) != b"\n":
-            raise DamagedResults(f"{path} is damaged: {'empty' if size == 0 else 'its last row is cut short'}")
+def read_csv(path: str | Path) -> pd.DataFrame:
+    """A result CSV, checked: against the size and hash that its folder's done.json recorded for it (runs
+    from before the hash: students.csv's size), else that it ends with the newline its writer ends with;
+    then parsed. DamagedResults naming the file when it is cut short, changed or unreadable."""
+    path = Path(path)
+    done = path.parent / DONE_FILE
+    marker = _read_marker(done) if done.exists() else {}
+    recorded = (marker.get("files") or {}).get(path.name) or {}
+    if not recorded and path.name == "students.csv" and marker.get("students_csv_bytes") is not None:
+        recorded = {"bytes": marker["students_csv_bytes"]}
     try:
-        df = pd.read_csv(path)
+        data = path.read_bytes()
+    except OSError as e:
+        raise DamagedResults(f"{path} cannot be read ({e.strerror or e})") from None
+    if "bytes" in recorded and len(data) != recorded["bytes"]:
+        raise DamagedResults(f"{path} is damaged: {len(data)} bytes, but {DONE_FILE} recorded {recorded['bytes']} "
+                             f"(cut short or changed after the run finished)")
+    if "sha256" in recorded and hashlib.sha256(data).hexdigest() != recorded["sha256"]:
+        raise DamagedResults(f"{path} is damaged: its content differs from what {DONE_FILE} recorded "
+                             f"(changed after the run finished)")
+    if not data.endswith(b"\n"):  # without a record: a file the writer finished ends with a newline
+        raise DamagedResults(f"{path} is damaged: {'empty' if not data else 'its last row is cut short'}")
+    try:
+        return pd.read_csv(io.BytesIO(data))
     except (ValueError, UnicodeDecodeError) as e:  # pandas' ParserError / EmptyDataError are ValueErrors
         raise DamagedResults(f"{path} is damaged: {' '.join(str(e).split())[:300]}") from None
+
+
+def _read_marker(done: Path) -> dict[str, Any]:
+    try:
+        marker = read_json(done)
+    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise DamagedResults(f"{done} is damaged ({' '.join(str(e).split())[:200]})") from None
+    if not isinstance(marker, dict):
+        raise DamagedResults(f"{done} is damaged (not a JSON object)")
+    return marker
+
+
+def read_students(run_dir: str | Path) -> pd.DataFrame:
+    """One run's students.csv (read_csv), with every row's student and status; DamagedResults naming the file."""
+    path = Path(run_dir) / "students.csv"
+    df = read_csv(path)
     if "student" not in df.columns or "status" not in df.columns or df[["student", "status"]].isna().any().any():
         raise DamagedResults(f"{path} is damaged: a row without its student or status")
     return df
+
+
+def check_complete(run_dir: str | Path) -> str | None:
+    """Why a complete run's results cannot be read (DamagedResults' message), or None when they can."""
+    try:
+        read_students(run_dir)
+        if (Path(run_dir) / "losses.csv").exists():
+            read_csv(Path(run_dir) / "losses.csv")
+    except DamagedResults as e:
+        return str(e)
+    return None
 
 
 def load(path: str | Path, include_incomplete: bool = False) -> pd.DataFrame:
@@ -273,7 +323,7 @@ def load(path: str | Path, include_incomplete: bool = False) -> pd.DataFrame:
 
 
 def load_losses(run_dir: str | Path) -> pd.DataFrame:
-    return pd.read_csv(Path(run_dir) / "losses.csv")
+    return read_csv(Path(run_dir) / "losses.csv")
 
 
 def load_summary(run_dir: str | Path) -> dict[str, Any]:

@@ -129,7 +129,7 @@ def _run(cfg: Config, world: distributed.World, device, out, run_id, requested, 
     try:
         # Every rank builds its task at once: the text and teacher caches are built by one process (a lock
         # on each entry), the others wait on that lock, not at a collective bounded by parallel.timeout_s
-        task = tasks.for_config(cfg, device, tdtype, cache_dir=Path(out) / "cache")
+        task = tasks.for_config(cfg, device, tdtype, cache_dir=results.cache_dir(out))
         if task.teacher_precision.reason:
             _say(progress, f"[teacher] {task.teacher_precision.reason}")
         if world.writes:

@@ -67,7 +67,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import fcntl
 import importlib.util
 import json
 import logging
@@ -75,6 +74,8 @@ import os
 import re
 import shutil
 import signal
+import socket
+import struct
 import sys
 import time
 from dataclasses import dataclass
@@ -87,16 +88,22 @@ from workbench import config, results
 from workbench.config import ConfigError
 from workbench.sweep_plan import (  # noqa: F401 - the spec and files are part of the sweep's API
     DEFAULT_ROOT, DONE_FILE, INDEX_COLUMNS, INDEX_FILE, SPEC_FILE, STATUSES, DamagedIndex, Point, Spec,
-    check_spec_shape, complete_points, config_hash, load_spec_file, parse_grid_args, plan, planned_ids, read_index)
+    check_spec_shape, complete_points, damaged_points, load_spec_file, parse_grid_args, plan, planned_ids,
+    point_folders, point_id, read_index, stored_spec)
+
+LOCK_FILE = "sweep.lock"
+DEFAULT_CACHE = Path("results") / "cache"  # the cache `workbench run` uses with its default --out
 
 class Index:
     """index.csv, owned by the sweep's one driving process and rewritten atomically on every change.
 
     Opened by the lock holder: a `running` row left behind is a dead driver's (now `interrupted`), a
     complete point folder the index does not call done (killed between the two, or a damaged index)
-    is entered as done from its files."""
+    is entered as done from its files, and a done point whose result files were damaged since
+    (results.check_complete) becomes `failed` (error_kind `damaged`, the error naming the file), so it
+    reruns. `folders`: each point's folder (sweep_plan.point_folders)."""
 
-    def __init__(self, sweep_dir: Path, points: list[Point]):
+    def __init__(self, sweep_dir: Path, points: list[Point], folders: dict[str, Path]):
         self.path = sweep_dir / INDEX_FILE
         try:
             df = read_index(sweep_dir)
@@ -110,9 +117,16 @@ class Index:
         for row in self.rows.values():
             if row.get("status") == "running":
                 row.update(status="interrupted", error_kind="interrupted", error="the sweep driver stopped")
+        self.damaged: dict[str, str] = {}
         for p in points:
-            if results.is_complete(sweep_dir / p.id) and self.rows.get(p.id, {}).get("status") != "done":
-                self.update(p, **done_fields(sweep_dir / p.id))
+            if not results.is_complete(folders[p.id]):
+                continue
+            why = results.check_complete(folders[p.id])
+            if why:
+                self.damaged[p.id] = why
+                self.update(p, status="failed", error_kind="damaged", error=why, finished_at=_now())
+            elif self.rows.get(p.id, {}).get("status") != "done":
+                self.update(p, **done_fields(folders[p.id]))
         self.write()
 
     def update(self, point: Point, **fields: Any) -> None:
@@ -147,10 +161,14 @@ def done_fields(point_dir: Path) -> dict[str, Any]:
 
 # ---- one point -----------------------------------------------------------------------------------
 def run_point(sweep_dir: Path, preset: str, point_id: str, overrides: dict[str, Any],
-              cell_timeout: int | None = None) -> dict[str, Any]:
+              cell_timeout: int | None = None, cache: str | None = None) -> dict[str, Any]:
     """Execute the main notebook for one point; return its index fields. Never raises for a failing
-    notebook (the failure is the result). It runs in a Dask worker; stopping the sweep is the driver's job."""
+    notebook (the failure is the result). It runs in a Dask worker; stopping the sweep is the driver's job.
+    `cache`: the folder of the text, tokenizer and teacher caches (results.CACHE_ENV; the kernel inherits it)."""
     from workbench import notebook
+
+    if cache:
+        os.environ[results.CACHE_ENV] = cache
 
     point_dir = sweep_dir / point_id
     if point_dir.exists():
@@ -277,14 +295,87 @@ def embedded_cluster(cp: ClusterPlan):
                        scheduler={"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard_address": None}})
 
 
+class SchedulerError(ConfigError):
+    """`--scheduler` names something that is not a usable Dask scheduler: nothing there, something else
+    answering, or a scheduler without workers."""
+
+
+CONNECT_TIMEOUT_S = 10.0
+
+
+def probe_scheduler(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    """Return when a Dask scheduler answers at `address` (tcp://HOST:PORT), else SchedulerError saying what
+    answered. distributed's Client can wait forever on a peer that accepts the connection but speaks
+    another protocol (an HTTP server, the scheduler's own dashboard port), whatever its timeout: a Dask
+    server writes its handshake as soon as it accepts, so a raw socket tells the two apart in `timeout`
+    seconds. Other schemes (tls://, ucx://) are left to distributed."""
+    scheme, sep, rest = address.rpartition("://")
+    if sep and scheme != "tcp":
+        return
+    host, colon, port = rest.rpartition(":")
+    if not colon or not port.isdigit() or not host:
+        raise SchedulerError(f"--scheduler {address!r}: expected tcp://HOST:PORT (e.g. tcp://127.0.0.1:8786)")
+    host = host.strip("[]")
+    try:
+        sock = socket.create_connection((host, int(port)), timeout=timeout)
+    except OSError as e:
+        raise SchedulerError(f"--scheduler {address}: nothing answers there ({e.strerror or e}); start a scheduler "
+                             f"(dask scheduler --port {port}) or check the address") from None
+    with sock:
+        head = _receive(sock, 16)
+        if len(head) == 16:
+            # a Dask TCP message: total length, frame count, then one length per frame (distributed.comm.tcp)
+            total, frames = struct.unpack("<QQ", head)
+            if 1 <= frames <= 64 and 8 * (frames + 1) <= total < 2**24:
+                return
+        what = f"something that sent {head[:40]!r}" if head else ""
+        if not head:  # silent until asked: perhaps an HTTP server waiting for a request
+            with contextlib.suppress(OSError):
+                sock.sendall(b"HEAD / HTTP/1.0\r\n\r\n")
+            reply = _receive(sock, 512)
+            if reply.startswith(b"HTTP/"):
+                server = next((line.split(b":", 1)[1].strip().decode(errors="replace")
+                               for line in reply.splitlines() if line.lower().startswith(b"server:")), "")
+                what = f"an HTTP server{f' ({server})' if server else ''}"
+            else:
+                what = f"something that accepted the connection but sent no Dask handshake within {timeout:g} s"
+    raise SchedulerError(f"--scheduler {address}: {what} answered, not a Dask scheduler; give the scheduler's "
+                         f"own address (its port is 8786 by default; 8787 is its dashboard)")
+
+
+def _receive(sock: socket.socket, n: int) -> bytes:
+    """Up to `n` bytes, fewer when the peer stops sending or the socket's timeout passes."""
+    data = b""
+    with contextlib.suppress(OSError):  # socket.timeout is an OSError
+        while len(data) < n:
+            chunk = sock.recv(n - len(data))
+            if not chunk:
+                break
+            data += chunk
+    return data
+
+
 @contextlib.contextmanager
-def dask_client(scheduler: str | None, workers: str | int, nprocs: list[int]) -> Iterator[tuple[Any, int]]:
+def dask_client(scheduler: str | None, workers: str | int, nprocs: list[int],
+                wait_workers: float = 120) -> Iterator[tuple[Any, int]]:
     """(client, GPUs per worker; 0 when the workers have no GPU resources) for the sweep's points:
-    a running cluster at `scheduler`, or an embedded one started here and closed on the way out."""
+    a running cluster at `scheduler` (probed first; SchedulerError when it has no worker after
+    `wait_workers` seconds), or an embedded one started here and closed on the way out."""
     from distributed import Client
 
     if scheduler:
-        with Client(scheduler, timeout="30s") as client:
+        probe_scheduler(scheduler)
+        with Client(scheduler, timeout=f"{CONNECT_TIMEOUT_S:g}s") as client:
+            if not client.scheduler_info(n_workers=-1)["workers"]:
+                print(f"workbench sweep: the scheduler at {scheduler} has no workers yet; waiting up to "
+                      f"{wait_workers:g} s (--wait-workers)", file=sys.stderr)
+                try:
+                    client.wait_for_workers(1, timeout=wait_workers)
+                except TimeoutError:
+                    raise SchedulerError(
+                        f"--scheduler {scheduler}: the scheduler has no workers after {wait_workers:g} s; start "
+                        f"some (dask worker {scheduler} --nthreads 1 --resources GPU=1) or wait longer "
+                        f"(--wait-workers SECONDS)") from None
             info = client.scheduler_info(n_workers=-1)["workers"].values()
             yield client, int(max((w.get("resources", {}).get("GPU", 0) for w in info), default=0))
         return
@@ -294,7 +385,7 @@ def dask_client(scheduler: str | None, workers: str | int, nprocs: list[int]) ->
 
 
 def _run_on_worker(sweep_dir: str, preset: str, point_id: str, overrides: dict[str, Any],
-                   cell_timeout: int | None, gpus: int, topic: str) -> dict[str, Any]:
+                   cell_timeout: int | None, gpus: int, topic: str, cache: str | None = None) -> dict[str, Any]:
     """One point, on a Dask worker: announce its start (the driver's index shows when it really started)
     and run it. A point of `gpus` GPUs gets the first that many of its worker's devices (dask-cuda's
     workers see every GPU, their own first); the worker runs one point at a time (one thread)."""
@@ -306,11 +397,11 @@ def _run_on_worker(sweep_dir: str, preset: str, point_id: str, overrides: dict[s
         os.environ["CUDA_VISIBLE_DEVICES"] = visible = ",".join(visible.split(",")[:gpus])
     where = {"worker": f"{worker.address}" + (f" GPU {visible}" if visible else ""), "started_at": _now()}
     worker.log_event(topic, {"point": point_id, "address": worker.address, **where})
-    return {**run_point(Path(sweep_dir), preset, point_id, overrides, cell_timeout), **where}
+    return {**run_point(Path(sweep_dir), preset, point_id, overrides, cell_timeout, cache), **where}
 
 
 def _execute(client, points: list[Point], gpus_per_worker: int, sweep_dir: Path, preset: str,
-             cell_timeout: int | None) -> Iterator[tuple[str, str, dict[str, Any]]]:
+             cell_timeout: int | None, cache: str | None = None) -> Iterator[tuple[str, str, dict[str, Any]]]:
     """Submit the points; yield ('start'|'end', point id, fields) as they run on the workers. A point
     asking for more GPUs than a worker has ends at once as failed. Pending points are cancelled when the
     caller stops; on a running cluster, the workers still running one of ours are restarted (their
@@ -331,7 +422,7 @@ def _execute(client, points: list[Point], gpus_per_worker: int, sweep_dir: Path,
                 continue
             gpus = p.nproc if gpus_per_worker else 0
             future = client.submit(_run_on_worker, str(sweep_dir.resolve()), preset, p.id, p.overrides, cell_timeout,
-                                   gpus, topic, key=f"point-{p.id}-{topic}", pure=False,
+                                   gpus, topic, cache, key=f"point-{p.id}-{topic}", pure=False,
                                    resources={"GPU": gpus} if gpus else None)
             future.add_done_callback(lambda f, pid=p.id: events.put(("end", pid, f)))
             futures.append(future)
@@ -356,11 +447,12 @@ def _execute(client, points: list[Point], gpus_per_worker: int, sweep_dir: Path,
 
 
 def _events(scheduler: str | None, workers: str | int, points: list[Point], sweep_dir: Path, preset: str,
-            cell_timeout: int | None) -> Iterator[tuple[str, str, dict[str, Any]]]:
+            cell_timeout: int | None, cache: str | None = None,
+            wait_workers: float = 120) -> Iterator[tuple[str, str, dict[str, Any]]]:
     """_execute's events on the sweep's cluster; no cluster at all when every point is complete."""
     if points:
-        with dask_client(scheduler, workers, [p.nproc for p in points]) as (client, gpus_per_worker):
-            yield from _execute(client, points, gpus_per_worker, sweep_dir, preset, cell_timeout)
+        with dask_client(scheduler, workers, [p.nproc for p in points], wait_workers) as (client, gpus_per_worker):
+            yield from _execute(client, points, gpus_per_worker, sweep_dir, preset, cell_timeout, cache)
 
 
 def _future_fields(future) -> dict[str, Any]:
@@ -384,19 +476,28 @@ def sweep_folder(root: str | Path, name: str) -> Path:
 def sweep_lock(sweep_dir: Path) -> Iterator[None]:
     """Two processes driving one sweep folder would run points twice; the second one is refused.
 
-    The lock is an OS lock (flock) on the sweep folder itself, held through an open descriptor: it
-    goes with a killed driver's process (never stale), and there is no lock file that a user could
-    delete as a leftover while a driver runs."""
-    fd = os.open(sweep_dir, os.O_RDONLY | os.O_DIRECTORY)
+    The lock is an OS lock (filelock) on <sweep>/sweep.lock, held while the driver runs: it goes with a
+    killed driver's process, so the file a dead driver leaves behind locks nothing. Deleting that file
+    while a driver runs lets a second one in: it is not a leftover to clean up."""
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(str(sweep_dir / LOCK_FILE), timeout=0)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise results.OutputError(f"sweep folder {sweep_dir} is being run by another process; wait for "
-                                      f"it to finish (or stop it), then run this again") from None
+        lock.acquire()
+    except Timeout:
+        raise results.OutputError(f"sweep folder {sweep_dir} is being run by another process; wait for "
+                                  f"it to finish (or stop it), then run this again") from None
+    try:
         yield
     finally:
-        os.close(fd)  # releases the lock
+        lock.release()
+
+
+def check_no_driver(sweep_dir: Path) -> None:
+    """OutputError while a driver holds the sweep lock; writes nothing (no lock file where none is)."""
+    if (sweep_dir / LOCK_FILE).exists():
+        with sweep_lock(sweep_dir):
+            pass
 
 
 def describe_point(p: Point, n: int, total: int) -> str:
@@ -405,26 +506,35 @@ def describe_point(p: Point, n: int, total: int) -> str:
 
 
 def run_sweep(spec: Spec, root: str | Path = DEFAULT_ROOT, workers: str | int = "auto",
-              progress: bool = True, scheduler: str | None = None) -> dict[str, Any]:
+              progress: bool = True, scheduler: str | None = None, cache: str | Path | None = DEFAULT_CACHE,
+              wait_workers: float = 120) -> dict[str, Any]:
     """Run every incomplete point of `spec` into <root>/<name>/; return counts and the folder. The points
-    run on a Dask cluster: the one at `scheduler`, else one started here (`workers`: cluster_plan)."""
+    run on a Dask cluster: the one at `scheduler`, else one started here (`workers`: cluster_plan).
+    `cache`: the text, tokenizer and teacher caches every point shares (None: each run's <out>/cache,
+    here <sweep>/cache); a complete point whose result files were damaged since is rerun."""
     from tqdm.auto import tqdm
 
     points = plan(spec)  # validates every point before any kernel starts
     check_workers(workers)
+    if scheduler:
+        probe_scheduler(scheduler)  # before the sweep folder exists: a wrong address leaves nothing behind
     sweep_dir = sweep_folder(results.output_root(root), spec.name)
     sweep_dir.mkdir(exist_ok=True)
+    cache = str(Path(cache).expanduser().resolve()) if cache else None
     with sweep_lock(sweep_dir):
         results.write_json(sweep_dir / SPEC_FILE, spec.to_dict())
-        index = Index(sweep_dir, points)
-        todo = [p for p in points if not results.is_complete(sweep_dir / p.id)]
+        folders = point_folders(sweep_dir, {p.id for p in points})
+        index = Index(sweep_dir, points, folders)
+        for pid, why in index.damaged.items():
+            print(f"workbench sweep: point {pid}: {why}; running it again", file=sys.stderr)
+        todo = [p for p in points if not results.is_complete(folders[p.id]) or p.id in index.damaged]
         by_id = {p.id: p for p in points}
         position = {p.id: n for n, p in enumerate(points, 1)}
         counts = {"points": len(points), "skipped": len(points) - len(todo), "done": 0, "failed": 0, "interrupted": 0}
         bar = tqdm(total=len(points), initial=counts["skipped"], desc=f"sweep {spec.name}", unit="point",
                    disable=not progress, file=sys.stderr)
         running: set[str] = set()
-        events = _events(scheduler, workers, todo, sweep_dir, spec.preset, spec.cell_timeout)
+        events = _events(scheduler, workers, todo, sweep_dir, spec.preset, spec.cell_timeout, cache, wait_workers)
         try:
             for kind, pid, fields in events:
                 line = describe_point(by_id[pid], position[pid], len(points))
@@ -451,18 +561,22 @@ def run_sweep(spec: Spec, root: str | Path = DEFAULT_ROOT, workers: str | int = 
                 for pid in running:  # the driver is stopping (Ctrl-C, SIGTERM, an error) or its cluster went away
                     index.update(by_id[pid], status="interrupted", error_kind="interrupted", finished_at=_now(),
                                  error="the sweep driver stopped while this point ran; a restart reruns it")
-    counts["complete"] = sum(results.is_complete(sweep_dir / p.id) for p in points)
+    folders = point_folders(sweep_dir, {p.id for p in points})
+    counts["complete"] = sum(results.is_complete(d) and results.check_complete(d) is None for d in folders.values())
     return {"sweep_dir": str(sweep_dir), **counts}
 
 
 def report_only(sweep_dir: Path, reference: str) -> Path:
-    """(Re)write the report of a sweep no driver is running; a damaged index is rebuilt first."""
+    """(Re)write the report of a sweep no driver is running. Read-only but for <sweep>/report/: the
+    index, the spec and the points stay as they are (a published sweep's tracked files included)."""
     from workbench import report
 
-    with sweep_lock(sweep_dir):  # a live driver's half-written points are not a report
-        stored = sweep_dir / SPEC_FILE
-        Index(sweep_dir, plan(Spec.from_dict(results.read_json(stored))) if stored.exists() else [])
-        return report.run(sweep_dir, reference=reference)
+    check_no_driver(sweep_dir)  # a live driver's half-written points are not a report
+    stored_spec(sweep_dir)  # a damaged sweep.json: one line naming it, before any kernel starts
+    for d, why in damaged_points(sweep_dir).items():
+        print(f"workbench sweep: point {d.name} left out of the report: {why}; run the sweep again "
+              f"(workbench sweep --name {sweep_dir.name}) to rerun it", file=sys.stderr)
+    return report.run(sweep_dir, reference=reference)
 
 
 # ---- CLI -------------------------------------------------------------------------------------------
@@ -485,6 +599,11 @@ def add_arguments(p) -> None:
     p.add_argument("--scheduler", default=None, metavar="ADDRESS",
                    help="run the points on a running Dask cluster (e.g. tcp://host:8786) instead of one started "
                         "here; the sweep folder must be at the same path on its workers")
+    p.add_argument("--wait-workers", type=float, default=120, metavar="SECONDS",
+                   help="with --scheduler: how long to wait for its first worker before giving up (default 120)")
+    p.add_argument("--cache", default=str(DEFAULT_CACHE), metavar="DIR",
+                   help="folder of the text, tokenizer and teacher caches, shared by every point and sweep "
+                        "(default results/cache, as `workbench run`); 'none': each sweep's own <sweep>/cache")
     p.add_argument("--reference", default="torch_bf16", help="student the report compares with")
     p.add_argument("--no-report", action="store_true", help="skip the report notebook at the end")
     p.add_argument("--report-only", action="store_true", help="only (re)write the report of an existing sweep")
@@ -530,7 +649,7 @@ def main(args) -> int:
             print(f"workbench sweep: no report: {e}", file=sys.stderr)
             return 1
         print(json.dumps({"report_dir": str(out)}))
-        return 0
+        return 1 if damaged_points(sweep_dir) else 0
     spec = spec_from_args(args)
     if importlib.util.find_spec("distributed") is None:
         print(f"workbench sweep: {NO_DASK}", file=sys.stderr)
@@ -538,8 +657,13 @@ def main(args) -> int:
     # `timeout`, a scheduler or `kill` stop the sweep like Ctrl-C does: the running kernel is shut down,
     # the lock released, and the interrupted point (no done.json) reruns on the next start.
     signal.signal(signal.SIGTERM, _interrupt)
+    cache = None if args.cache.lower() == "none" else args.cache
     try:
-        summary = run_sweep(spec, root=args.out, workers=args.workers, scheduler=args.scheduler)
+        summary = run_sweep(spec, root=args.out, workers=args.workers, scheduler=args.scheduler, cache=cache,
+                            wait_workers=args.wait_workers)
+    except SchedulerError as e:
+        print(f"workbench sweep: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         # Stopping already: a late SIGINT (shutting the kernel down can interrupt its process group, which
         # may be ours) must not turn exit status 130 into death by signal halfway through the exit.

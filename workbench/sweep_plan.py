@@ -1,6 +1,6 @@
 """What a sweep is on disk, for the driver (workbench.sweep) and the report alike: its spec (sweep.json),
-the points it plans (one per grid combination, named by a hash of the resolved config), its index
-(index.csv) and which point folders are complete. Nothing here runs a point."""
+the points it plans (one per grid combination, named by a hash of its spec: the preset and the point's
+overrides), its index (index.csv) and which point folders are complete and readable. Nothing here runs a point."""
 from __future__ import annotations
 
 import hashlib
@@ -92,9 +92,22 @@ def point_nproc(cfg: config.Config) -> int:
     return int(getattr(getattr(cfg, "parallel", None), "nproc", 1) or 1)
 
 
-def config_hash(cfg: config.Config) -> str:
-    """Short, stable id of a resolved config: the same run gets the same folder on every restart."""
-    return hashlib.sha1(json.dumps(cfg.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:10]
+POINT_ID_VERSION = 2
+"""Part of every point id: bumped when what an id stands for changes. Ids before version 2 hashed the whole
+resolved config, so every new config field renamed every point; `point_folders` still finds those."""
+
+
+def point_id(cfg: config.Config, overrides: dict[str, Any]) -> str:
+    """Short, stable id of a point: its preset and its overrides, each under the field's full name with
+    the config's typed value (so 'hidden: "64"' and 'hidden: 64' are one point). Only what the spec says
+    goes in: a field added to the config later (at its default) leaves every id as it was."""
+    typed = {}
+    for key in overrides:
+        section, name = config.locate(key)
+        value = getattr(getattr(cfg, section), name) if section else getattr(cfg, name)
+        typed[f"{section}.{name}" if section else name] = list(value) if isinstance(value, tuple) else value
+    spec = {"id_version": POINT_ID_VERSION, "preset": cfg.preset, "overrides": typed}
+    return hashlib.sha1(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
 
 def plan(spec: Spec) -> list[Point]:
@@ -111,9 +124,20 @@ def plan(spec: Spec) -> list[Point]:
             raise ConfigError(f"sweep point {grid}: {e}") from None
         flat = cfg.flat()
         typed_grid = {k: flat[config.locate(k)[1]] for k in grid}
-        pid = config_hash(cfg)
-        points.setdefault(pid, Point(pid, typed_grid, overrides, point_nproc(cfg)))  # two grid entries, one config: one run
+        pid = point_id(cfg, overrides)
+        points.setdefault(pid, Point(pid, typed_grid, overrides, point_nproc(cfg)))  # two grid entries, one point: one run
     return list(points.values())
+
+
+def recorded_id(run_dir: Path) -> str | None:
+    """The point id of a run folder from what its config.json says was asked for (preset, overrides);
+    None where that cannot be read or no longer makes a valid config."""
+    try:
+        requested = dict(results.read_json(run_dir / "config.json").get("requested") or {})
+        preset = requested.pop("preset", None) or "auto"
+        return point_id(config.from_preset(preset, **requested), requested)
+    except (OSError, ValueError, AttributeError, ConfigError):  # JSON errors are ValueErrors
+        return None
 
 
 def parse_grid_args(items: list[str], links: list[str]) -> dict[str, list]:
@@ -213,16 +237,58 @@ def read_index(sweep_dir: str | Path) -> pd.DataFrame:
     return df
 
 
+def stored_spec(sweep_dir: str | Path) -> Spec | None:
+    """The sweep's spec (sweep.json), None when there is none; a damaged one is a ConfigError naming the
+    file and what to do."""
+    path = Path(sweep_dir) / SPEC_FILE
+    if not path.exists():
+        return None
+    try:
+        return Spec.from_dict(load_spec_file(path))
+    except ConfigError as e:
+        raise ConfigError(f"{e}; restore it (from a copy or version control) or run the sweep again from its "
+                          f"spec file (workbench sweep SPEC.yaml) to rewrite it") from None
+
+
 def planned_ids(sweep_dir: str | Path) -> set[str] | None:
     """Point ids the sweep's current spec (sweep.json) plans; None when there is no spec file."""
-    spec = Path(sweep_dir) / SPEC_FILE
-    return {p.id for p in plan(Spec.from_dict(results.read_json(spec)))} if spec.exists() else None
+    spec = stored_spec(sweep_dir)
+    return None if spec is None else {p.id for p in plan(spec)}
+
+
+def point_folders(sweep_dir: str | Path, ids: set[str]) -> dict[str, Path]:
+    """Each planned point id -> its folder: a complete <sweep>/<id>, else a complete folder from before
+    the current ids (POINT_ID_VERSION) whose config.json records this point's preset and overrides, else
+    <sweep>/<id> (where a run of it goes). Published sweeps keep their folders; nothing is renamed."""
+    sweep_dir = Path(sweep_dir)
+    found = {pid: sweep_dir / pid for pid in ids}
+    missing = {pid for pid, d in found.items() if not results.is_complete(d)}
+    if missing:
+        for d in sorted(sweep_dir.iterdir()):
+            if d.is_dir() and d.name not in ids and results.is_complete(d):
+                pid = recorded_id(d)
+                if pid in missing:
+                    found[pid] = d
+                    missing.discard(pid)
+    return found
+
+
+def _complete(sweep_dir: Path) -> list[Path]:
+    """The complete folders (by their done.json) of the current spec's points; without a spec, all of them."""
+    wanted = planned_ids(sweep_dir)
+    if wanted is None:
+        return sorted(d for d in sweep_dir.iterdir() if d.is_dir() and results.is_complete(d))
+    return sorted(d for d in point_folders(sweep_dir, wanted).values() if results.is_complete(d))
 
 
 def complete_points(sweep_dir: str | Path) -> list[Path]:
-    """The complete point folders of the sweep's current spec (what the report reads). Folders of
-    points a changed spec no longer plans stay on disk but are not mixed into the report."""
-    sweep_dir = Path(sweep_dir)
-    wanted = planned_ids(sweep_dir)
-    return sorted(d for d in sweep_dir.iterdir()
-                  if d.is_dir() and results.is_complete(d) and (wanted is None or d.name in wanted))
+    """The complete, readable point folders of the sweep's current spec (what the report reads). Folders
+    of points a changed spec no longer plans stay on disk but are not mixed into the report; a point whose
+    result files were damaged after it finished is left out and named by `damaged_points`."""
+    return [d for d in _complete(Path(sweep_dir)) if results.check_complete(d) is None]
+
+
+def damaged_points(sweep_dir: str | Path) -> dict[Path, str]:
+    """Complete points of the current spec whose result files cannot be read: folder -> why (naming the file)."""
+    found = {d: results.check_complete(d) for d in _complete(Path(sweep_dir))}
+    return {d: why for d, why in found.items() if why is not None}

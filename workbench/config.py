@@ -29,7 +29,8 @@ class ModelConfig:
     teacher's output), 'gpt' or 'llama' (decoder-only language models distilled on real text)."""
     vocab: int = 4096
     """Vocabulary size of the token embedding (mlp: random tokens are drawn from it; gpt/llama: the
-    tokenizer's vocabulary, trained to this size; a multiple of 64)."""
+    tokenizer's vocabulary, trained to this size; a multiple of 64). A Hugging Face lm.teacher / lm.student
+    sets it: its embedding's rows (recorded in config.json)."""
     hidden: int = 512
     """Width of the residual stream (LayerNorm / Linear in-out features)."""
     intermediate: int = 2048
@@ -134,8 +135,10 @@ class LMConfig:
     standard library's sources)."""
     corpus_mb: float = 4.0
     """How much of the built-in corpus to use, in MB of text."""
-    tokenizer: str = "bpe"
-    """'bpe' (byte-level BPE trained locally to model.vocab tokens) or 'bytes' (256 tokens)."""
+    tokenizer: str = "auto"
+    """'auto' (the tokenizer saved in the Hugging Face lm.teacher / lm.student folder; without one, 'bpe'
+    and a `tokenizer_warning` in every row), 'bpe' (byte-level BPE trained locally to model.vocab tokens) or
+    'bytes' (256 tokens)."""
     heldout_fraction: float = 0.05
     """Share of the text held out for perplexity, KL and agreement (split by document, fixed)."""
     teacher: str = "train"
@@ -157,6 +160,11 @@ class LMConfig:
     student: str = ""
     """'' (a gpt/llama student built from the model fields) or the folder of a Hugging Face causal LM
     whose architecture and weights every student starts from."""
+
+    def hf_folders(self) -> dict[str, str]:
+        """{'lm.teacher': folder, 'lm.student': folder} of the Hugging Face models named, the teacher first."""
+        return {who: v for who, v in (("lm.teacher", self.teacher), ("lm.student", self.student))
+                if v not in ("", "train", "random")}
 
 
 @dataclass
@@ -347,9 +355,10 @@ class Config:
         if m.layout != "separate":
             raise ConfigError("model.layout must be 'separate' for gpt/llama (the fused layout is the MLP model's)")
         _choice("lm.tokenizer", lm.tokenizer, TOKENIZERS)
-        if lm.tokenizer == "bpe" and (m.vocab % 64 or m.vocab < 320):
+        # a Hugging Face model brings its vocabulary (runner.run resolves model.vocab from it, LMTask checks it)
+        if lm.tokenizer in ("auto", "bpe") and not lm.hf_folders() and (m.vocab % 64 or m.vocab < 320):
             raise ConfigError(f"model.vocab={m.vocab}: a bpe tokenizer needs a multiple of 64, at least 320")
-        if lm.tokenizer == "bytes" and m.vocab < 256:
+        if lm.tokenizer == "bytes" and m.vocab < 256 and not lm.hf_folders():
             raise ConfigError(f"model.vocab={m.vocab}: the bytes tokenizer needs at least 256 (one token per byte)")
         t_hidden = lm.teacher_hidden or m.hidden
         t_heads = lm.teacher_heads or max(1, t_hidden // (m.hidden // m.heads))  # the rule LMTask.shape uses
@@ -385,7 +394,7 @@ LM_LOSSES = ("forward_kl", "reverse_kl", "jsd")
 LOSS_IMPLS = ("auto", "checkpointed", "fused")
 LOSSES = MLP_LOSSES + LM_LOSSES
 KINDS = ("mlp", "gpt", "llama")
-TOKENIZERS = ("bpe", "bytes")
+TOKENIZERS = ("auto", "bpe", "bytes")
 TEACHER_PRECISIONS = ("auto", "fp32", "bf16", "fp16", "fp8")
 DEVICES = ("auto", "cuda", "cpu")
 STRATEGIES = ("ddp", "fsdp2")

@@ -455,7 +455,7 @@ def _lm_shape(name: str, **model: Any) -> Config:
     """A decoder stack at a shape where FP8 has work to do (vocab 32768, KL on the logits at T=2);
     the teacher is the student's shape and untrained: these presets measure speed and memory."""
     c = Config(preset=name)
-    c.model = ModelConfig(kind="gpt", vocab=32768, **model)
+    c.model = ModelConfig(**{"kind": "gpt", "vocab": 32768, **model})
     c.train = TrainConfig(steps=10, eval_batches=2, fused_optimizer=True)
     c.bench = BenchConfig(warmup=5, iters=20)
     c.distill = DistillConfig(loss="forward_kl")
@@ -488,8 +488,33 @@ def _lm_distill() -> Config:
     return c
 
 
+def _hf_shape(name: str, **model: Any) -> Config:
+    """lm-a's measurement for a Hugging Face model of a real shape, such as one `workbench hf-init` writes:
+    set lm.student=DIR (and lm.teacher=DIR for a Hugging Face teacher; else the teacher is the workbench's
+    llama, random, at these fields). The fields mirror the hf-init shape of the same name (a test keeps them
+    in agreement), so the teacher and a run without lm.student have its width, depth and heads; the folder
+    decides the student's architecture and model.vocab."""
+    return _lm_shape(name, kind="llama", **model, seq_len=2048, batch=4)
+
+
+def _hf_llama_4l() -> Config:
+    """Llama-3.2-1B cut to 4 layers (hf-init llama-3.2-1b-4l): hidden 2048, 32 heads, ffn 8192, vocab 32768."""
+    return _hf_shape("hf-llama-4l", hidden=2048, heads=32, intermediate=8192, layers=4, vocab=32768)
+
+
+def _hf_llama_1b() -> Config:
+    """Llama-3.2-1B (hf-init llama-3.2-1b): hidden 2048, 32 heads, ffn 8192, 16 layers, vocab 128256."""
+    return _hf_shape("hf-llama-1b", hidden=2048, heads=32, intermediate=8192, layers=16, vocab=128256)
+
+
+def _hf_qwen_05b() -> Config:
+    """Qwen2.5-0.5B (hf-init qwen2.5-0.5b): hidden 896, 14 heads, ffn 4864, 24 layers, vocab 151936."""
+    return _hf_shape("hf-qwen2.5-0.5b", hidden=896, heads=14, intermediate=4864, layers=24, vocab=151936)
+
+
 PRESETS = {"seed": _seed, "cpu-smoke": _cpu_smoke, "large": _large, "gpt-cpu": _gpt_cpu, "lm-a": _lm_a, "lm-b": _lm_b,
-           "lm-distill": _lm_distill}
+           "lm-distill": _lm_distill, "hf-llama-4l": _hf_llama_4l, "hf-llama-1b": _hf_llama_1b,
+           "hf-qwen2.5-0.5b": _hf_qwen_05b}
 
 
 def default_preset_name() -> str:

@@ -51,7 +51,7 @@ out: Optional[str] = None  # Parent folder of the run folder (None: results/ at 
 run_id: Optional[str] = None  # Run folder name (None: <timestamp>-<preset>).
 # Config overrides; None keeps the preset's value
 kind: Optional[str] = None  # The student architecture: 'mlp' (the tutorial's MLP blocks on random tokens, regressing the teacher's output), 'gpt' or 'llama' (decoder-only language models distilled on real text).
-vocab: Optional[int] = None  # Vocabulary size of the token embedding (mlp: random tokens are drawn from it; gpt/llama: the tokenizer's vocabulary, trained to this size; a multiple of 64).
+vocab: Optional[int] = None  # Vocabulary size of the token embedding (mlp: random tokens are drawn from it; gpt/llama: the tokenizer's vocabulary, trained to this size; a multiple of 64). A Hugging Face lm.teacher / lm.student sets it: its embedding's rows (recorded in config.json).
 hidden: Optional[int] = None  # Width of the residual stream (LayerNorm / Linear in-out features).
 intermediate: Optional[int] = None  # Width of each block's MLP (fc1 out / fc2 in).
 layers: Optional[int] = None  # Number of residual pre-norm blocks (mlp: MLP blocks; gpt/llama: attention + MLP blocks).
@@ -86,7 +86,7 @@ no_kd_student: Optional[bool] = None  # gpt/llama: also train the baseline stude
 teacher_logits: Optional[str] = None  # gpt/llama: where the training batches' teacher logits live: 'gpu' (all on the GPU), 'host' (pinned host memory, each batch copied to the GPU one step ahead; the timed and held-out batches stay on the GPU, so step times are unchanged) or 'auto' (the GPU when they fit 60% of its free memory, else the host: 80% of its available memory, shared by every rank on it). The run refuses up front when neither can hold them; task.json records the placement.
 corpus_files: Optional[list[str]] = None  # Your own text files (paths or globs); empty: the built-in offline corpus (pydoc topics and the standard library's sources).
 corpus_mb: Optional[float] = None  # How much of the built-in corpus to use, in MB of text.
-tokenizer: Optional[str] = None  # 'bpe' (byte-level BPE trained locally to model.vocab tokens) or 'bytes' (256 tokens).
+tokenizer: Optional[str] = None  # 'auto' (the tokenizer saved in the Hugging Face lm.teacher / lm.student folder; without one, 'bpe' and a `tokenizer_warning` in every row), 'bpe' (byte-level BPE trained locally to model.vocab tokens) or 'bytes' (256 tokens).
 heldout_fraction: Optional[float] = None  # Share of the text held out for perplexity, KL and agreement (split by document, fixed).
 teacher: Optional[str] = None  # 'train' (a teacher trained here on the corpus, cached and reused), 'random' (untrained: for speed only), or the folder of your Hugging Face causal LM (loaded offline).
 teacher_hidden: Optional[int] = None  # Teacher width (0: the student's); a distilled student is usually narrower.

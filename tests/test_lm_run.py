@@ -275,9 +275,11 @@ def test_the_fused_loss_trains_like_the_checkpointed_one(tmp_path, monkeypatch):
         tasks.LMTask(cfg.replace(loss_impl="fused"), torch.device("cpu"), None, tmp_path)
 
 
-def test_a_hugging_face_model_with_another_vocabulary_is_one_clear_error(tmp_path):
+def test_a_hugging_face_models_vocabulary_sets_model_vocab(tmp_path):
+    """model.vocab comes from the model (320 here, the preset says 256): the run's rows and config.json say 320."""
     hf = tiny_llama(tmp_path / "tiny", vocab=320, layers=1)
     cfg = config.from_preset("gpt-cpu", kind="llama", vocab=256, tokenizer="bytes", corpus_mb=0.2, teacher=str(hf),
-                             backends="torch_fp32", no_kd_student=False)
-    with pytest.raises(config.ConfigError, match="vocabulary has 320 tokens, model.vocab is 256"):
-        runner.run(cfg, out=tmp_path, run_id="hf", progress=False)
+                             steps=2, backends="torch_fp32", no_kd_student=False)
+    run_dir = runner.run(cfg, out=tmp_path, run_id="hf", progress=False)
+    assert results.read_json(run_dir / "config.json")["config"]["model"]["vocab"] == 320
+    assert results.load(run_dir)["cfg_vocab"].tolist() == [320]

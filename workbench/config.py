@@ -29,7 +29,8 @@ class ModelConfig:
     teacher's output), 'gpt' or 'llama' (decoder-only language models distilled on real text)."""
     vocab: int = 4096
     """Vocabulary size of the token embedding (mlp: random tokens are drawn from it; gpt/llama: the
-    tokenizer's vocabulary, trained to this size; a multiple of 64)."""
+    tokenizer's vocabulary, trained to this size; a multiple of 64). A Hugging Face lm.teacher / lm.student
+    sets it: its embedding's rows (recorded in config.json)."""
     hidden: int = 512
     """Width of the residual stream (LayerNorm / Linear in-out features)."""
     intermediate: int = 2048
@@ -134,8 +135,10 @@ class LMConfig:
     standard library's sources)."""
     corpus_mb: float = 4.0
     """How much of the built-in corpus to use, in MB of text."""
-    tokenizer: str = "bpe"
-    """'bpe' (byte-level BPE trained locally to model.vocab tokens) or 'bytes' (256 tokens)."""
+    tokenizer: str = "auto"
+    """'auto' (the tokenizer saved in the Hugging Face lm.teacher / lm.student folder; without one, 'bpe'
+    and a `tokenizer_warning` in every row), 'bpe' (byte-level BPE trained locally to model.vocab tokens) or
+    'bytes' (256 tokens)."""
     heldout_fraction: float = 0.05
     """Share of the text held out for perplexity, KL and agreement (split by document, fixed)."""
     teacher: str = "train"
@@ -157,6 +160,11 @@ class LMConfig:
     student: str = ""
     """'' (a gpt/llama student built from the model fields) or the folder of a Hugging Face causal LM
     whose architecture and weights every student starts from."""
+
+    def hf_folders(self) -> dict[str, str]:
+        """{'lm.teacher': folder, 'lm.student': folder} of the Hugging Face models named, the teacher first."""
+        return {who: v for who, v in (("lm.teacher", self.teacher), ("lm.student", self.student))
+                if v not in ("", "train", "random")}
 
 
 @dataclass
@@ -352,9 +360,10 @@ class Config:
         if m.layout != "separate":
             raise ConfigError("model.layout must be 'separate' for gpt/llama (the fused layout is the MLP model's)")
         _choice("lm.tokenizer", lm.tokenizer, TOKENIZERS)
-        if lm.tokenizer == "bpe" and (m.vocab % 64 or m.vocab < 320):
+        # a Hugging Face model brings its vocabulary (runner.run resolves model.vocab from it, LMTask checks it)
+        if lm.tokenizer in ("auto", "bpe") and not lm.hf_folders() and (m.vocab % 64 or m.vocab < 320):
             raise ConfigError(f"model.vocab={m.vocab}: a bpe tokenizer needs a multiple of 64, at least 320")
-        if lm.tokenizer == "bytes" and m.vocab < 256:
+        if lm.tokenizer == "bytes" and m.vocab < 256 and not lm.hf_folders():
             raise ConfigError(f"model.vocab={m.vocab}: the bytes tokenizer needs at least 256 (one token per byte)")
         t_hidden = lm.teacher_hidden or m.hidden
         t_heads = lm.teacher_heads or max(1, t_hidden // (m.hidden // m.heads))  # the rule LMTask.shape uses
@@ -391,7 +400,7 @@ LM_LOSSES = ("forward_kl", "reverse_kl", "jsd")
 LOSS_IMPLS = ("auto", "checkpointed", "fused")
 LOSSES = MLP_LOSSES + LM_LOSSES
 KINDS = ("mlp", "gpt", "llama")
-TOKENIZERS = ("bpe", "bytes")
+TOKENIZERS = ("auto", "bpe", "bytes")
 TEACHER_PRECISIONS = ("auto", "fp32", "bf16", "fp16", "fp8")
 DEVICES = ("auto", "cuda", "cpu")
 STRATEGIES = ("ddp", "fsdp2")
@@ -452,7 +461,7 @@ def _lm_shape(name: str, **model: Any) -> Config:
     """A decoder stack at a shape where FP8 has work to do (vocab 32768, KL on the logits at T=2);
     the teacher is the student's shape and untrained: these presets measure speed and memory."""
     c = Config(preset=name)
-    c.model = ModelConfig(kind="gpt", vocab=32768, **model)
+    c.model = ModelConfig(**{"kind": "gpt", "vocab": 32768, **model})
     c.train = TrainConfig(steps=10, eval_batches=2, fused_optimizer=True)
     c.bench = BenchConfig(warmup=5, iters=20)
     c.distill = DistillConfig(loss="forward_kl")
@@ -485,8 +494,33 @@ def _lm_distill() -> Config:
     return c
 
 
+def _hf_shape(name: str, **model: Any) -> Config:
+    """lm-a's measurement for a Hugging Face model of a real shape, such as one `workbench hf-init` writes:
+    set lm.student=DIR (and lm.teacher=DIR for a Hugging Face teacher; else the teacher is the workbench's
+    llama, random, at these fields). The fields mirror the hf-init shape of the same name (a test keeps them
+    in agreement), so the teacher and a run without lm.student have its width, depth and heads; the folder
+    decides the student's architecture and model.vocab."""
+    return _lm_shape(name, kind="llama", **model, seq_len=2048, batch=4)
+
+
+def _hf_llama_4l() -> Config:
+    """Llama-3.2-1B cut to 4 layers (hf-init llama-3.2-1b-4l): hidden 2048, 32 heads, ffn 8192, vocab 32768."""
+    return _hf_shape("hf-llama-4l", hidden=2048, heads=32, intermediate=8192, layers=4, vocab=32768)
+
+
+def _hf_llama_1b() -> Config:
+    """Llama-3.2-1B (hf-init llama-3.2-1b): hidden 2048, 32 heads, ffn 8192, 16 layers, vocab 128256."""
+    return _hf_shape("hf-llama-1b", hidden=2048, heads=32, intermediate=8192, layers=16, vocab=128256)
+
+
+def _hf_qwen_05b() -> Config:
+    """Qwen2.5-0.5B (hf-init qwen2.5-0.5b): hidden 896, 14 heads, ffn 4864, 24 layers, vocab 151936."""
+    return _hf_shape("hf-qwen2.5-0.5b", hidden=896, heads=14, intermediate=4864, layers=24, vocab=151936)
+
+
 PRESETS = {"seed": _seed, "cpu-smoke": _cpu_smoke, "large": _large, "gpt-cpu": _gpt_cpu, "lm-a": _lm_a, "lm-b": _lm_b,
-           "lm-distill": _lm_distill}
+           "lm-distill": _lm_distill, "hf-llama-4l": _hf_llama_4l, "hf-llama-1b": _hf_llama_1b,
+           "hf-qwen2.5-0.5b": _hf_qwen_05b}
 
 
 def default_preset_name() -> str:

@@ -95,7 +95,7 @@ def run(cfg: Config, out: str | Path = "results", run_id: str | None = None, req
         progress: bool = True) -> Path:
     """Run every student in `cfg.backends`; return the run folder. `out` is the parent folder.
     With parallel.nproc > 1 outside torchrun, the run is launched under torchrun (workbench.distributed)."""
-    cfg.validate()
+    cfg = tasks.resolve_lm(cfg.validate())  # model.vocab from a Hugging Face teacher / student, tokenizers checked
     device = resolve_device(cfg)
     if distributed.should_launch(cfg):
         return distributed.launch(cfg, out, run_id, new_run_id(cfg), progress)

@@ -8,12 +8,14 @@ site-packages). It takes the topics, then the sources in sorted path order, unti
 Documents are cut into pieces of about PIECE_CHARS characters at line ends; a piece goes to the held-out
 split when a hash of its name ("stdlib/json/decoder.py#0") falls below `heldout_fraction`. So the split is
 disjoint, does not move when other documents join the corpus, and a single long file still splits. The
-tokenizer (Hugging Face `tokenizers` byte-level BPE, or raw bytes) is trained on the train split only.
+tokenizer (Hugging Face `tokenizers` byte-level BPE, or raw bytes) is trained on the train split only; or it is
+a model's own ('pretrained': the tokenizer saved in a Hugging Face folder, see workbench.data.tokenizer).
 
-Everything lands in <cache_dir>/text-<key>/, the key a hash of the corpus text, the tokenizer and the split:
-tokenizer.json, train.npy, heldout.npy, then meta.json last (its presence means the folder is complete; it
-records each file's size and sha256). A later call with the same key reads it back instead of training
-again; a damaged entry is rebuilt, and two processes building one entry take turns (workbench.data.cache).
+Everything lands in <cache_dir>/text-<key>/, the key a hash of the corpus text, the tokenizer (a pretrained
+one: the hash of its files) and the split: tokenizer.json, train.npy, heldout.npy, then meta.json last (its
+presence means the folder is complete; it records each file's size and sha256). A later call with the same
+key reads it back instead of training again; a damaged entry is rebuilt, and two processes building one
+entry take turns (workbench.data.cache).
 """
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ import pydoc_data.topics
 import torch
 
 from workbench.data import cache
+from workbench.data.tokenizer import PretrainedTokenizer
+from workbench.data.tokenizer import load as load_pretrained
 from workbench.errors import ConfigError
 from workbench.results import read_json
 
@@ -40,7 +44,7 @@ try:
 except ImportError:  # the `lm` extra is optional: raw bytes still work
     tokenizers = None
 
-TOKENIZERS = ("bpe", "bytes")
+TOKENIZERS = ("bpe", "bytes", "pretrained")
 SPLITS = ("train", "heldout")
 EOT = "<|endoftext|>"  # ends every piece: the model sees where one text stops and an unrelated one starts
 BYTES_EOT = 0  # the bytes tokenizer's end of text: NUL, which text files do not contain
@@ -59,14 +63,18 @@ class TextSpec:
 
     files: tuple[str, ...] = ()  # the user's text files or globs; empty: the built-in corpus
     max_bytes: int = 4_000_000  # corpus budget in UTF-8 bytes (the built-in one has ~12.5 MB)
-    tokenizer: str = "bpe"  # "bpe" (byte-level BPE, needs `tokenizers`) or "bytes" (vocab 256)
+    tokenizer: str = "bpe"  # "bpe" (byte-level BPE, needs `tokenizers`), "bytes" (vocab 256) or "pretrained"
     vocab_size: int = 8192  # BPE only; a multiple of 64 so FP8 GEMMs on the LM head stay aligned
     heldout_fraction: float = 0.05
+    pretrained: str = ""  # "pretrained" only: the folder of the tokenizer (the key holds its files' hash, not this)
 
     def __post_init__(self):
         object.__setattr__(self, "files", tuple(self.files))  # a list from a config is fine too
         if self.tokenizer not in TOKENIZERS:
             raise TextDataError(f"tokenizer {self.tokenizer!r} is not one of {', '.join(TOKENIZERS)}")
+        if (self.tokenizer == "pretrained") != bool(self.pretrained):
+            raise TextDataError(f"tokenizer {self.tokenizer!r} with pretrained={self.pretrained!r}: a pretrained "
+                                "tokenizer, and only it, names its folder")
         if self.tokenizer == "bpe" and not (self.vocab_size >= 320 and self.vocab_size % 64 == 0):
             raise TextDataError(f"vocab_size {self.vocab_size} must be a multiple of 64 and at least 320 "
                                 f"(256 bytes + end of text, rounded up)")
@@ -185,6 +193,8 @@ def _encode(texts: list[str], tok) -> np.ndarray:
     """Token ids of the texts, each followed by the end-of-text token, as one int32 array."""
     if tok is None:
         ids = [np.frombuffer(t.encode("utf-8") + bytes([BYTES_EOT]), dtype=np.uint8) for t in texts]
+    elif isinstance(tok, PretrainedTokenizer):
+        ids = [np.array(e + [tok.eot_id], dtype=np.int32) for e in tok.encode_batch(texts)]
     else:
         eot = tok.token_to_id(EOT)
         ids = [np.array(e.ids + [eot], dtype=np.int32) for e in tok.encode_batch(texts)]
@@ -208,13 +218,15 @@ class TextData:
     tokens: dict[str, np.ndarray]  # split -> int32 token ids
     folder: Path  # the cache folder
     from_cache: bool  # read back, not trained now
-    tokenizer: object = field(default=None, repr=False)  # tokenizers.Tokenizer, or None for bytes
+    tokenizer: object = field(default=None, repr=False)  # tokenizers.Tokenizer, PretrainedTokenizer, None: bytes
 
     def meta(self) -> dict:
         """What the cache folder records: the spec, documents, pieces and tokens per split."""
         return read_json(self.folder / "meta.json")
 
     def encode(self, text: str) -> list[int]:
+        if isinstance(self.tokenizer, PretrainedTokenizer):
+            return self.tokenizer.encode(text)
         return list(text.encode("utf-8")) if self.tokenizer is None else self.tokenizer.encode(text).ids
 
     def decode(self, ids) -> str:
@@ -235,10 +247,12 @@ class TextData:
         return list(torch.from_numpy(windows.astype(np.int64)))
 
 
-def _key(spec: TextSpec, kind: str, named: list[tuple[str, str]]) -> str:
-    h = hashlib.sha256(json.dumps({"format": FORMAT, "piece_chars": PIECE_CHARS, "tokenizer": kind,
-                                   "vocab_size": spec.vocab_size if kind == "bpe" else 256,
-                                   "heldout_fraction": spec.heldout_fraction}).encode())
+def _key(spec: TextSpec, kind: str, named: list[tuple[str, str]], pretrained: PretrainedTokenizer | None) -> str:
+    what = {"format": FORMAT, "piece_chars": PIECE_CHARS, "tokenizer": kind,
+            "vocab_size": spec.vocab_size if kind == "bpe" else 256, "heldout_fraction": spec.heldout_fraction}
+    if pretrained is not None:  # its content, not its path: the same files elsewhere are the same tokens
+        what.update(vocab_size=pretrained.vocab_size, tokenizer_sha256=pretrained.sha256)
+    h = hashlib.sha256(json.dumps(what).encode())
     for name, text in named:  # the text itself, not its file names: another Python's stdlib is another corpus
         h.update(name.encode() + b"\0" + text.encode("utf-8") + b"\0")
     return h.hexdigest()[:16]
@@ -251,34 +265,36 @@ def load_text(spec: TextSpec = TextSpec(), cache_dir: str | Path = "results/cach
         warnings.warn("Hugging Face `tokenizers` is not installed (pip install 'te-workbench[lm]'): "
                       "using the bytes tokenizer (vocab 256)", stacklevel=2)
         kind = "bytes"
+    pretrained = load_pretrained(spec.pretrained) if kind == "pretrained" else None
     named = pieces(documents(spec))
-    folder = Path(cache_dir) / f"text-{_key(spec, kind, named)}"
-    vocab = spec.vocab_size if kind == "bpe" else 256
+    folder = Path(cache_dir) / f"text-{_key(spec, kind, named, pretrained)}"
+    vocab = {"bpe": spec.vocab_size, "bytes": 256}.get(kind) or pretrained.vocab_size
     entry = cache.Entry(folder)
     if entry.read() is not None:
-        return _read(spec, kind, vocab, folder)
+        return _read(spec, kind, vocab, folder, pretrained)
     with entry.building() as meta:  # another process may have built it while this one waited
         if meta is not None:
-            return _read(spec, kind, vocab, folder)
+            return _read(spec, kind, vocab, folder, pretrained)
         parts = split_pieces(named, spec.heldout_fraction)
         texts = {s: [text for _, text in parts[s]] for s in SPLITS}
-        tok = train_bpe(texts["train"], vocab) if kind == "bpe" else None  # held-out text stays unseen
+        tok = train_bpe(texts["train"], vocab) if kind == "bpe" else pretrained  # held-out text stays unseen
         tokens = {s: _encode(texts[s], tok) for s in SPLITS}
-        if tok is not None:
+        if kind == "bpe":
             entry.write_file("tokenizer.json", lambda f: f.write(tok.to_str().encode()))
         for s in SPLITS:
             entry.write_file(f"{s}.npy", lambda f, s=s: f.write(_npy(tokens[s])))
         entry.commit({  # last: its presence says the folder is complete
             "spec": asdict(spec), "tokenizer_kind": kind, "vocab_size": vocab,
-            "trained_vocab_size": tok.get_vocab_size() if tok else 256,
+            "trained_vocab_size": tok.get_vocab_size() if kind == "bpe" else vocab,
+            **(pretrained.info() if pretrained else {}),
             "documents": len({name.rsplit("#", 1)[0] for name, _ in named}),
             "pieces": {s: len(parts[s]) for s in SPLITS}, "tokens": {s: int(len(tokens[s])) for s in SPLITS},
             "heldout_pieces": [name for name, _ in parts["heldout"]]})
     return TextData(spec, kind, vocab, tokens, folder, False, tok)
 
 
-def _read(spec: TextSpec, kind: str, vocab: int, folder: Path) -> TextData:
+def _read(spec: TextSpec, kind: str, vocab: int, folder: Path, pretrained=None) -> TextData:
     """The cached text of a verified entry (its files match the sizes and hashes meta.json recorded)."""
-    tok = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json")) if kind == "bpe" else None
+    tok = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json")) if kind == "bpe" else pretrained
     tokens = {s: np.load(folder / f"{s}.npy") for s in SPLITS}
     return TextData(spec, kind, vocab, tokens, folder, True, tok)

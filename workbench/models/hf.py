@@ -101,6 +101,20 @@ def linear_shapes(path: str) -> dict[str, tuple[int, int]]:
             if isinstance(m, nn.Linear) and not any(id(p) in shared for p in m.parameters(recurse=False))}
 
 
+@functools.lru_cache(maxsize=8)
+def config_vocab(path: str) -> int:
+    """The embedding's rows (config.vocab_size) of the local causal LM at `path`, from its config alone: the
+    run's model.vocab, which may exceed its tokenizer's vocabulary (a padded embedding)."""
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise _not_loadable(path, e) from e
+    vocab = getattr(config.get_text_config(), "vocab_size", None)
+    if not vocab:
+        raise ConfigError(f"the Hugging Face config in {path!r} names no vocab_size")
+    return int(vocab)
+
+
 def _not_loadable(path, e: Exception) -> ConfigError:
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     return ConfigError(f"no Hugging Face causal LM loads from {str(path)!r} (offline): {first}")

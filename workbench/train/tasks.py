@@ -36,6 +36,48 @@ GPU_LOGITS_SHARE = 0.6  # of the GPU's free memory, for teacher logits: the rest
 HOST_LOGITS_SHARE = 0.8  # of the host's available memory (pinned pages cannot be swapped out)
 
 
+def resolve_lm(cfg):
+    """The config with model.vocab from its Hugging Face teacher / student (their embeddings must agree), after
+    checking their tokenizers up front (a shared one, no larger than the embedding). Other configs as they are."""
+    folders = cfg.lm.hf_folders() if cfg.model.kind != "mlp" else {}
+    if not folders:
+        return cfg
+    from workbench.models.hf import config_vocab
+
+    vocabs = {who: config_vocab(folder) for who, folder in folders.items()}
+    if len(set(vocabs.values())) > 1:
+        raise ConfigError("the Hugging Face teacher and student have different vocabularies: " + ", ".join(
+            f"{who} ({folders[who]}) {v} tokens" for who, v in vocabs.items()) + "; distillation compares their "
+            "logits token by token, so both need the same vocabulary")
+    vocab = next(iter(vocabs.values()))
+    if cfg.lm.tokenizer == "bytes" and vocab < 256:
+        raise ConfigError(f"lm.tokenizer=bytes needs 256 token ids, the model's embedding has {vocab} rows")
+    tok, _ = lm_tokenizer(cfg)
+    if tok is not None and tok.vocab_size > vocab:
+        raise ConfigError(f"the tokenizer in {tok.folder} has {tok.vocab_size} tokens, more than the model's embedding "
+                          f"({vocab} rows, vocab_size in {', '.join(folders.values())}): its ids would index past it")
+    return cfg if cfg.model.vocab == vocab else cfg.replace(**{"model.vocab": vocab})
+
+
+def lm_tokenizer(cfg):
+    """(the Hugging Face tokenizer the text is tokenized with, or None; the warning every row carries, or
+    None): lm.tokenizer 'auto' takes the teacher's or student's own, refusing two that differ."""
+    from workbench.data import tokenizer as hf_tokenizer
+
+    folders = cfg.lm.hf_folders() if cfg.model.kind != "mlp" else {}
+    if not folders:
+        return None, None
+    if cfg.lm.tokenizer != "auto":
+        with_one = [f"{who} ({f})" for who, f in folders.items() if hf_tokenizer.has_tokenizer(f)]
+        return None, (f"lm.tokenizer={cfg.lm.tokenizer!r}: the text is not tokenized by the tokenizer of "
+                      f"{' and '.join(with_one)}, so a pretrained model reads ids it never learned" if with_one else None)
+    tok = hf_tokenizer.shared(folders)
+    if tok is None:
+        return None, (f"{' and '.join(f'{who} ({f})' for who, f in folders.items())} has no tokenizer: the text is "
+                      "tokenized by a BPE trained here, whose ids a pretrained model never learned")
+    return tok, None
+
+
 def for_config(cfg, device: torch.device, tdtype, cache_dir: str | Path) -> "MLPTask | LMTask":
     return MLPTask(cfg, device, tdtype) if cfg.model.kind == "mlp" else LMTask(cfg, device, tdtype, cache_dir)
 
@@ -105,6 +147,7 @@ class LMTask:
                  with_batches: bool = True):
         from workbench.data import TextSpec, load_text
 
+        cfg = resolve_lm(cfg)  # model.vocab from a Hugging Face model (runner.run has done it already)
         self.cfg, self.device, self.tdtype, self.cache_dir = cfg, device, tdtype, Path(cache_dir)
         self.needs_hidden, self.ce_only = False, ce_only
         m, lm = cfg.model, cfg.lm
@@ -114,9 +157,12 @@ class LMTask:
             for name in ("student", "teacher"):
                 if getattr(lm, name) not in ("", "train", "random"):
                     check_folder(getattr(lm, name), f"lm.{name}", m.seq_len)
-        self.text = load_text(TextSpec(files=tuple(lm.corpus_files), max_bytes=int(lm.corpus_mb * 1e6),
-                                       tokenizer=lm.tokenizer, vocab_size=m.vocab if lm.tokenizer == "bpe" else 256,
-                                       heldout_fraction=lm.heldout_fraction), self.cache_dir)
+        pretrained, self.tokenizer_warning = lm_tokenizer(cfg)
+        kind = "pretrained" if pretrained else "bpe" if lm.tokenizer == "auto" else lm.tokenizer
+        self.text = load_text(TextSpec(files=tuple(lm.corpus_files), max_bytes=int(lm.corpus_mb * 1e6), tokenizer=kind,
+                                       vocab_size=bpe_vocab(m.vocab) if kind == "bpe" else 256,
+                                       heldout_fraction=lm.heldout_fraction,
+                                       pretrained=pretrained.folder if pretrained else ""), self.cache_dir)
         for split, n in ((s, len(t)) for s, t in self.text.tokens.items()):  # every batch is a window of seq_len + 1 tokens
             if n < m.seq_len + 1:
                 raise ConfigError(f"the text's {split} split has {n} tokens, fewer than model.seq_len + 1 = "
@@ -126,18 +172,15 @@ class LMTask:
         d = cfg.distill
         # one implementation for every student of the run, the no-KD one included (its CE alone could always be fused)
         self.loss_impl = lm_objectives.resolve_impl(d.loss, d.loss_impl, device)  # refuses a fused one that cannot run
-        self.info = {"text_folder": str(self.text.folder), "tokenizer_vocab": self.text.vocab_size,
+        self.info = {"text_folder": str(self.text.folder),
+                     "tokenizer": {"pretrained": "pretrained", "bpe": "trained-here BPE"}.get(kind, kind),
+                     **(pretrained.info() if pretrained else {}), "tokenizer_vocab": self.text.vocab_size,
+                     "tokenizer_warning": self.tokenizer_warning, "model_vocab": m.vocab,
                      "loss_impl": self.loss_impl, "loss_impl_requested": d.loss_impl}
         torch.manual_seed(cfg.train.seed)
         self.teacher = self._teacher().to(device).eval().requires_grad_(False)
         torch.manual_seed(cfg.train.seed)  # the students' init does not depend on how the teacher came to be
         self.reference = self._student()
-        for who, model in (("lm.teacher", self.teacher), ("lm.student", self.reference)):
-            vocab = getattr(getattr(model, "model", None), "config", None)
-            vocab = getattr(vocab, "vocab_size", None)
-            if vocab is not None and vocab != m.vocab:  # a Hugging Face model brings its own vocabulary size
-                raise ConfigError(f"{who}: the Hugging Face model's vocabulary has {vocab} tokens, model.vocab is "
-                                  f"{m.vocab}; set model.vocab={vocab} (the text is tokenized to model.vocab tokens)")
         self.teacher, self.teacher_precision = teacher_precision.prepare(self.teacher, cfg, device, tdtype)
         self.info.update(self.teacher_precision.info())
         if with_batches:  # False for `workbench teacher`: no training batch, so no logits to place or refuse over
@@ -145,7 +188,8 @@ class LMTask:
 
     def cells(self) -> dict[str, Any]:
         """What every student row of the run carries from its task: the teacher's precision, the logit loss."""
-        return {**self.teacher_precision.cells(), "loss_impl": self.loss_impl}
+        return {**self.teacher_precision.cells(), "loss_impl": self.loss_impl, "tokenizer": self.info["tokenizer"],
+                "tokenizer_sha256": self.info.get("tokenizer_sha256"), "tokenizer_warning": self.tokenizer_warning}
 
     # ---- models ---------------------------------------------------------------------------------
     def shape(self, teacher: bool = False):
@@ -325,6 +369,15 @@ def check_teacher_output(out: torch.Tensor, cfg) -> None:
         raise ConfigError(f"the teacher's outputs are not finite (NaN or inf), so no student can train on them "
                           f"(distill.teacher_precision={cfg.distill.teacher_precision!r}{source}): try "
                           "teacher_precision=fp32 or bf16 (fp16 overflows), or another teacher")
+
+
+def bpe_vocab(vocab: int) -> int:
+    """The size a BPE trained here gets for an embedding of `vocab` rows: the largest multiple of 64 that fits
+    (a Hugging Face model's vocabulary need not be one; a padded embedding is fine)."""
+    if vocab < 320:
+        raise ConfigError(f"model.vocab={vocab} (the Hugging Face model's vocab_size) is too small for a BPE trained "
+                          "here (at least 320: 256 bytes, end of text, merges); set lm.tokenizer=bytes")
+    return vocab - vocab % 64
 
 
 def place_teacher_logits(choice: str, train_bytes: int, kept_bytes: int, gpu_free: int | None,

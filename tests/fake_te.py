@@ -204,3 +204,94 @@ class FakeTEModules:
             if not (cache["use_flash_attention"] or cache["use_fused_attention"] or cache["use_unfused_attention"]):
                 raise ValueError("No dot product attention backend is available for the provided inputs. Please run "
                                  "with NVTE_DEBUG=1 NVTE_DEBUG_LEVEL=2 to find out the reasons for disabling all backends.")
+
+
+def _rms(x, weight, eps):
+    return (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+
+
+def _rotate(t, freqs):
+    """TE's non-interleaved RoPE on [b, s, h, d] with angles [s, 1, 1, d]: t cos + rotate_half(t) sin."""
+    f = freqs.transpose(0, 1).to(torch.float32)  # [1, s, 1, d]
+    x1, x2 = t.float().chunk(2, dim=-1)
+    return (t.float() * f.cos() + torch.cat((-x2, x1), dim=-1) * f.sin()).to(t.dtype)
+
+
+class _Params(torch.nn.Module):
+    """A TE module's parameters by TE's names and shapes (LayerNormLinear, Linear, LayerNormMLP), no maths."""
+
+    def __init__(self, shapes: dict, dtype, device):
+        super().__init__()
+        with _on(device):
+            for name, shape in shapes.items():
+                self.register_parameter(name, torch.nn.Parameter(torch.zeros(shape, dtype=dtype)))
+
+
+class FakeTransformerLayer(torch.nn.Module):
+    """te.TransformerLayer as the decoder-layer conversion builds it (TE 2.20: pre-norm RMSNorm, fused QKV
+    interleaved per KV group, GQA, non-interleaved RoPE from `rotary_pos_emb`, causal 'bshd' attention, SwiGLU
+    with fc1 = [gate; up], biases on all four GEMMs or none): TE's parameter names and shapes, that maths in torch."""
+
+    def __init__(self, hidden_size, ffn_hidden_size, num_attention_heads, num_gqa_groups=None, kv_channels=None,
+                 bias=True, layernorm_epsilon=1e-5, hidden_dropout=0.1, attention_dropout=0.1, fuse_qkv_params=False,
+                 normalization="LayerNorm", activation="gelu", self_attn_mask_type="causal", attn_input_format="sbhd",
+                 params_dtype=None, device="cuda"):
+        super().__init__()
+        assert (normalization, activation, attn_input_format, self_attn_mask_type) == ("RMSNorm", "swiglu", "bshd", "causal")
+        assert fuse_qkv_params and hidden_dropout == 0 and attention_dropout == 0, "the fake does these only"
+        self.heads, self.groups = num_attention_heads, num_gqa_groups or num_attention_heads
+        self.head_dim, self.eps = kv_channels or hidden_size // num_attention_heads, layernorm_epsilon
+        dtype = params_dtype or torch.float32
+        qkv = (self.heads + 2 * self.groups) * self.head_dim
+        b = (lambda name, n: {name: (n,)}) if bias else (lambda name, n: {})
+        self.self_attention = torch.nn.Module()
+        self.self_attention.layernorm_qkv = _Params({"layer_norm_weight": (hidden_size,), "weight": (qkv, hidden_size),
+                                                     **b("bias", qkv)}, dtype, device)
+        self.self_attention.proj = _Params({"weight": (hidden_size, self.heads * self.head_dim),
+                                            **b("bias", hidden_size)}, dtype, device)
+        self.layernorm_mlp = _Params({"layer_norm_weight": (hidden_size,), "fc1_weight": (2 * ffn_hidden_size, hidden_size),
+                                      **b("fc1_bias", 2 * ffn_hidden_size), "fc2_weight": (hidden_size, ffn_hidden_size),
+                                      **b("fc2_bias", hidden_size)}, dtype, device)
+
+    def forward(self, hidden_states, attention_mask=None, rotary_pos_emb=None):
+        x, a, m = hidden_states, self.self_attention, self.layernorm_mlp
+        bsz, s, _ = x.shape
+        qkv = F.linear(_rms(x, a.layernorm_qkv.layer_norm_weight, self.eps), a.layernorm_qkv.weight,
+                       getattr(a.layernorm_qkv, "bias", None))
+        per = self.heads // self.groups
+        qkv = qkv.view(bsz, s, self.groups, per + 2, self.head_dim)
+        q = qkv[:, :, :, :per].reshape(bsz, s, self.heads, self.head_dim)
+        k, v = qkv[:, :, :, per], qkv[:, :, :, per + 1]
+        if rotary_pos_emb is not None:
+            q, k = _rotate(q, rotary_pos_emb), _rotate(k, rotary_pos_emb)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                             enable_gqa=True)
+        x = x + F.linear(out.transpose(1, 2).reshape(bsz, s, -1), a.proj.weight, getattr(a.proj, "bias", None))
+        gate, up = F.linear(_rms(x, m.layer_norm_weight, self.eps), m.fc1_weight, getattr(m, "fc1_bias", None)).chunk(2, -1)
+        return x + F.linear(F.silu(gate) * up, m.fc2_weight, getattr(m, "fc2_bias", None))
+
+
+class FakeRotaryPositionEmbedding(torch.nn.Module):
+    """te.RotaryPositionEmbedding (attention/rope.py, TE 2.20), its maths as TE has it, on the CPU."""
+
+    def __init__(self, dim, rotary_percent=1.0, seq_len_interpolation_factor=None,
+                 pretrained_max_position_embeddings=None, rotary_base=10000.0, interleaved=False):
+        super().__init__()
+        assert rotary_percent == 1.0 and not interleaved
+        self.seq_len_interpolation_factor, self.pretrained = seq_len_interpolation_factor, pretrained_max_position_embeddings
+        self.register_buffer("inv_freq", 1.0 / (rotary_base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)))
+
+    def forward(self, max_seq_len, offset=0):
+        seq = torch.arange(max_seq_len, device=self.inv_freq.device, dtype=self.inv_freq.dtype) + offset
+        if self.pretrained is not None and self.seq_len_interpolation_factor is not None:
+            if max_seq_len > self.pretrained * self.seq_len_interpolation_factor:
+                seq *= 1 / (max_seq_len / self.pretrained)
+            else:
+                seq *= 1 / self.seq_len_interpolation_factor
+        freqs = torch.einsum("i , j -> i j", seq, self.inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.reshape(emb.size(0), 1, 1, emb.size(1))
+
+
+FakeTEModules.TransformerLayer = FakeTransformerLayer
+FakeTEModules.RotaryPositionEmbedding = FakeRotaryPositionEmbedding

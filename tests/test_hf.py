@@ -60,10 +60,11 @@ def test_te_conversion_swaps_linear_and_rmsnorm_and_reports_what_stayed_torch(sa
     monkeypatch.setattr(_te, "load", lambda: (FakeTEModules, object(), ""))
     reference = load_causal_lm(saved, seq_len=16)
     te_bf16 = backends.make("te_bf16")
-    model = te_bf16.build(reference, config.from_preset("cpu-smoke"), torch.device("cpu"))  # converts a copy
-    assert len(te_bf16.converted) == 2 * (7 + 2) + 2  # per layer: 7 Linear, 2 RMSNorm; + final norm, lm_head
+    cfg = config.from_preset("cpu-smoke", te_conversion="linear")  # per Linear (the decoder-layer one: test_hf_layers)
+    model = te_bf16.build(reference, cfg, torch.device("cpu"))  # converts a copy
+    assert len(te_bf16.converted) == 2 * (7 + 2) + 1  # per layer: 7 Linear, 2 RMSNorm; + final norm (the head stays bf16)
     assert type(model.model.model.layers[0].input_layernorm) is FakeTEModules.RMSNorm
-    assert type(model.model.lm_head) is FakeTEModules.Linear
+    assert type(model.model.lm_head) is torch.nn.Linear
     kept = te_bf16.kept_torch
     assert "model.model.embed_tokens (Embedding)" in kept and "model.model.layers.1.self_attn (LlamaAttention)" in kept
     assert not any("proj" in k or "norm" in k for k in kept)
@@ -92,13 +93,14 @@ def test_the_fp8_size_check_reads_a_hugging_face_students_own_linears(saved, tmp
 
 
 def test_a_tied_lm_head_is_no_fp8_gemm_so_an_odd_vocabulary_does_not_skip_the_student(tmp_path):
-    """A head tied to the embedding stays torch in the TE conversion (a copy would untie it): its vocabulary
-    is no FP8 GEMM dimension. Untied, the same odd vocabulary is one, and is named."""
+    """The LM head stays bf16 torch by default (options.te_head_precision): its vocabulary is no FP8 GEMM
+    dimension, tied or not. An FP8 head (a te.Linear, sharing a tied embedding's weight) makes it one, named."""
     from workbench.backends.te_fp8 import misaligned
 
     lm = dict(kind="llama", vocab=256, tokenizer="bytes")
     for tied in (True, False):
         folder = tmp_path / f"tied-{tied}"
         load_causal_lm(LlamaConfig(**{**TINY, "vocab_size": 250, "tie_word_embeddings": tied})).model.save_pretrained(folder)
-        bad = misaligned(config.from_preset("gpt-cpu", **lm, student=str(folder)), 16)
-        assert bad == ([] if tied else ["lm_head.out_features=250"]), bad
+        assert misaligned(config.from_preset("gpt-cpu", **lm, student=str(folder)), 16) == []
+        fp8_head = config.from_preset("gpt-cpu", **lm, student=str(folder), te_head_precision="fp8")
+        assert misaligned(fp8_head, 16) == ["lm_head.out_features=250"]

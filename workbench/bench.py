@@ -120,6 +120,20 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
             "and eager TE FP8"),
     Variant("lm-te-step-checkpointed-loss", {**STEP, "loss_impl": "checkpointed"}, ("te_fp8:delayed",),
             "the whole TE FP8 step in one CUDA graph, with the checkpointed logit loss"),
+    # your own Hugging Face decoder (--set lm.student=DIR): how TE converts it, and the precision levers
+    Variant("hf-compile", {"compile": True}, ("torch_bf16", "torchao_float8:tensorwise"),
+            "the Hugging Face model compiled: torch bf16 and torchao float8 (fp32 masters, fused AdamW)"),
+    Variant("hf-te-linear", {"te_conversion": "linear"}, ("te_bf16", "te_fp8:delayed"),
+            "TE per Linear / RMSNorm (the model's own attention maths in torch), eager"),
+    Variant("hf-te-layer", {"te_conversion": "layer"}, ("te_bf16", "te_fp8:delayed", "te_fp8:current"),
+            "each decoder layer one te.TransformerLayer (fused QKV, SwiGLU, TE attention and RoPE), eager"),
+    Variant("hf-te-layer-step", {**STEP, "te_conversion": "layer"}, ("te_bf16", "te_fp8:delayed", "te_fp8:current"),
+            "TE decoder layers, the whole step in one CUDA graph"),
+    Variant("hf-te-layer-fp8-dpa", {"te_conversion": "layer", "te_fp8_dpa": True}, ("te_fp8:delayed", "te_fp8:current"),
+            "TE decoder layers with FP8 attention (fp8_dpa), eager; refused with TE's reason where cuDNN cannot"),
+    Variant("hf-te-layer-fp8-head", {**STEP, "te_conversion": "layer", "te_head_precision": "fp8"},
+            ("te_fp8:delayed", "te_fp8:current"),
+            "TE decoder layers and an FP8 LM head (te.Linear; a tied head shares the embedding), whole-step graph"),
 )}
 
 # Default variant list per preset, most telling first (a --budget-s cut drops the tail). `large` skips
@@ -483,6 +497,8 @@ def _bench_row(meta, peak, variant, r, obs, teacher_obs, run_dir) -> dict[str, A
         "datasheet_peak_tflops": sheet, "pct_of_datasheet_peak": _pct(r.get("tflops"), sheet),
         "optimizer": r.get("optimizer", r.get("cfg_optimizer")), "graph_scope": r.get("graph_scope"),
         **({"loss_impl": r["loss_impl"]} if isinstance(r.get("loss_impl"), str) else {}),  # LM rows: the logit loss that ran
+        # TE rows of a Hugging Face student: the conversion that ran (decoder layers or per Linear) and why
+        **{k: r[k] for k in ("te_conversion", "te_conversion_note") if isinstance(r.get(k), str)},
         "teacher_ms_median": r.get("teacher_ms_median"),
         "teacher_pct_of_student_step": _pct(r.get("teacher_ms_median"), step),
         **_teacher_cells(r, step, peak),

@@ -189,6 +189,19 @@ class BackendOptions:
     te_fp8_weights: bool = False
     """TE FP8 students keep their weights in FP8 (te.quantized_model_init), so the per-step weight casts
     disappear; the fp32 master weights live in the optimizer (needs train.optimizer te_fused_adam)."""
+    te_conversion: str = "auto"
+    """How a TE student converts a Hugging Face model (lm.student): 'layer' (each decoder layer of a Llama,
+    Mistral or Qwen2 model becomes one te.TransformerLayer: fused QKV, SwiGLU, TE's attention and RoPE; a
+    model it cannot convert is an error row saying why), 'linear' (each Linear / RMSNorm swapped alone; the
+    attention maths stays torch's) or 'auto' (layer where it applies, else linear, and the row says why).
+    Rows record the conversion that ran (te_conversion)."""
+    te_fp8_dpa: bool = False
+    """TE FP8 students (delayed and current scaling) run attention's two matmuls in FP8 too (the recipe's
+    fp8_dpa; cuDNN's fused attention only): students with TE's attention. Where TE finds no FP8 attention
+    backend for the shapes the row is an error with TE's reason."""
+    te_head_precision: str = "bf16"
+    """The LM head of a TE student of a Hugging Face model: 'bf16' (torch, under bf16 autocast, as every peer
+    keeps it) or 'fp8' (a te.Linear inside the FP8 autocast; a head tied to the embedding shares its weight)."""
 
 
 @dataclass
@@ -319,6 +332,10 @@ class Config:
         _choice("options.te_attention", self.options.te_attention, TE_ATTENTION)
         _choice("distill.teacher_logits", d.teacher_logits, TEACHER_LOGITS)
         _choice("options.te_graph", self.options.te_graph, TE_GRAPHS)
+        _choice("options.te_conversion", self.options.te_conversion, TE_CONVERSIONS)
+        _choice("options.te_head_precision", self.options.te_head_precision, TE_HEAD_PRECISIONS)
+        if not isinstance(self.options.te_fp8_dpa, bool):
+            raise ConfigError(f"options.te_fp8_dpa must be true or false, got {self.options.te_fp8_dpa!r}")
         _choice("train.optimizer", t.optimizer, OPTIMIZERS)
         _choice("train.moments_dtype", t.moments_dtype, MOMENTS_DTYPES)
         if t.moments_dtype != "fp32" and t.optimizer != "te_fused_adam":
@@ -392,6 +409,8 @@ AMAX_ALGOS = ("max", "most_recent")
 TE_ATTENTION = ("auto", "flash", "fused", "unfused")
 TEACHER_LOGITS = ("auto", "gpu", "host")
 TE_GRAPHS = ("fwd_bwd", "step")
+TE_CONVERSIONS = ("auto", "layer", "linear")
+TE_HEAD_PRECISIONS = ("bf16", "fp8")
 OPTIMIZERS = ("adamw", "te_fused_adam")
 MOMENTS_DTYPES = ("fp32", "bf16")
 PARAM_DTYPES = ("fp32", "bf16")

@@ -152,20 +152,31 @@ class Backend:
         return None
 
 
+def reference_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A model's weights under the reference model's names (`to_reference_state`: a Hugging Face model
+    whose decoder layers became TE layers maps its fused tensors back), without TE's `_extra_state`."""
+    state = model.to_reference_state() if hasattr(model, "to_reference_state") else model.state_dict()
+    return {k: v for k, v in state.items() if not k.endswith("_extra_state")}
+
+
 def check_matched(student: nn.Module, reference: nn.Module) -> None:
-    """A conversion must keep every weight of the reference (by name and shape; values are copied)."""
-    want = {k: tuple(v.shape) for k, v in reference.state_dict().items() if not k.endswith("_extra_state")}
-    got = {k: tuple(v.shape) for k, v in student.state_dict().items() if not k.endswith("_extra_state")}
+    """A conversion must keep every weight of the reference (by name and shape, under the reference's
+    names; values are copied)."""
+    want = {k: tuple(v.shape) for k, v in reference_state(reference).items()}
+    got = {k: tuple(v.shape) for k, v in reference_state(student).items()}
     if want != got:
         lost = sorted(set(want) - set(got)) or sorted(k for k in want if got.get(k) != want[k])
         raise RuntimeError(f"converted student does not match the reference model: {lost[:5]}")
 
 
-def replace_modules(model: nn.Module, swap) -> list[str]:
+def replace_modules(model: nn.Module, swap, skip: tuple[str, ...] = ()) -> list[str]:
     """Replace every submodule for which `swap(module)` returns a new module (whose weights the swap
-    copied); return the replaced modules' names, the report of what a conversion touched."""
+    copied); return the replaced modules' names, the report of what a conversion touched. Modules under
+    the names in `skip` (already converted) are left alone."""
     done = []
     for name, child in list(model.named_modules()):
+        if any(name == s or name.startswith(s + ".") for s in skip):
+            continue
         for cname, grandchild in list(child.named_children()):
             new = swap(grandchild)
             if new is not None:

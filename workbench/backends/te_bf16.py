@@ -12,7 +12,9 @@ import torch
 
 from torch import nn
 
-from workbench.backends import Backend, Context, amp_dtype, autocast, register, replace_modules, to_param_dtype
+from workbench.backends import Backend, Context, _hf_layers, amp_dtype, autocast, register, replace_modules, to_param_dtype
+from workbench.backends._hf_layers import TEDecoderLayer
+from workbench.errors import ConfigError
 from workbench.env import te as _te
 from workbench.models import LayerNormMLP, SDPACore, shared_parameters
 
@@ -52,9 +54,12 @@ class TEBF16(Backend):
         return super().build(reference, cfg, device)
 
     def convert(self, model, cfg, meta: bool = False):
-        self.converted = convert_to_te(model, cfg, self.device, meta)
+        self.conversion, self.conversion_note = conversion_for(model, cfg)
+        head_fp8 = cfg.options.te_head_precision == "fp8" and self.gemm_precision != "bf16"
+        self.converted = convert_to_te(model, cfg, self.device, meta, layers=self.conversion == "layer",
+                                       head_fp8=head_fp8, fp8_weights=bool(getattr(self, "fp8_weights", False)))
         self.kept_torch = stayed_torch(model, self.converted)
-        self.runs_te_attention = any(isinstance(m, TEAttention) for m in model.modules())
+        self.runs_te_attention = any(isinstance(m, (TEAttention, TEDecoderLayer)) for m in model.modules())
         self.attention = cfg.options.te_attention
         return model
 
@@ -75,7 +80,10 @@ class TEBF16(Backend):
         last forward beside the one requested (options.te_attention): a slower one (unfused) silently costs
         TE its advantage, so the row says which ran."""
         out = {"converted_modules": len(getattr(self, "converted", [])),
-               "kept_torch_modules": "; ".join(getattr(self, "kept_torch", []))[:1000] or None}
+               "kept_torch_modules": "; ".join(getattr(self, "kept_torch", []))[:1000] or None,
+               "te_conversion": getattr(self, "conversion", None)}
+        if getattr(self, "conversion_note", ""):
+            out["te_conversion_note"] = self.conversion_note
         if self.runs_te_attention:
             out["attention_requested"] = self.attention
             out["attention_backend"] = selected = _te.describe_selection(_te.last_attention_selection())
@@ -99,9 +107,17 @@ class TEBF16(Backend):
 
     def policy(self, cfg, device):
         p = super().policy(cfg, device)
+        notes = []
         if cfg.options.te_fp8_weights and not self.quantized_weights:
-            return dataclasses.replace(p, notes=p.notes + ("options.te_fp8_weights not applied: a bf16 student has no FP8 weights",))
-        return p
+            notes.append("options.te_fp8_weights not applied: a bf16 student has no FP8 weights")
+        if cfg.options.te_fp8_dpa and (self.fp8_recipe is None or not self.runs_te_attention):
+            notes.append("options.te_fp8_dpa not applied: " + ("a bf16 student runs no FP8" if self.fp8_recipe is None
+                         else "this student does not run TE's attention"))
+        hf = bool(cfg.lm.student) and cfg.model.kind != "mlp"
+        if cfg.options.te_head_precision == "fp8" and (not hf or self.gemm_precision == "bf16"):
+            notes.append("options.te_head_precision='fp8' not applied: " + (
+                "a bf16 student runs no FP8" if hf else "it applies to Hugging Face students (lm.student)"))
+        return dataclasses.replace(p, notes=p.notes + tuple(notes)) if notes else p
 
     def reset_after_capture(self, model):
         """Back to fresh delayed-scaling state, in place: scale 1 and an empty amax history, as a new module
@@ -172,22 +188,51 @@ def attention_available(cfg) -> tuple[bool, str]:
     return True, ""
 
 
-def convert_to_te(model: nn.Module, cfg, device, meta: bool = False) -> list[str]:
+def conversion_for(model: nn.Module, cfg) -> tuple[str | None, str]:
+    """(conversion, note) for `model` under options.te_conversion: 'layer' or 'linear' for a Hugging Face model
+    (None for the workbench's own models, whose TE layout is their own), and why 'auto' fell back to 'linear'.
+    'layer' forced on a model it cannot convert raises, naming the field."""
+    if not hasattr(model, "converted_layers"):
+        return None, ""
+    choice = cfg.options.te_conversion
+    if choice == "linear":
+        return "linear", ""
+    why = _hf_layers.refusal(model.model, getattr(model, "seq_len", None))
+    if not why:
+        return "layer", ""
+    if choice == "layer":
+        raise ConfigError(f"options.te_conversion='layer' cannot convert this model: {why}; set "
+                          "options.te_conversion to 'auto' or 'linear'")
+    return "linear", f"per-Linear conversion: {why}"
+
+
+def convert_to_te(model: nn.Module, cfg, device, meta: bool = False, layers: bool = False,
+                  head_fp8: bool = False, fp8_weights: bool = False) -> list[str]:
     """Swap every layer TE has a counterpart for, copying the weights: nn.Linear -> te.Linear,
     nn.LayerNorm -> te.LayerNorm, RMSNorms (torch's, and a Hugging Face model's own) -> te.RMSNorm, the
     fused LayerNormMLP -> te.LayerNormMLP (TE's GELU is the tanh form, like ours) and the LMs' attention
     core SDPACore -> te.DotProductAttention. Generic, so it also converts a Hugging Face model; embeddings
     stay torch's, in the students' parameter dtype. Returns the names of what was swapped; `stayed_torch`
     names what was not. `meta`: the GEMM layers (te.Linear, te.LayerNormMLP, the ones with FP8 weights) are
-    made on the meta device without their weights, which TE's FSDP2 recipe gives them after sharding."""
+    made on the meta device without their weights, which TE's FSDP2 recipe gives them after sharding.
+
+    A Hugging Face model (`layers`: see `conversion_for`) first has each decoder layer replaced by one
+    te.TransformerLayer (workbench.backends._hf_layers); its LM head stays torch (bf16, as every peer keeps
+    it) unless `head_fp8`: then it is a te.Linear, sharing the embedding's weight when the two are tied."""
     te, _, _ = _te.load()
     dtype = torch.bfloat16 if cfg.model.param_dtype == "bf16" else torch.float32
     to_param_dtype(model, cfg)  # before the swap: TE modules keep FP8 state that a later .to(dtype) must not touch
     shared = shared_parameters(model)
     kw = {"params_dtype": dtype, "device": device}
     gemm_kw = {**kw, "device": "meta"} if meta else kw
+    done = _hf_layers.convert_layers(te, model, dtype, gemm_kw["device"]) if layers else []
+    head = model.model.get_output_embeddings() if hasattr(model, "converted_layers") else None
+    if head is not None and head_fp8:
+        done.append(_fp8_head(te, model, head, shared, gemm_kw, meta or fp8_weights))
 
     def swap(m: nn.Module):
+        if head is not None and m is head:
+            return None  # a Hugging Face model's LM head: bf16 torch, or already TE's (head_fp8)
         if any(id(p) in shared for p in m.parameters(recurse=False)):
             return None  # a tied weight (an LM head tied to the embedding): a copy would untie it
         if isinstance(m, SDPACore):
@@ -209,7 +254,25 @@ def convert_to_te(model: nn.Module, cfg, device, meta: bool = False) -> list[str
             raise RuntimeError(f"TE {type(new).__name__} does not take {type(m).__name__}'s weights: {missing} {unexpected}")
         return new
 
-    return replace_modules(model, swap)
+    return done + replace_modules(model, swap, skip=tuple(done))
+
+
+def _fp8_head(te, model: nn.Module, head: nn.Linear, shared: set[int], kw: dict, fp8_weights: bool) -> str:
+    """The Hugging Face model's LM head as a te.Linear (options.te_head_precision='fp8'), its weight copied, or,
+    tied to the embedding, that very Parameter (so the two stay one tensor, trained as one)."""
+    tied = id(head.weight) in shared
+    meta = kw["device"] == "meta"
+    if tied and fp8_weights:
+        raise ConfigError("options.te_head_precision='fp8' with a head tied to the embedding shares the "
+                          "embedding's weight, which cannot be an FP8 weight (options.te_fp8_weights): untie the "
+                          "head in the model, or set options.te_head_precision='bf16'")
+    new = te.Linear(head.in_features, head.out_features, bias=head.bias is not None, **kw)
+    if tied:
+        new.weight = head.weight  # the embedding's Parameter itself
+    elif not meta:
+        new.load_state_dict(head.state_dict(), strict=False)
+    model.model.set_output_embeddings(new)
+    return "model.lm_head"
 
 
 class TEAttention(nn.Module):

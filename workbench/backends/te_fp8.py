@@ -15,7 +15,7 @@ import torch
 from packaging.version import Version
 from torch.distributed.tensor import distribute_tensor
 
-from workbench.backends import MASTER_INIT, Context, autocast, check_matched, register, to_param_dtype
+from workbench.backends import MASTER_INIT, Context, autocast, check_matched, reference_state, register, to_param_dtype
 from workbench.env import te as _te
 from workbench.backends.te_bf16 import TEBF16, te_usable
 
@@ -65,20 +65,25 @@ def shards_fp8_weights(cfg) -> bool:
     return cfg.options.te_fp8_weights and p.strategy == "fsdp2" and ranks > 1
 
 
+FP8_DPA_RECIPES = ("delayed", "delayed_e4m3", "current")  # TE's fp8_dpa: delayed and current scaling
+
+
 def make_recipe(recipe_mod, name: str, amax_history_len: int = 16, amax_compute_algo: str = "max",
-                reduce_amax: bool = True):
+                reduce_amax: bool = True, fp8_dpa: bool = False):
     """TE's recipe object for a recipe name; 'delayed' takes its amax history settings from the config's
     BackendOptions, 'delayed_e4m3' is exactly the tutorial's (TE's defaults). `reduce_amax=False`: delayed
     scaling keeps its amaxes to this process (TE otherwise all-reduces them over the default group whenever
     torch.distributed is initialised, even for a student that runs on one rank alone)."""
     R = recipe_mod
+    dpa = {"fp8_dpa": True} if fp8_dpa else {}  # FP8 attention (options.te_fp8_dpa): FP8_DPA_RECIPES only
     if name == "delayed":
         return R.DelayedScaling(margin=0, fp8_format=R.Format.HYBRID, amax_history_len=amax_history_len,
-                                amax_compute_algo=amax_compute_algo, reduce_amax=reduce_amax)
+                                amax_compute_algo=amax_compute_algo, reduce_amax=reduce_amax, **dpa)
     if name == "delayed_e4m3":
-        return R.DelayedScaling(margin=0, fp8_format=R.Format.E4M3, reduce_amax=reduce_amax)
+        return R.DelayedScaling(margin=0, fp8_format=R.Format.E4M3, reduce_amax=reduce_amax, **dpa)
+    if name == "current":
+        return R.Float8CurrentScaling(**dpa)
     return {
-        "current": R.Float8CurrentScaling,
         "block": R.Float8BlockScaling,
         "mxfp8": R.MXFP8BlockScaling,
         "nvfp4": R.NVFP4BlockScaling,
@@ -93,7 +98,10 @@ def misaligned(cfg, multiple: int) -> list[str]:
     if m.kind != "mlp" and cfg.lm.student:
         from workbench.models.hf import linear_shapes  # needs transformers (the `lm` extra), like lm.student
 
-        for name, (fan_in, fan_out) in linear_shapes(cfg.lm.student).items():
+        head_fp8 = cfg.options.te_head_precision == "fp8"  # otherwise the LM head stays bf16: no FP8 GEMM
+        for name, (fan_in, fan_out) in linear_shapes(cfg.lm.student, tied_head=head_fp8).items():
+            if name == "lm_head" and not head_fp8:
+                continue
             dims.setdefault(f"{name}.in_features", fan_in)
             dims.setdefault(f"{name}.out_features", fan_out)
     else:
@@ -132,6 +140,9 @@ class TEFP8(TEBF16):
         ok, why = _te.check(getattr(te, check, None), f"{self.recipe} ({check})")
         if not ok:
             return False, why
+        if ctx.cfg.options.te_fp8_dpa and self.recipe not in FP8_DPA_RECIPES:
+            return False, (f"options.te_fp8_dpa: TE runs FP8 attention with {', '.join(FP8_DPA_RECIPES)} scaling, "
+                           f"not recipe {self.recipe}")
         bad = misaligned(ctx.cfg, multiple)
         if bad:
             return False, f"recipe {self.recipe} needs GEMM dims that are multiples of {multiple}; not: {', '.join(bad)}"
@@ -145,7 +156,8 @@ class TEFP8(TEBF16):
         # others wait) must not all-reduce: on the H200 pair that collective waited forever for the idle ranks.
         alone = self.amax_reduction_group is None and torch.distributed.is_available() and torch.distributed.is_initialized()
         self.fp8_recipe = make_recipe(recipe_mod, self.recipe, o.te_amax_history_len, o.te_amax_compute_algo,
-                                      reduce_amax=not alone)
+                                      reduce_amax=not alone, fp8_dpa=o.te_fp8_dpa and self.recipe in FP8_DPA_RECIPES)
+        self.fp8_dpa = o.te_fp8_dpa and self.recipe in FP8_DPA_RECIPES
         self.fp8_weights = o.te_fp8_weights
 
     def build(self, reference, cfg, device):
@@ -167,10 +179,11 @@ class TEFP8(TEBF16):
         self.device, self.dtype, self.fp8_weights = device, torch.bfloat16, True
         model = to_param_dtype(copy.deepcopy(reference), cfg)
         # kept on the host: each goes to the GPU only while it is split into this rank's shard
-        exact = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
+        exact = {k: v.detach().float().cpu() for k, v in reference_state(model).items()}
         with te.quantized_model_init(enabled=True, recipe=self.fp8_recipe):
             TEBF16.convert(self, model, cfg, meta=True)
         check_matched(model, reference)
+        exact = model.from_reference_state(exact)  # under the converted names (a TE layer's fused QKV, gate/up)
         later = {name for name, p in model.named_parameters() if p.is_meta}
         shard(model)  # FSDP2 moves the torch layers' shards to the device; the meta ones stay meta
         for m in model.modules():
@@ -191,9 +204,10 @@ class TEFP8(TEBF16):
         if not self.fp8_weights:
             return super().convert(model, cfg)
         te, _, _ = _te.load()
-        exact = {k: v.detach().float().cpu() for k, v in to_param_dtype(model, cfg).state_dict().items()}
+        exact = {k: v.detach().float().cpu() for k, v in reference_state(to_param_dtype(model, cfg)).items()}
         with te.quantized_model_init(enabled=True, recipe=self.fp8_recipe):
             model = super().convert(model, cfg)
+        exact = model.from_reference_state(exact)  # under the converted names (a TE layer's fused QKV, gate/up)
         for name, p in model.named_parameters():
             if isinstance(p, te.QuantizedTensor):
                 setattr(p, MASTER_INIT, exact[name])
@@ -213,6 +227,12 @@ class TEFP8(TEBF16):
                                 "optimizer trains start at the shared init")
         return out
 
+    def forward_context(self):
+        stack = super().forward_context()
+        if getattr(self, "fp8_dpa", False) and self.runs_te_attention:
+            stack.enter_context(fp8_attention_refusal())
+        return stack
+
     def autocasts(self) -> list:
         te, _, _ = _te.load()
         # exactly the bf16 students' autocast, then TE's FP8 one
@@ -221,6 +241,22 @@ class TEFP8(TEBF16):
     def outside_training(self, model):
         delayed = getattr(self.fp8_recipe, "delayed", None)
         return kept_fp8_scaling(model) if callable(delayed) and delayed() else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def fp8_attention_refusal():
+    """TE's "no attention backend" under options.te_fp8_dpa, said in the option's words: FP8 attention runs in
+    cuDNN's fused attention only, which refuses some shapes (on the H200 with TE 2.20 / cuDNN 9.19: head
+    size 64), and TE's unfused attention does not do FP8."""
+    try:
+        yield
+    except ValueError as e:
+        if "No dot product attention backend" not in str(e):
+            raise
+        raise RuntimeError(
+            "options.te_fp8_dpa=true: TE has no FP8 attention backend for this student's attention here (FP8 "
+            "attention runs in cuDNN's fused attention only; NVTE_DEBUG=1 NVTE_DEBUG_LEVEL=2 prints TE's reasons, "
+            f"`workbench probe` writes them to te_attention.log); set options.te_fp8_dpa=false (TE: {e})") from e
 
 
 @contextlib.contextmanager

@@ -4,7 +4,8 @@
 initialised model from a config object, in fp32 on the CPU like every reference model, and wraps it so it
 has CausalLM's interface: `forward(tokens, return_hidden=False)`, `train_flops_per_token()`, and the
 reference-state pair the students' matched init uses. Precision backends convert a copy of it like any
-torch model (`convert_to_te` swaps its Linear / RMSNorm layers; its attention maths stays torch's).
+torch model: `convert_to_te` replaces each decoder layer of a known family by one te.TransformerLayer
+(workbench.backends._hf_layers), or swaps its Linear / RMSNorm layers one by one.
 """
 from __future__ import annotations
 
@@ -32,9 +33,20 @@ class HFCausalLM(nn.Module):
 
     def forward(self, tokens: torch.Tensor, return_hidden: bool = False):
         """logits [batch, seq, vocab], or (logits, [hidden per decoder layer]) as the model reports them
-        (transformers 5: the last one is after the final norm)."""
-        out = self.model(input_ids=tokens, use_cache=False, output_hidden_states=return_hidden)
-        return (out.logits, list(out.hidden_states[1:])) if return_hidden else out.logits
+        (transformers 5: the last one is after the final norm). transformers records hidden states by hooks
+        on its own decoder-layer class, so layers converted to TE's report theirs here (each layer's output)."""
+        converted = [m for m in self.model.modules() if hasattr(m, "hf_state")]
+        if not (return_hidden and converted):
+            out = self.model(input_ids=tokens, use_cache=False, output_hidden_states=return_hidden)
+            return (out.logits, list(out.hidden_states[1:])) if return_hidden else out.logits
+        hidden: list[torch.Tensor] = []
+        hooks = [m.register_forward_hook(lambda _m, _a, out: hidden.append(out)) for m in converted]
+        try:
+            logits = self.model(input_ids=tokens, use_cache=False).logits
+        finally:
+            for h in hooks:
+                h.remove()
+        return logits, hidden
 
     def train_flops_per_token(self, seq_len: int | None = None) -> int:
         """nanochat's estimate (workbench.models.lm.lm_train_flops_per_token) from the model's weight
@@ -46,11 +58,34 @@ class HFCausalLM(nn.Module):
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         return lm_train_flops_per_token(self, c.num_hidden_layers, c.num_attention_heads * head_dim, seq_len)
 
-    def from_reference_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return state
+    def converted_layers(self) -> dict[str, nn.Module]:
+        """{name: layer} of the decoder layers a TE conversion replaced by one TE layer each (they know their
+        mapping from and to the Hugging Face names: workbench.backends._hf_layers)."""
+        return {name: m for name, m in self.named_modules() if hasattr(m, "hf_state")}
 
-    def to_reference_state(self) -> dict[str, torch.Tensor]:
-        return {k: v for k, v in self.state_dict().items() if not k.endswith("_extra_state")}
+    def from_reference_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The Hugging Face model's state (the reference's names) under this model's own names: converted
+        layers' weights in TE's layout (fused QKV, gate/up), everything else as it is."""
+        from workbench.backends._hf_layers import to_te_state  # the layout belongs to the TE conversion
+
+        layers = self.converted_layers()
+        out = {k: v for k, v in state.items() if not any(k.startswith(n + ".") for n in layers)}
+        for name, layer in layers.items():
+            own = {k[len(name) + 1:]: v for k, v in state.items() if k.startswith(name + ".")}
+            out.update({f"{name}.block.{k}": v for k, v in to_te_state(own, layer.shape).items()})
+        return out
+
+    def to_reference_state(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """This model's state (`state`: one under its own names, e.g. gathered from shards; default its own)
+        under the Hugging Face model's names: what every other student of the run starts from and is
+        compared with. A converted layer's frozen zero biases (ones the model has none of) are left out."""
+        state = {k: v for k, v in (self.state_dict() if state is None else state).items()
+                 if not k.endswith("_extra_state")}
+        layers = self.converted_layers()
+        out = {k: v for k, v in state.items() if not any(k.startswith(n + ".") for n in layers)}
+        for name, layer in layers.items():
+            out.update({f"{name}.{k}": v for k, v in layer.hf_state(state, prefix=name + ".").items()})
+        return out
 
 
 def load_causal_lm(path_or_config: str | Path | PretrainedConfig, seq_len: int | None = None) -> HFCausalLM:
@@ -86,10 +121,11 @@ def check_folder(path: str, field: str, seq_len: int) -> None:
 
 
 @functools.lru_cache(maxsize=8)
-def linear_shapes(path: str) -> dict[str, tuple[int, int]]:
-    """{name: (in_features, out_features)} of every nn.Linear of the local causal LM at `path` but a tied one,
-    from its config alone (built on the meta device: no weights read, no memory): what a size check (FP8's multiples
-    of 16) needs before any student exists. Names as in HFCausalLM.model."""
+def linear_shapes(path: str, tied_head: bool = False) -> dict[str, tuple[int, int]]:
+    """{name: (in_features, out_features)} of every nn.Linear of the local causal LM at `path` but a tied one
+    (`tied_head`: a tied LM head too, which an FP8 head runs as a GEMM), from its config alone (built on the
+    meta device: no weights read, no memory): what a size check (FP8's multiples of 16) needs before any
+    student exists. Names as in HFCausalLM.model."""
     try:
         config = AutoConfig.from_pretrained(path, local_files_only=True)
         with torch.device("meta"):
@@ -97,8 +133,9 @@ def linear_shapes(path: str) -> dict[str, tuple[int, int]]:
     except (OSError, ValueError) as e:
         raise _not_loadable(path, e) from e
     shared = shared_parameters(model)  # a tied LM head stays torch: its vocabulary is no FP8 GEMM
+    head = model.get_output_embeddings() if tied_head else None
     return {name: (m.in_features, m.out_features) for name, m in model.named_modules()
-            if isinstance(m, nn.Linear) and not any(id(p) in shared for p in m.parameters(recurse=False))}
+            if isinstance(m, nn.Linear) and (m is head or not any(id(p) in shared for p in m.parameters(recurse=False)))}
 
 
 @functools.lru_cache(maxsize=8)

@@ -202,8 +202,8 @@ class CausalLM(nn.Module):
     def from_reference_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return state  # one layout: the reference names are the model's own
 
-    def to_reference_state(self) -> dict[str, torch.Tensor]:
-        return {k: v for k, v in self.state_dict().items() if not k.endswith("_extra_state")}
+    def to_reference_state(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in (self.state_dict() if state is None else state).items() if not k.endswith("_extra_state")}
 
 
 def lm_train_flops_per_token(model: nn.Module, layers: int, attn_width: int, seq_len: int) -> int:

@@ -123,8 +123,9 @@ class Student(nn.Module):
     def from_reference_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return state if self.blocks is None else self._renamed(state, to_fused=True)
 
-    def to_reference_state(self) -> dict[str, torch.Tensor]:
-        own = {k: v for k, v in self.state_dict().items() if not k.endswith("_extra_state")}
+    def to_reference_state(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """`state` (under this model's names; default its own) under the separate layout's names."""
+        own = {k: v for k, v in (self.state_dict() if state is None else state).items() if not k.endswith("_extra_state")}
         return own if self.blocks is None else self._renamed(own, to_fused=False)
 
 

@@ -219,7 +219,12 @@ def initial_loss(model: torch.nn.Module, task, batch: tuple[torch.Tensor, object
     # a distributed student's state: DDP names it under "module.", FSDP2 holds shards (gathered here)
     state = {k.removeprefix("module."): (v.full_tensor() if isinstance(v, DTensor) else v).float()
              for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
-    ref.load_state_dict(state)  # strict: a conversion keeps every name, so a missing one is a bug
+    # under the reference's names (a Hugging Face student with TE layers maps its fused tensors back), then
+    # the reference's own (the MLP's fused layout)
+    inner = getattr(model, "module", model)
+    if hasattr(inner, "to_reference_state"):
+        state = ref.from_reference_state(inner.to_reference_state(state))
+    ref.load_state_dict(state)  # strict: a conversion keeps every weight, so a missing one is a bug
     with torch.no_grad():
         out = ref(tokens, return_hidden=True) if task.needs_hidden else ref(tokens)
         return float(task.matched_loss(out, targets))

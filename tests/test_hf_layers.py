@@ -1,0 +1,193 @@
+"""The decoder-layer TE conversion of Hugging Face models on the CPU, with the named fake TE (tests/fake_te.py:
+TE's parameter names and shapes, TE's maths in torch): every mapped tensor round-trips HF -> TE -> HF bit for bit,
+the converted model's logits equal the HF model's, and what it cannot convert falls back with the reason."""
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[lm]')")
+
+from fake_te import FakeRecipes, FakeTEModules  # noqa: E402
+from transformers import LlamaConfig, MistralConfig, Qwen2Config  # noqa: E402
+from workbench import backends, config  # noqa: E402
+from workbench.backends import _hf_layers  # noqa: E402
+from workbench.env import te as _te  # noqa: E402
+from workbench.errors import ConfigError  # noqa: E402
+from workbench.models.hf import load_causal_lm  # noqa: E402
+
+TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=256, max_position_embeddings=64)
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8}
+FAMILIES = {"llama": (LlamaConfig, {}), "qwen2": (Qwen2Config, {}), "mistral": (MistralConfig, {}),
+            "llama-mha-untied": (LlamaConfig, {"num_key_value_heads": 4, "tie_word_embeddings": False}),
+            "llama3-rope": (LlamaConfig, {"rope_parameters": LLAMA3_ROPE, "tie_word_embeddings": True}),
+            "llama-linear-rope": (LlamaConfig, {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}}),
+            "llama-biases": (LlamaConfig, {"attention_bias": True, "mlp_bias": True})}
+
+
+@pytest.fixture(autouse=True)
+def fake_te(monkeypatch):
+    monkeypatch.setattr(_te, "load", lambda: (FakeTEModules, FakeRecipes, ""))
+
+
+def reference(family: str, **changes):
+    """A tiny random HF model whose every weight (biases and norms too) is random, so a mapping error shows."""
+    cls, extra = FAMILIES[family]
+    torch.manual_seed(0)
+    lm = load_causal_lm(cls(**{**TINY, **extra, **changes}), seq_len=16)
+    with torch.no_grad():
+        for p in lm.parameters():
+            p.normal_(0, 0.2)
+    return lm
+
+
+def cfg(**kw):
+    return config.from_preset("cpu-smoke", **kw)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_each_decoder_layer_becomes_one_te_layer_with_the_same_logits(family):
+    ref = reference(family)
+    student = backends.make("te_bf16")
+    model = student.build(ref, cfg(), torch.device("cpu"))
+    assert student.conversion == "layer" and student.conversion_note == ""
+    layers = model.model.model.layers
+    assert all(type(layer.block) is FakeTEModules.TransformerLayer for layer in layers)
+    assert student.converted[:2] == ["model.model.layers.0", "model.model.layers.1"]
+    assert type(model.model.model.norm) is FakeTEModules.RMSNorm  # the final norm, swapped alone
+    assert type(model.model.lm_head) is torch.nn.Linear  # the head stays bf16 torch by default
+    assert not any("Attention" in k or "DecoderLayer" in k or "MLP" in k for k in student.kept_torch)
+    tokens = torch.randint(0, 256, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), ref(tokens), rtol=1e-5, atol=1e-5)
+        _, hidden = model(tokens, return_hidden=True)
+        _, want = ref(tokens, return_hidden=True)
+    assert len(hidden) == len(want) == 2
+    torch.testing.assert_close(hidden[0], want[0], rtol=1e-5, atol=1e-5)  # the first layer's output
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_mapped_tensor_round_trips_bit_for_bit(family):
+    ref = reference(family)
+    model = backends.make("te_bf16").build(ref, cfg(), torch.device("cpu"))
+    want = ref.state_dict()
+    back = model.to_reference_state()
+    assert set(back) == set(want)
+    assert all(torch.equal(back[k], want[k]) for k in want), [k for k in want if not torch.equal(back[k], want[k])]
+    # and the other way: the reference's state under the TE names is exactly what the student holds
+    own = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+    mapped = model.from_reference_state(want)
+    assert set(mapped) == set(own) and all(torch.equal(mapped[k], own[k]) for k in own)
+    backends.check_matched(model, ref)
+
+
+def test_fused_qkv_is_interleaved_per_kv_group_and_fc1_is_gate_then_up():
+    """TE's layout, spelt out on one layer: 4 query heads in 2 KV groups, head size 16 -> rows
+    [q0 q1 k0 v0 | q2 q3 k1 v1]; fc1 = [gate; up]."""
+    ref = reference("llama")
+    model = backends.make("te_bf16").build(ref, cfg(), torch.device("cpu"))
+    hf, te = ref.model.model.layers[0], model.model.model.layers[0].block
+    q, k, v = (hf.self_attn.get_submodule(n).weight for n in ("q_proj", "k_proj", "v_proj"))
+    head = lambda w, i: w[16 * i:16 * (i + 1)]  # noqa: E731
+    want = torch.cat([head(q, 0), head(q, 1), head(k, 0), head(v, 0), head(q, 2), head(q, 3), head(k, 1), head(v, 1)])
+    assert torch.equal(te.self_attention.layernorm_qkv.weight, want)
+    assert torch.equal(te.layernorm_mlp.fc1_weight, torch.cat([hf.mlp.gate_proj.weight, hf.mlp.up_proj.weight]))
+    assert torch.equal(te.self_attention.layernorm_qkv.layer_norm_weight, hf.input_layernorm.weight)
+    assert torch.equal(te.layernorm_mlp.layer_norm_weight, hf.post_attention_layernorm.weight)
+
+
+def test_qwen2s_qkv_bias_is_mapped_and_the_biases_it_lacks_are_zero_and_frozen():
+    ref = reference("qwen2")
+    model = backends.make("te_bf16").build(ref, cfg(), torch.device("cpu"))
+    te = model.model.model.layers[0].block
+    hf = ref.model.model.layers[0].self_attn
+    q, k, v = _hf_layers.split_qkv(te.self_attention.layernorm_qkv.bias, model.model.model.layers[0].shape)
+    assert torch.equal(q, hf.q_proj.bias) and torch.equal(k, hf.k_proj.bias) and torch.equal(v, hf.v_proj.bias)
+    frozen = {n for n, p in te.named_parameters() if not p.requires_grad}
+    assert frozen == {"self_attention.proj.bias", "layernorm_mlp.fc1_bias", "layernorm_mlp.fc2_bias"}
+    assert all(not p.any() for n, p in te.named_parameters() if n in frozen)
+
+
+def test_a_training_step_moves_the_same_weights_as_the_hf_model():
+    """One SGD step on the same tokens: every HF weight of the converted student moves as the HF model's
+    does (the fake's maths is TE's in fp32, so equal to rounding)."""
+    ref = reference("qwen2")
+    model = backends.make("te_bf16").build(ref, cfg(), torch.device("cpu"))
+    tokens = torch.randint(0, 256, (2, 17))
+    for m in (ref, model):
+        opt = torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.1)
+        logits = m(tokens[:, :-1])
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
+        opt.step()
+    after, want = model.to_reference_state(), ref.state_dict()
+    for k in want:
+        torch.testing.assert_close(after[k], want[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_what_it_cannot_convert_falls_back_to_per_linear_and_says_why():
+    ref = reference("mistral", sliding_window=8)  # shorter than the sequence (16): TE's layers run full causal
+    student = backends.make("te_bf16")
+    model = student.build(ref, cfg(), torch.device("cpu"))
+    assert student.conversion == "linear" and "sliding_window=8" in student.conversion_note
+    assert type(model.model.model.layers[0].self_attn.q_proj) is FakeTEModules.Linear
+    row = student.describe(model)
+    assert row["te_conversion"] == "linear" and "sliding_window=8" in row["te_conversion_note"]
+    with pytest.raises(ConfigError, match="options.te_conversion='layer' cannot convert this model: sliding_window"):
+        backends.make("te_bf16").build(ref, cfg(te_conversion="layer"), torch.device("cpu"))
+    for change, why in [({"hidden_act": "gelu"}, "hidden_act='gelu'"),
+                        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}}, "rope type 'yarn'")]:
+        assert why in _hf_layers.refusal(reference("llama", **change).model, 16)
+
+
+def test_linear_conversion_on_request_and_the_row_says_which_ran():
+    ref = reference("llama")
+    student = backends.make("te_bf16")
+    model = student.build(ref, cfg(te_conversion="linear"), torch.device("cpu"))
+    assert student.conversion == "linear" and student.describe(model)["te_conversion"] == "linear"
+    assert "model.model.layers.0.self_attn (LlamaAttention)" in student.kept_torch
+    with pytest.raises(ConfigError, match=r"options.te_conversion must be one of \['auto', 'layer', 'linear'\]"):
+        cfg(te_conversion="block")
+    with pytest.raises(ConfigError, match=r"options.te_head_precision must be one of \['bf16', 'fp8'\]"):
+        cfg(te_head_precision="fp4")
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_an_fp8_head_is_a_te_linear_and_a_tied_one_shares_the_embedding(tied):
+    ref = reference("llama", tie_word_embeddings=tied)
+    student = backends.make("te_fp8:current")
+    student._use_recipe(cfg(te_head_precision="fp8"))
+    model = student.build(ref, cfg(te_head_precision="fp8"), torch.device("cpu"))
+    head = model.model.lm_head
+    assert type(head) is FakeTEModules.Linear and "model.lm_head" in student.converted
+    assert (head.weight is model.model.model.embed_tokens.weight) == tied
+    assert torch.equal(head.weight, ref.model.lm_head.weight)
+    backends.check_matched(model, ref)
+    tokens = torch.randint(0, 256, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), ref(tokens), rtol=1e-5, atol=1e-5)
+
+
+def test_fp8_attention_goes_into_the_recipe_for_delayed_and_current_only(monkeypatch):
+    from workbench.backends import te_fp8
+    from workbench.backends.te_fp8 import make_recipe
+
+    assert make_recipe(FakeRecipes, "delayed", fp8_dpa=True)["fp8_dpa"] is True
+    assert make_recipe(FakeRecipes, "current", fp8_dpa=True)["fp8_dpa"] is True
+    assert "fp8_dpa" not in make_recipe(FakeRecipes, "delayed")
+    monkeypatch.setattr(te_fp8, "te_usable", lambda ctx: (True, ""))  # as on a GPU with every recipe
+    monkeypatch.setattr(_te, "check", lambda fn, what: (True, ""))
+    ctx = backends.Context(torch.device("cuda"), cfg(te_fp8_dpa=True))
+    ok, why = backends.make("te_fp8:block").availability(ctx)
+    assert not ok and why == "options.te_fp8_dpa: TE runs FP8 attention with delayed, delayed_e4m3, current scaling, not recipe block"
+    assert backends.make("te_fp8:current").availability(ctx) == (True, "")
+
+
+def test_fp8_attention_without_a_backend_is_an_error_that_names_the_option():
+    from workbench.backends.te_fp8 import fp8_attention_refusal
+
+    with pytest.raises(RuntimeError, match="options.te_fp8_dpa=true: TE has no FP8 attention backend.*TE: No dot"):
+        with fp8_attention_refusal():
+            raise ValueError("No dot product attention backend is available for the provided inputs.")
+    with pytest.raises(ValueError, match="other"):
+        with fp8_attention_refusal():
+            raise ValueError("other")

@@ -115,7 +115,10 @@ class DistillConfig:
     backward; every loss), 'fused' (forward_kl only: each chunk's loss and closed-form gradient computed
     once in the forward, torch.compile'd on CUDA; the backward only scales the stored gradient) or 'auto'
     (fused for forward_kl where it can run compiled, else checkpointed; every row and task.json say which ran,
-    `loss_impl`)."""
+    `loss_impl`), or 'fused_head' (forward_kl only: the LM head's GEMM chunked over tokens together with the
+    loss and its gradient, so the student's [tokens, vocab] logits never exist; the head GEMM runs in torch in
+    the forward's autocast dtype, not in a backend's FP8).
+    """
     no_kd_student: bool = True
     """gpt/llama: also train the baseline student on cross-entropy only, so the gain from distillation shows."""
     teacher_logits: str = "auto"
@@ -124,6 +127,16 @@ class DistillConfig:
     step times are unchanged) or 'auto' (the GPU when they fit 60% of its free memory, else the host: 80% of
     its available memory, shared by every rank on it). The run refuses up front when neither can hold them;
     task.json records the placement."""
+    teacher_mode: str = "auto"
+    """gpt/llama: where the training batches' teacher targets come from. 'precomputed' (the teacher's full
+    logits for every batch, computed once; placed as teacher_logits says), 'online' (the teacher's forward
+    in every training step, in its precision; memory independent of train.steps; timed apart from the
+    student, rows add teacher_step_ms_median and distill_step_ms_median), 'topk' (the teacher's top-k logits
+    and the log-sum-exp of the rest per token, computed once and stored on disk in the cache folder, streamed
+    to the GPU a step ahead; the KD loss runs over the k tokens plus one tail bucket) or 'auto' (precomputed
+    where its store fits, else online; task.json and every row say which ran and why: teacher_mode_reason)."""
+    topk: int = 64
+    """gpt/llama, teacher_mode 'topk': how many of the teacher's largest logits are kept per token."""
 
 
 @dataclass
@@ -321,8 +334,8 @@ class Config:
         _choice("model.kind", m.kind, KINDS)
         _choice("distill.loss", d.loss, MLP_LOSSES if m.kind == "mlp" else LM_LOSSES)
         _choice("distill.loss_impl", d.loss_impl, LOSS_IMPLS)
-        if d.loss_impl == "fused" and m.kind != "mlp" and d.loss != "forward_kl":
-            raise ConfigError(f"distill.loss_impl='fused' computes forward_kl only, not distill.loss={d.loss!r}; "
+        if d.loss_impl in ("fused", "fused_head") and m.kind != "mlp" and d.loss != "forward_kl":
+            raise ConfigError(f"distill.loss_impl={d.loss_impl!r} computes forward_kl only, not distill.loss={d.loss!r}; "
                               "set distill.loss_impl=checkpointed")
         if m.kind != "mlp":
             self._validate_lm()
@@ -331,6 +344,15 @@ class Config:
         _choice("options.te_amax_compute_algo", self.options.te_amax_compute_algo, AMAX_ALGOS)
         _choice("options.te_attention", self.options.te_attention, TE_ATTENTION)
         _choice("distill.teacher_logits", d.teacher_logits, TEACHER_LOGITS)
+        _choice("distill.teacher_mode", d.teacher_mode, TEACHER_MODES)
+        _positive("distill.topk", d.topk)
+        if m.kind != "mlp" and d.teacher_mode == "topk":
+            if d.topk > m.vocab:
+                raise ConfigError(f"distill.topk={d.topk} must be at most model.vocab={m.vocab}")
+            if d.loss_impl in ("fused", "fused_head"):
+                raise ConfigError(f"distill.teacher_mode='topk' runs the checkpointed loss over the top-k; "
+                                  f"distill.loss_impl={d.loss_impl!r} needs full teacher logits: set "
+                                  "distill.loss_impl=auto or checkpointed, or distill.teacher_mode=online")
         _choice("options.te_graph", self.options.te_graph, TE_GRAPHS)
         _choice("options.te_conversion", self.options.te_conversion, TE_CONVERSIONS)
         _choice("options.te_head_precision", self.options.te_head_precision, TE_HEAD_PRECISIONS)
@@ -408,6 +430,7 @@ LAYOUTS = ("separate", "fused")
 AMAX_ALGOS = ("max", "most_recent")
 TE_ATTENTION = ("auto", "flash", "fused", "unfused")
 TEACHER_LOGITS = ("auto", "gpu", "host")
+TEACHER_MODES = ("auto", "precomputed", "online", "topk")
 TE_GRAPHS = ("fwd_bwd", "step")
 TE_CONVERSIONS = ("auto", "layer", "linear")
 TE_HEAD_PRECISIONS = ("bf16", "fp8")
@@ -416,7 +439,7 @@ MOMENTS_DTYPES = ("fp32", "bf16")
 PARAM_DTYPES = ("fp32", "bf16")
 MLP_LOSSES = ("mse", "cosine", "hidden")
 LM_LOSSES = ("forward_kl", "reverse_kl", "jsd")
-LOSS_IMPLS = ("auto", "checkpointed", "fused")
+LOSS_IMPLS = ("auto", "checkpointed", "fused", "fused_head")
 LOSSES = MLP_LOSSES + LM_LOSSES
 KINDS = ("mlp", "gpt", "llama")
 TOKENIZERS = ("auto", "bpe", "bytes")

@@ -25,7 +25,7 @@ from workbench import backends, crosscheck, distributed, results, timing
 from workbench.env import probe
 from workbench.env import te as _te
 from workbench.config import Config
-from workbench.train import Data, Diverged, run_student, tasks
+from workbench.train import Data, Diverged, run_student, tasks, teacher_targets
 
 BF16_REFERENCES = ("te_bf16", "torch_bf16")  # the "bf16 student" FP8 losses are compared with
 
@@ -151,7 +151,9 @@ def _run(cfg: Config, world: distributed.World, device, out, run_id, requested, 
                   **task.cells(),
                   **{f"cfg_{k}": (",".join(v) if isinstance(v, list) else v) for k, v in cfg.flat().items()},
                   **{k: env.get(k) for k in results.ENV_STAMP}}
-        df = results.students_frame([{**row, **common} for row in rows])
+        mode = task.info.get("teacher_mode")  # LM runs: the distillation step adds an online teacher's forward
+        df = results.students_frame([{**row, **common, **(teacher_targets.step_cells(
+            mode, teacher_cells.get("teacher_ms_median"), row.get("step_ms_median")) if mode else {})} for row in rows])
         results.write_csv(run_dir / "students.csv", df)
         results.write_csv(run_dir / "losses.csv", pd.DataFrame(loss_rows, columns=["step", "student", "loss"]))
         results.write_json(run_dir / "summary.json", summarize(cfg, env, df, run_id, device, task.teacher_precision))

@@ -31,10 +31,21 @@ class HFCausalLM(nn.Module):
         self.model = model
         self.seq_len = seq_len
 
-    def forward(self, tokens: torch.Tensor, return_hidden: bool = False):
+    def forward(self, tokens: torch.Tensor, return_hidden: bool = False, features: bool = False):
         """logits [batch, seq, vocab], or (logits, [hidden per decoder layer]) as the model reports them
-        (transformers 5: the last one is after the final norm). transformers records hidden states by hooks
-        on its own decoder-layer class, so layers converted to TE's report theirs here (each layer's output)."""
+        (transformers 5: the last one is after the final norm; layers converted to TE's report theirs by hooks,
+        each layer's output); with `features`, the base model's last hidden state and the output embedding's
+        weight (HeadFeatures, for the head-fused loss: logits = h @ W^T, which holds for a head without bias,
+        scaling or soft-capping)."""
+        if features:
+            from workbench.models.lm import _head_input
+            from workbench.train.head_loss import HeadFeatures
+
+            head = self.model.get_output_embeddings()
+            if getattr(head, "bias", None) is not None:
+                raise ValueError("the head-fused loss computes logits = h @ W^T; this model's LM head has a bias")
+            h = self.model.base_model(input_ids=tokens, use_cache=False).last_hidden_state
+            return HeadFeatures((_head_input(h, tokens.device), head.weight))
         converted = [m for m in self.model.modules() if hasattr(m, "hf_state")]
         if not (return_hidden and converted):
             out = self.model(input_ids=tokens, use_cache=False, output_hidden_states=return_hidden)

@@ -183,7 +183,10 @@ class CausalLM(nn.Module):
             residual = name.endswith(("attn.proj.weight", "mlp.fc2.weight", "mlp.down.weight"))
             nn.init.normal_(p, std=0.02 / math.sqrt(2 * self.shape.layers) if residual else 0.02)
 
-    def forward(self, tokens: torch.Tensor, return_hidden: bool = False):
+    def forward(self, tokens: torch.Tensor, return_hidden: bool = False, features: bool = False):
+        """Logits [batch, seq, vocab] (and the per-block states with `return_hidden`), or with `features` the
+        final normed hidden states and the head's weight in place of the logits (HeadFeatures, for the
+        head-fused loss: the head's GEMM then runs inside the loss, chunked)."""
         x = self.embed(tokens)
         if self.pos is not None:
             x = x + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
@@ -191,6 +194,10 @@ class CausalLM(nn.Module):
         for block in self.blocks:
             x = block(x)
             hidden.append(x)
+        if features:
+            from workbench.train.head_loss import HeadFeatures
+
+            return HeadFeatures((_head_input(self.norm(x), x.device), self.head.weight))
         logits = self.head(self.norm(x))
         return (logits, hidden) if return_hidden else logits
 
@@ -204,6 +211,14 @@ class CausalLM(nn.Module):
 
     def to_reference_state(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         return {k: v for k, v in (self.state_dict() if state is None else state).items() if not k.endswith("_extra_state")}
+
+
+def _head_input(h: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The final hidden states as the head's GEMM would take them: in the autocast dtype where autocast is on
+    (the norm itself runs in fp32 under autocast), so the head-fused loss's GEMM runs at the head's precision."""
+    if torch.is_autocast_enabled(device.type):
+        return h.to(torch.get_autocast_dtype(device.type))
+    return h
 
 
 def lm_train_flops_per_token(model: nn.Module, layers: int, attn_width: int, seq_len: int) -> int:

@@ -52,14 +52,70 @@ def kd_per_token(student: torch.Tensor, teacher: torch.Tensor, kind: str, temper
     """[n] divergence per token (nats, times T^2) from fp32 [n, vocab] logits. Unchunked: callers chunk."""
     ls = F.log_softmax(student / temperature, dim=-1)
     lt = F.log_softmax(teacher / temperature, dim=-1)
+    return divergence(ls, lt, kind, beta) * temperature ** 2
+
+
+def divergence(ls: torch.Tensor, lt: torch.Tensor, kind: str, beta: float = 0.5) -> torch.Tensor:
+    """[n] divergence between the student's and the teacher's log-probabilities [n, support], per token."""
     if kind == "forward_kl" or (kind == "jsd" and beta == 0.0):
-        per = (lt.exp() * (lt - ls)).sum(-1)
-    elif kind == "reverse_kl" or (kind == "jsd" and beta == 1.0):
-        per = (ls.exp() * (ls - lt)).sum(-1)
-    else:  # the mixture in log space: no exp/log round trip through tiny probabilities
-        lm = torch.logsumexp(torch.stack([lt + math.log(beta), ls + math.log(1.0 - beta)]), dim=0)
-        per = beta * (lt.exp() * (lt - lm)).sum(-1) + (1.0 - beta) * (ls.exp() * (ls - lm)).sum(-1)
-    return per * temperature ** 2
+        return (lt.exp() * (lt - ls)).sum(-1)
+    if kind == "reverse_kl" or (kind == "jsd" and beta == 1.0):
+        return (ls.exp() * (ls - lt)).sum(-1)
+    # the mixture in log space: no exp/log round trip through tiny probabilities
+    lm = torch.logsumexp(torch.stack([lt + math.log(beta), ls + math.log(1.0 - beta)]), dim=0)
+    return beta * (lt.exp() * (lt - lm)).sum(-1) + (1.0 - beta) * (ls.exp() * (ls - lm)).sum(-1)
+
+
+# An empty tail (top-k with k = vocab) as a finite log-probability: exp() of it is 0, so its terms vanish and
+# their gradients stay finite, where -inf would give 0 * inf = NaN in the forward or backward.
+TAIL_FLOOR = -1e30
+
+
+def topk_kd_per_token(student: torch.Tensor, values: torch.Tensor, indices: torch.Tensor, rest_lse: torch.Tensor,
+                      kind: str, temperature: float = 1.0, beta: float = 0.5) -> torch.Tensor:
+    """[n] divergence per token (times T^2) on the top-k support plus one tail bucket: the teacher's k largest
+    logits `values` [n, k] at vocabulary ids `indices` [n, k] and `rest_lse` [n], the log-sum-exp of its other
+    logits / T; the student's full fp32 logits [n, vocab] are folded onto the same k + 1 buckets (its tail is
+    the probability of every other token). With k = vocab the tail is empty and this is kd_per_token."""
+    ls = F.log_softmax(student / temperature, dim=-1)
+    idx = indices.long()
+    s_buckets = torch.cat([ls.gather(-1, idx), ls.scatter(-1, idx, TAIL_FLOOR).logsumexp(-1, keepdim=True)], -1)
+    t = torch.cat([values.float() / temperature, rest_lse.float().clamp(min=TAIL_FLOOR).unsqueeze(-1)], -1)
+    t_buckets = t - t.logsumexp(-1, keepdim=True)
+    return divergence(s_buckets, t_buckets, kind, beta) * temperature ** 2
+
+
+def _topk_chunk_sums(student, values, indices, rest_lse, next_tokens, kind, temperature, beta, kd_w, ce_w):
+    """(KD sum, CE sum) of one chunk against top-k teacher targets, fp32; checkpoint's unit, as _chunk_sums."""
+    s = student.float()
+    keep = next_tokens != IGNORE_INDEX
+    zero = s.new_zeros(())
+    kd = zero if kd_w == 0 else (topk_kd_per_token(s, values, indices, rest_lse, kind, temperature, beta) * keep).sum()
+    ce = zero if ce_w == 0 else F.cross_entropy(s, next_tokens, ignore_index=IGNORE_INDEX, reduction="sum")
+    return torch.stack([kd, ce])
+
+
+def topk_lm_loss(student_logits: torch.Tensor, values: torch.Tensor, indices: torch.Tensor, rest_lse: torch.Tensor,
+                 next_tokens: torch.Tensor, kind: str = "forward_kl", temperature: float = 1.0, ce_weight: float = 0.0,
+                 beta: float = 0.5, chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
+    """lm_loss against the teacher's top-k targets (distill.teacher_mode=topk): (1 - ce_weight) * KD over the
+    k + 1 buckets + ce_weight * CE, chunked and checkpointed like lm_loss's checkpointed path. `rest_lse` must
+    be at the same temperature (the store is keyed by it)."""
+    check_options(kind, temperature, ce_weight, beta, chunk_tokens, "checkpointed")
+    vocab, k = student_logits.shape[-1], values.shape[-1]
+    if values.shape != indices.shape or values.shape[:-1] != student_logits.shape[:-1] or k > vocab:
+        raise ValueError(f"top-k targets {tuple(values.shape)} / {tuple(indices.shape)} do not fit student logits "
+                         f"{tuple(student_logits.shape)}")
+    s, y = student_logits.reshape(-1, vocab), next_tokens.reshape(-1)
+    v, i, r = values.detach().reshape(-1, k), indices.reshape(-1, k), rest_lse.detach().reshape(-1)
+    kd_w = 1.0 - ce_weight
+    recompute = torch.is_grad_enabled() and s.requires_grad
+    sums = s.new_zeros(2, dtype=torch.float32)
+    for parts in zip(*(x.split(chunk_tokens) for x in (s, v, i, r, y))):
+        args = (*parts, kind, temperature, beta, kd_w, ce_weight)
+        sums = sums + (checkpoint(_topk_chunk_sums, *args, use_reentrant=False) if recompute else _topk_chunk_sums(*args))
+    counted = (y != IGNORE_INDEX).sum().clamp(min=1)
+    return (kd_w * sums[0] + ce_weight * sums[1]) / counted
 
 
 def _chunk_sums(student, teacher, next_tokens, kind, temperature, beta, kd_w, ce_w):
@@ -168,8 +224,8 @@ def resolve_impl(kind: str, impl: str, device: torch.device | None = None) -> st
     compiled on `device` is refused. On an H200 the fused loss took 16 ms off a 42 ms TE FP8 step at shape A,
     at the same loss and a lower peak (results/reference/h200/bench/lm-a)."""
     compiles = device is None or can_fuse(device)
-    if impl == "fused" and not compiles:
-        raise ConfigError("distill.loss_impl='fused' runs compiled (torch.compile with Triton) on CUDA, and Triton "
+    if impl in ("fused", "fused_head") and not compiles:
+        raise ConfigError(f"distill.loss_impl={impl!r} runs compiled (torch.compile with Triton) on CUDA, and Triton "
                           "is not usable here; set distill.loss_impl=checkpointed or auto")
     if impl == "auto":
         return "fused" if kind == "forward_kl" and compiles else "checkpointed"
@@ -183,8 +239,8 @@ def check_options(kind: str, temperature: float, ce_weight: float, beta: float, 
         raise ConfigError(f"distillation loss {kind!r} is not one of {', '.join(KINDS)}")
     if impl not in IMPLS:
         raise ConfigError(f"distill.loss_impl {impl!r} is not one of {', '.join(IMPLS)}")
-    if impl == "fused" and kind != "forward_kl":
-        raise ConfigError(f"distill.loss_impl='fused' computes forward_kl only, not {kind!r}; set "
+    if impl in ("fused", "fused_head") and kind != "forward_kl":
+        raise ConfigError(f"distill.loss_impl={impl!r} computes forward_kl only, not {kind!r}; set "
                           "distill.loss_impl=checkpointed")
     if not temperature > 0:
         raise ConfigError(f"temperature {temperature} must be > 0")

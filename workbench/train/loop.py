@@ -34,12 +34,13 @@ class Data:
         """Checksums of every batch's tokens and targets. Students share these tensors, so one that
         writes into them (e.g. a graph keeping a batch as its static input) silently changes what the
         next students train and are measured on; the runner compares this before and after each."""
-        # Training batches whose teacher logits live in host memory (tasks.HostBatches) hand a student only
-        # fresh device copies of those logits, which it cannot write back: the logits are left out, and
-        # nothing is copied to the device for this check.
-        host = getattr(self.train, "batches", None)
-        checked = [(tokens, [t for t in targets.tensors() if t is not targets.out]) for tokens, targets in host or []]
-        checked += [(tokens, targets.tensors()) for tokens, targets in (*(self.train if host is None else []),
+        # Training batches that are streamed (host-placed logits, an online teacher, a top-k store: see
+        # tasks.HostBatches, teacher_targets) hand a student only fresh device copies of their targets, which it
+        # cannot write back: only what they keep and share (`shared_tensors`) is checked, and nothing is copied
+        # to the device for this check.
+        streamed = getattr(self.train, "shared_tensors", None)
+        checked = [(t, []) for t in streamed()] if streamed else []
+        checked += [(tokens, targets.tensors()) for tokens, targets in (*(self.train if streamed is None else []),
                                                                          *self.bench, *self.eval)]
         return torch.stack([_bit_sum(t) for tokens, tensors in checked for t in (tokens, *tensors)]).cpu()
 
@@ -61,12 +62,10 @@ class Diverged(RuntimeError):
 def make_step(model: torch.nn.Module, opt: torch.optim.Optimizer, backend: Backend, task,
               scaler: Any = None) -> Callable[[torch.Tensor, objectives.Targets], torch.Tensor]:
     """One optimizer step of the task's loss; returns the (fp32) loss tensor without synchronizing."""
-    want_hidden = task.needs_hidden
-
     def step(tokens: torch.Tensor, targets: objectives.Targets) -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
         with backend.forward_context():  # wraps the forward only (TE: autocast must not wrap backward)
-            out = model(tokens, return_hidden=True) if want_hidden else model(tokens)
+            out = task.forward(model, tokens)  # what the task's loss takes (logits, hidden states, head features)
         loss = task.loss(out, targets)
         if scaler is not None:
             scaler.scale(loss).backward()
@@ -176,7 +175,7 @@ def capture_step(model: torch.nn.Module, fwd: torch.nn.Module, opt: torch.optim.
     opt.zero_grad(set_to_none=True)  # grads are then allocated (not accumulated) inside the graph
     with torch.cuda.graph(graph):
         with backend.forward_context():
-            out = fwd(s_tokens, return_hidden=True) if task.needs_hidden else fwd(s_tokens)
+            out = task.forward(fwd, s_tokens)
         s_loss = task.loss(out, s_targets)
         s_loss.backward()
         opt.step()
@@ -205,7 +204,7 @@ def _compile_now(fwd, opt, backend: Backend, task, batch) -> None:
     compile_ms) and not in training step 1; the gradients are dropped, the weights are untouched."""
     tokens, targets = batch
     with backend.forward_context():
-        out = fwd(tokens, return_hidden=True) if task.needs_hidden else fwd(tokens)
+        out = task.forward(fwd, tokens)
     task.loss(out, targets).backward()
     opt.zero_grad(set_to_none=True)
 
@@ -226,7 +225,7 @@ def initial_loss(model: torch.nn.Module, task, batch: tuple[torch.Tensor, object
         state = ref.from_reference_state(inner.to_reference_state(state))
     ref.load_state_dict(state)  # strict: a conversion keeps every weight, so a missing one is a bug
     with torch.no_grad():
-        out = ref(tokens, return_hidden=True) if task.needs_hidden else ref(tokens)
+        out = task.forward(ref, tokens)
         return float(task.matched_loss(out, targets))
 
 

@@ -15,16 +15,22 @@ import torch.nn.functional as F
 class Targets:
     """Teacher outputs for one batch, computed once before any student trains."""
 
-    out: torch.Tensor  # the teacher's output (mlp) or its logits (lm)
+    out: torch.Tensor  # the teacher's output (mlp), its logits (lm), or its top-k logits (lm, teacher_mode=topk)
     hidden: list[torch.Tensor] | None = None  # per-block states, only for loss='hidden'
     next_tokens: torch.Tensor | None = None  # lm: the text's next tokens, for cross-entropy and metrics
+    indices: torch.Tensor | None = None  # lm top-k: the vocabulary ids of `out`'s k logits per token
+    rest_lse: torch.Tensor | None = None  # lm top-k: log-sum-exp of the other logits / T per token (fp32)
 
     def tensors(self) -> list[torch.Tensor]:
-        return [self.out, *(self.hidden or []), *([] if self.next_tokens is None else [self.next_tokens])]
+        extra = [t for t in (self.next_tokens, self.indices, self.rest_lse) if t is not None]
+        return [self.out, *(self.hidden or []), *extra]
 
     def clone(self) -> "Targets":
+        def c(t):
+            return None if t is None else t.clone()
+
         return Targets(self.out.clone(), [h.clone() for h in self.hidden] if self.hidden else None,
-                       None if self.next_tokens is None else self.next_tokens.clone())
+                       c(self.next_tokens), c(self.indices), c(self.rest_lse))
 
 
 def mse(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,8 @@ the batches with the teacher's targets, the loss and the held-out evaluation; on
   LMTask   a causal LM (gpt / llama, or your Hugging Face model) distilled on real text: KL on the
            logits mixed with cross-entropy; held-out perplexity, KL to the teacher, top-1 agreement.
 
-Teacher targets are computed once per batch, before any student trains, and never inside a timed step.
+Teacher targets are computed once per batch before any student trains (distill.teacher_mode precomputed,
+topk) or by the teacher's forward as a batch is fetched (online: teacher_targets), never inside a timed step.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from workbench.data import cache
 from workbench.env.probe import _memory_gb
 from workbench.errors import ConfigError
 from workbench.models import Student, Teacher, reference_student
-from workbench.train import lm_metrics, lm_objectives, objectives, teacher_precision
+from workbench.train import head_loss, lm_metrics, lm_objectives, objectives, teacher_precision, teacher_targets
 from workbench.train.loop import Data
 
 LM_BENCH_BATCHES = 4  # distinct timed batches, cycled: an LM batch's teacher logits take GBs at vocab 32k
@@ -99,6 +100,10 @@ class MLPTask:
     def cells(self) -> dict[str, Any]:
         """What every student row of the run carries from its task."""
         return self.teacher_precision.cells()
+
+    def forward(self, model, tokens: torch.Tensor):
+        """The student's output as the loss takes it (with every block's state for loss='hidden')."""
+        return model(tokens, return_hidden=True) if self.needs_hidden else model(tokens)
 
     def loss(self, out, targets: objectives.Targets) -> torch.Tensor:
         return objectives.loss(self.kind, out, targets)
@@ -172,6 +177,8 @@ class LMTask:
         d = cfg.distill
         # one implementation for every student of the run, the no-KD one included (its CE alone could always be fused)
         self.loss_impl = lm_objectives.resolve_impl(d.loss, d.loss_impl, device)  # refuses a fused one that cannot run
+        if d.teacher_mode == "topk":  # its KD loss runs over the top-k buckets, checkpointed (config refuses fused)
+            self.loss_impl = "checkpointed"
         self.info = {"text_folder": str(self.text.folder),
                      "tokenizer": {"pretrained": "pretrained", "bpe": "trained-here BPE"}.get(kind, kind),
                      **(pretrained.info() if pretrained else {}), "tokenizer_vocab": self.text.vocab_size,
@@ -187,9 +194,11 @@ class LMTask:
             self.place_logits()  # now, with the teacher on the device: task.json is written before the batches
 
     def cells(self) -> dict[str, Any]:
-        """What every student row of the run carries from its task: the teacher's precision, the logit loss."""
+        """What every student row of the run carries from its task: the teacher's precision, the logit loss,
+        the tokenizer, where the teacher's targets came from."""
         return {**self.teacher_precision.cells(), "loss_impl": self.loss_impl, "tokenizer": self.info["tokenizer"],
-                "tokenizer_sha256": self.info.get("tokenizer_sha256"), "tokenizer_warning": self.tokenizer_warning}
+                "tokenizer_sha256": self.info.get("tokenizer_sha256"), "tokenizer_warning": self.tokenizer_warning,
+                **{k: self.info.get(k) for k in ("teacher_mode", "teacher_mode_reason", "teacher_topk")}}
 
     # ---- models ---------------------------------------------------------------------------------
     def shape(self, teacher: bool = False):
@@ -277,29 +286,70 @@ class LMTask:
 
     # ---- data, loss, evaluation -----------------------------------------------------------------
     def make_data(self, shard: int = 0) -> Data:
-        """The training, bench and held-out batches with their teacher logits. The training batches' logits
-        live where `self.info['teacher_logits']` says (decided in `place_logits`); the bench (timed) and
-        held-out batches always stay on the device. `shard`: a data-parallel rank's own training and timed
+        """The training, bench and held-out batches with their teacher targets. The training batches' come as
+        distill.teacher_mode says (`self.info['teacher_mode']`, decided in `place_logits`): precomputed logits
+        where `self.info['teacher_logits']` says, the online teacher, or the top-k store. The bench (timed) and
+        held-out batches always stay on the device, with full logits (top-k ones for the timed batches of a
+        top-k run, so its timed step runs its loss). `shard`: a data-parallel rank's own training and timed
         batches (the held-out ones are every rank's)."""
         cfg, m, seed = self.cfg, self.cfg.model, self.cfg.train.seed
+        mode = self.info.get("teacher_mode", "precomputed")
         on_host = self.info.get("teacher_logits") == "host"
 
-        def batches(split: str, n: int, offset: int, host: bool = False):
-            return [self._targets(b, host) for b in self.text.batches(split, m.batch, m.seq_len, n, seed + offset)]
+        def windows(split: str, n: int, offset: int):
+            return self.text.batches(split, m.batch, m.seq_len, n, seed + offset)
+
+        def batches(split: str, n: int, offset: int, host: bool = False, topk: bool = False):
+            return [self._targets(b, host, topk) for b in windows(split, n, offset)]
 
         own = SHARD_SEED_STRIDE * shard
-        train = batches("train", cfg.train.steps, 1 + own, host=on_host)
-        return Data(train=HostBatches(train, self.device) if on_host else train,
-                    bench=batches("train", self.bench_batches(), 2 + own),
+        if mode == "online":
+            train = teacher_targets.OnlineBatches(windows("train", cfg.train.steps, 1 + own), self._targets)
+        elif mode == "topk":
+            train = teacher_targets.TopKBatches(self._topk_store(windows("train", cfg.train.steps, 1 + own), shard),
+                                                self.device)
+        else:
+            train = batches("train", cfg.train.steps, 1 + own, host=on_host)
+            train = HostBatches(train, self.device) if on_host else train
+        return Data(train=train, bench=batches("train", self.bench_batches(), 2 + own, topk=mode == "topk"),
                     eval=batches("heldout", cfg.train.eval_batches, 3))
+
+    def topk_recipe(self, shard: int = 0) -> dict[str, Any]:
+        """What a top-k store's content depends on; its folder name is a hash of it."""
+        cfg, m = self.cfg, self.cfg.model
+        teacher = {k: self.info.get(k) for k in ("teacher_source", "teacher_checkpoint")}
+        if cfg.lm.teacher == "random":
+            teacher["shape"] = dataclasses.asdict(self.shape(teacher=True))
+        return {"teacher": teacher, "teacher_precision": self.teacher_precision.used, "text": self.text.folder.name,
+                "seed": cfg.train.seed, "shard": shard, "steps": cfg.train.steps, "batch": m.batch,
+                "seq_len": m.seq_len, "k": cfg.distill.topk, "vocab": m.vocab, "temperature": cfg.distill.temperature,
+                "value_dtype": str(self.tdtype or torch.float32).removeprefix("torch.")}
+
+    def _topk_store(self, windows: list[torch.Tensor], shard: int) -> teacher_targets.TopKStore:
+        """The training batches' top-k store: found in the cache folder, or built there now (and rebuilt where
+        it is damaged); task.json says where and why."""
+        recipe = self.topk_recipe(shard)
+        folder = teacher_targets.store_folder(self.cache_dir, recipe)
+
+        def logits(window: torch.Tensor) -> torch.Tensor:
+            with self.teacher_precision.forward():
+                return self.teacher(window[:, :-1].to(self.device))
+
+        store, why = teacher_targets.ensure_store(folder, recipe, lambda: teacher_targets.build_store(
+            folder, recipe, windows, logits))
+        self.info.update(teacher_topk_store=str(folder), teacher_topk_store_gib=round(store.layout.nbytes() / 2**30, 4),
+                         teacher_topk_rebuilt=why or None)
+        return store
 
     def bench_batches(self) -> int:
         """How many distinct timed batches there are (they stay on the device, with their logits)."""
         return min(LM_BENCH_BATCHES, self.cfg.bench.warmup + self.cfg.bench.iters)
 
     def place_logits(self) -> None:
-        """Decide, before any batch exists, where the training batches' teacher logits go (the GPU or
-        pinned host memory), or refuse the run up front when neither can hold them; recorded in task.json."""
+        """Decide, before any batch exists, where the training batches' teacher targets come from
+        (distill.teacher_mode; 'auto': precomputed where its logits fit, else online) and where precomputed
+        logits go (the GPU or pinned host memory), or refuse the run up front when neither can hold them;
+        recorded in task.json."""
         cfg, m = self.cfg, self.cfg.model
         per_batch = m.batch * m.seq_len * m.vocab * (2 if self.tdtype is not None else 4)
         kept = self.bench_batches() + cfg.train.eval_batches
@@ -311,34 +361,60 @@ class LMTask:
         # rank its own share of it (if N*X fits 80% of what rank 0 saw, X fits 80% of what each sees).
         local = os.environ.get("LOCAL_RANK") in (None, "0")
         ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or 1) if local else 1
-        where = place_teacher_logits(cfg.distill.teacher_logits, cfg.train.steps * per_batch, kept * per_batch,
-                                     gpu_free, None if host_gb is None else int(host_gb * 2**30), host_ranks=ranks)
-        self.info.update(teacher_logits=where, teacher_logits_requested=cfg.distill.teacher_logits,
+        def place(train: int) -> str:  # train=0: only the timed and held-out batches' logits (online, topk)
+            return place_teacher_logits(cfg.distill.teacher_logits, train * cfg.train.steps * per_batch,
+                                        kept * per_batch, gpu_free, None if host_gb is None else int(host_gb * 2**30),
+                                        host_ranks=ranks)
+
+        d = cfg.distill
+        mode, why, where = teacher_targets.choose_mode(d.teacher_mode, place)
+        self.info.update(teacher_mode=mode, teacher_mode_requested=d.teacher_mode, teacher_mode_reason=why,
+                         teacher_topk=d.topk if mode == "topk" else None, teacher_logits=where,
+                         teacher_logits_requested=d.teacher_logits,
                          teacher_logits_train_gib=round(cfg.train.steps * per_batch / 2**30, 3))
 
-    def _targets(self, window: torch.Tensor, host: bool = False):
+    def _targets(self, window: torch.Tensor, host: bool = False, topk: bool = False):
         tokens, next_tokens = window[:, :-1].to(self.device), window[:, 1:].to(self.device)
         with self.teacher_precision.forward():
             logits = self.teacher(tokens)
         check_teacher_output(logits, self.cfg)
+        if topk:  # as the top-k store holds them (indices in its dtype)
+            d = self.cfg.distill
+            values, indices, rest = teacher_targets.topk_targets(logits, d.topk, d.temperature)
+            return tokens, objectives.Targets(values, next_tokens=next_tokens, rest_lse=rest,
+                                              indices=indices.to(teacher_targets.index_dtype(self.cfg.model.vocab)))
         if host:  # one batch at a time: all of them would not fit on the GPU
             if self.device.type == "cuda":  # pinned: the copy back to the GPU can then run asynchronously
                 logits = torch.empty(logits.shape, dtype=logits.dtype, pin_memory=True).copy_(logits)
         return tokens, objectives.Targets(logits, next_tokens=next_tokens)
 
+    def forward(self, model, tokens: torch.Tensor):
+        """The student's output as the loss takes it: logits, or with loss_impl=fused_head the final hidden
+        states and the head's weight (the head's GEMM runs inside the loss)."""
+        return model(tokens, features=True) if self.loss_impl == "fused_head" else model(tokens)
+
     def loss(self, out, targets: objectives.Targets) -> torch.Tensor:
-        d = self.cfg.distill
         if self.ce_only:
-            return lm_objectives.lm_loss(out, None, targets.next_tokens, ce_weight=1.0, chunk_tokens=d.loss_chunk_tokens,
-                                         impl=self.loss_impl)
+            return self._loss(out, None, targets.next_tokens, ce_weight=1.0)
         return self.matched_loss(out, targets)
 
     def matched_loss(self, out, targets: objectives.Targets) -> torch.Tensor:
         """The run's distillation loss, also for the no-KD student: its starting weights are checked
         against the others' with the same measure."""
         d = self.cfg.distill
-        return lm_objectives.lm_loss(out, targets.out, targets.next_tokens, kind=d.loss, temperature=d.temperature,
-                                     ce_weight=d.ce_weight, beta=d.jsd_beta, chunk_tokens=d.loss_chunk_tokens,
+        if targets.indices is not None:  # top-k teacher targets
+            return lm_objectives.topk_lm_loss(out, targets.out, targets.indices, targets.rest_lse, targets.next_tokens,
+                                              kind=d.loss, temperature=d.temperature, ce_weight=d.ce_weight,
+                                              beta=d.jsd_beta, chunk_tokens=d.loss_chunk_tokens)
+        return self._loss(out, targets.out, targets.next_tokens, ce_weight=d.ce_weight)
+
+    def _loss(self, out, teacher_logits, next_tokens, ce_weight: float) -> torch.Tensor:
+        d = self.cfg.distill
+        if self.loss_impl == "fused_head":
+            return head_loss.head_fused_loss(out, teacher_logits, next_tokens, temperature=d.temperature,
+                                             ce_weight=ce_weight, chunk_tokens=d.loss_chunk_tokens)
+        return lm_objectives.lm_loss(out, teacher_logits, next_tokens, kind=d.loss, temperature=d.temperature,
+                                     ce_weight=ce_weight, beta=d.jsd_beta, chunk_tokens=d.loss_chunk_tokens,
                                      impl=self.loss_impl)
 
     @torch.no_grad()
@@ -429,6 +505,10 @@ class HostBatches(collections.abc.Sequence):
     def __getitem__(self, i: int):
         tokens, t = self.batches[i]
         return tokens, dataclasses.replace(t, out=t.out.to(self.device))
+
+    def shared_tensors(self) -> list[torch.Tensor]:
+        """What every student is handed itself (tokens, next tokens): the logits only as fresh device copies."""
+        return [x for tokens, t in self.batches for x in (tokens, *(v for v in t.tensors() if v is not t.out))]
 
     def __iter__(self):
         if self.device.type != "cuda" or not self.batches:

@@ -1,0 +1,334 @@
+"""Teacher targets whose memory does not grow with the run's length (distill.teacher_mode) and the
+head-fused loss (distill.loss_impl=fused_head), on a CPU."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from workbench import backends, config
+from workbench.errors import ConfigError
+from workbench.models import CausalLM, LMShape
+from workbench.train import lm_objectives as lo
+from workbench.train import loop, tasks, teacher_targets as tt
+from workbench.train.head_loss import HeadFeatures, head_fused_loss
+
+CPU = torch.device("cpu")
+
+
+def tiny(**over):
+    base = dict(corpus_mb=0.05, tokenizer="bytes", vocab=256, hidden=32, intermediate=64, layers=1, heads=2, seq_len=16,
+                batch=2, steps=5, eval_batches=1, warmup=0, iters=1, teacher="random", topk=256, temperature=2.0,
+                no_kd_student=False)
+    return config.from_preset("gpt-cpu", **{**base, **over})
+
+
+# ---- identical students ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def three_modes(tmp_path_factory):
+    """One student per teacher mode, k = vocab: top-k over every token is the full distribution."""
+    cache = tmp_path_factory.mktemp("cache")
+    out = {}
+    for mode in ("precomputed", "online", "topk"):
+        cfg = tiny(teacher_mode=mode).validate()
+        task = tasks.LMTask(cfg, CPU, None, cache)
+        data = task.make_data()
+        metrics, losses = loop.run_student(backends.make("torch_fp32"), cfg, task, data, CPU)
+        out[mode] = task, data, metrics, losses
+    return out
+
+
+def test_online_topk_and_precomputed_teachers_train_identical_students(three_modes):
+    pre, online, topk = (three_modes[m] for m in ("precomputed", "online", "topk"))
+    assert [t.info["teacher_mode"] for t, *_ in (pre, online, topk)] == ["precomputed", "online", "topk"]
+    assert isinstance(online[1].train, tt.OnlineBatches) and isinstance(topk[1].train, tt.TopKBatches)
+    # the same teacher forward on the same batches, the same loss: bit for bit
+    assert online[3] == pre[3]
+    # the top-k loss is other arithmetic (k + 1 buckets, checkpointed) of the same distribution
+    np.testing.assert_allclose(topk[3], pre[3], rtol=1e-5)
+    for key in ("kl_teacher_student_t1_nats", "heldout_ce_nats", "top1_agreement"):
+        assert topk[2][key] == pytest.approx(pre[2][key], rel=1e-4), key
+    assert pre[2]["initial_loss"] == online[2]["initial_loss"] == pytest.approx(topk[2]["initial_loss"], rel=1e-6)
+
+
+def test_every_mode_is_recorded_with_why(three_modes):
+    for mode, (task, *_) in three_modes.items():
+        cells = task.cells()
+        assert cells["teacher_mode"] == mode and cells["teacher_mode_reason"] == "requested"
+        assert cells["teacher_topk"] == (256 if mode == "topk" else None)
+    topk_task = three_modes["topk"][0]
+    assert topk_task.loss_impl == "checkpointed"  # what the top-k loss runs as, not the fused one auto picks
+    assert Path(topk_task.info["teacher_topk_store"], "meta.json").exists()
+
+
+def test_a_top_k_run_reuses_its_store(three_modes):
+    task = three_modes["topk"][0]
+    folder = Path(task.info["teacher_topk_store"])
+    stamp = (folder / "values.bin").stat().st_mtime_ns
+    again = tasks.LMTask(task.cfg, CPU, None, task.cache_dir)
+    again.make_data()
+    assert again.info["teacher_topk_store"] == str(folder) and again.info["teacher_topk_rebuilt"] is None
+    assert (folder / "values.bin").stat().st_mtime_ns == stamp
+
+
+def test_streamed_batches_are_checked_by_what_they_share(three_modes):
+    _, data, *_ = three_modes["online"]
+    assert data.train.shared_tensors()[0] is data.train.windows
+    before = data.fingerprint()
+    data.train.windows[0, 0, 0] += 1  # a student that wrote into the shared tokens would be caught
+    assert not torch.equal(before, data.fingerprint())
+    data.train.windows[0, 0, 0] -= 1
+
+
+def test_auto_is_precomputed_where_the_logits_fit_else_online_saying_why():
+    fits = tt.choose_mode("auto", lambda train: "gpu")
+    assert fits == ("precomputed", "the precomputed logits fit (gpu)", "gpu")
+
+    def too_big(train):
+        if train:
+            raise ConfigError("the teacher's logits of the training batches (4300.0 GiB) fit neither place")
+        return "gpu"
+
+    mode, why, where = tt.choose_mode("auto", too_big)
+    assert mode == "online" and where is None and "4300.0 GiB" in why and why.endswith("-> online")
+    with pytest.raises(ConfigError, match="fit neither"):
+        tt.choose_mode("precomputed", too_big)  # asked for explicitly: refused up front, as before
+    assert tt.choose_mode("topk", too_big)[0] == "topk"
+
+
+def test_the_distillation_step_adds_the_online_teachers_forward():
+    assert tt.step_cells("online", 3.0, 10.0) == {"teacher_step_ms_median": 3.0, "distill_step_ms_median": 13.0}
+    assert tt.step_cells("topk", 3.0, 10.0) == {"teacher_step_ms_median": 0.0, "distill_step_ms_median": 10.0}
+    assert tt.step_cells("online", 3.0, None)["distill_step_ms_median"] is None  # a skipped student: unknown
+
+
+@pytest.mark.parametrize("over, match", [
+    ({"teacher_mode": "offline"}, "distill.teacher_mode"),
+    ({"teacher_mode": "topk", "topk": 300}, "distill.topk=300 must be at most model.vocab=256"),
+    ({"teacher_mode": "topk", "loss_impl": "fused_head"}, "distill.loss_impl='fused_head' needs full teacher logits"),
+    ({"topk": 0}, "distill.topk must be a positive integer"),
+    ({"loss_impl": "fused_head", "loss": "jsd"}, "fused_head' computes forward_kl only"),
+])
+def test_bad_teacher_mode_settings_are_refused_naming_the_field(over, match):
+    with pytest.raises(ConfigError, match=match):
+        tiny(**over).validate()
+
+
+# ---- the top-k loss -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["forward_kl", "reverse_kl", "jsd"])
+def test_top_k_over_the_whole_vocabulary_is_the_full_divergence(kind):
+    torch.manual_seed(0)
+    s, t = torch.randn(12, 40, requires_grad=True), torch.randn(12, 40) * 3
+    values, indices, rest = tt.topk_targets(t, 40, 2.0)
+    assert torch.isneginf(rest).all()  # an empty tail
+    got = lo.topk_kd_per_token(s, values, indices, rest, kind, 2.0)
+    want = lo.kd_per_token(s, t, kind, 2.0)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    (grad,) = torch.autograd.grad(got.sum(), s)
+    assert torch.isfinite(grad).all()  # the empty tail's floor keeps 0 * inf out of the backward
+
+
+def test_top_k_forward_kl_is_the_kl_of_the_bucketed_distributions():
+    torch.manual_seed(1)
+    s, t, k, temp = torch.randn(5, 30, dtype=torch.float64), torch.randn(5, 30, dtype=torch.float64), 4, 1.5
+    values, indices, rest = tt.topk_targets(t, k, temp)
+    got = lo.topk_kd_per_token(s, values, indices, rest, "forward_kl", temp)
+    p, q = torch.softmax(t / temp, -1), torch.softmax(s / temp, -1)
+    top = torch.zeros_like(p, dtype=torch.bool).scatter(-1, indices, True)
+    pb = torch.cat([p.gather(-1, indices), (p * ~top).sum(-1, keepdim=True)], -1)
+    qb = torch.cat([q.gather(-1, indices), (q * ~top).sum(-1, keepdim=True)], -1)
+    want = (pb * (pb.log() - qb.log())).sum(-1) * temp ** 2
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)  # the teacher side runs in fp32
+
+
+# ---- the store: kill, damage, memory --------------------------------------------------------------------
+def recipe(steps=3, k=8, vocab=64, batch=2, seq_len=8):
+    return {"teacher": "fake", "steps": steps, "batch": batch, "seq_len": seq_len, "k": k, "vocab": vocab,
+            "temperature": 1.0, "value_dtype": "float32"}
+
+
+def windows_and_teacher(r):
+    gen = torch.Generator().manual_seed(0)
+    windows = [torch.randint(0, r["vocab"], (r["batch"], r["seq_len"] + 1), generator=gen) for _ in range(r["steps"])]
+    table = torch.randn(r["vocab"], r["vocab"], generator=gen)
+    return windows, lambda w: table[w[:, :-1]]  # a deterministic stand-in teacher: logits from the token
+
+
+def build(folder, r, **kw):
+    windows, teacher = windows_and_teacher(r)
+    tt.build_store(folder, r, windows, teacher, **kw)
+
+
+def test_the_store_holds_the_top_k_of_every_step(tmp_path):
+    r = recipe()
+    build(tmp_path / "s", r)
+    store = tt.TopKStore(tmp_path / "s", r)
+    windows, teacher = windows_and_teacher(r)
+    batches = tt.TopKBatches(store, CPU)
+    tokens, targets = batches[2]
+    values, indices, rest = tt.topk_targets(teacher(windows[2]), r["k"], 1.0)
+    assert torch.equal(tokens, windows[2][:, :-1]) and torch.equal(targets.next_tokens, windows[2][:, 1:])
+    assert torch.equal(targets.out, values) and torch.equal(targets.indices.long(), indices)
+    assert targets.indices.dtype == torch.int16  # vocab < 32768
+    torch.testing.assert_close(targets.rest_lse, rest)
+    assert [b[0].shape for b in batches] == [tokens.shape] * 3
+
+
+KILLED_BUILD = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    sys.path[:0] = [sys.argv[2], sys.argv[3]]
+    from test_teacher_targets import build, recipe
+
+    def on_step(i):
+        if i == 1:
+            Path(sys.argv[1] + ".started").touch()
+            time.sleep(600)  # killed here, half-written
+
+    build(Path(sys.argv[1]), recipe(steps=4), on_step=on_step)
+""")
+
+
+def test_a_store_killed_mid_write_never_looks_complete_and_is_built_again(tmp_path):
+    folder = tmp_path / "topk-x"
+    here = str(Path(__file__).parent)
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_BUILD, str(folder), here, str(Path(here).parent)])
+    try:
+        deadline = time.monotonic() + 120
+        while not Path(f"{folder}.started").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the build did not start"
+            time.sleep(0.1)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert not folder.exists()  # only the temporary folder, never the store's name
+    leftovers = list(tmp_path.glob("topk-x.tmp-*"))
+    assert len(leftovers) == 1 and not (leftovers[0] / "meta.json").exists()
+    r = recipe(steps=4)
+    store, why = tt.ensure_store(folder, r, lambda: build(folder, r))
+    assert len(store) == 4 and why == ""
+    assert not list(tmp_path.glob("topk-x.tmp-*"))  # the dead build's leftovers are gone
+
+
+@pytest.mark.parametrize("damage, match", [
+    (lambda f: f.joinpath("values.bin").write_bytes(b"\0" * 5), "values.bin has 5 bytes"),
+    (lambda f: _flip_a_byte(f / "indices.bin"), "indices.bin does not match its sha256"),
+    (lambda f: f.joinpath("meta.json").unlink(), "meta.json is missing"),
+    (lambda f: f.joinpath("meta.json").write_text("{"), "meta.json is missing or unreadable"),
+])
+def test_a_damaged_store_is_refused_by_its_check_and_rebuilt(tmp_path, damage, match):
+    r, folder = recipe(), tmp_path / "s"
+    build(folder, r)
+    good = tt.TopKStore(folder, r).host(1)["values"].clone()
+    damage(folder)
+    with pytest.raises(tt.DamagedStore, match=match):
+        tt.TopKStore(folder, r)
+    store, why = tt.ensure_store(folder, r, lambda: build(folder, r))
+    assert match.split()[0] in why and torch.equal(store.host(1)["values"], good)
+
+
+def _flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[3] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_a_store_of_another_recipe_is_not_taken_for_this_one(tmp_path):
+    build(tmp_path / "s", recipe(k=8))
+    with pytest.raises(tt.DamagedStore, match="another recipe"):
+        tt.TopKStore(tmp_path / "s", recipe(k=4))
+
+
+def test_a_store_that_fails_its_check_after_a_fresh_build_is_refused(tmp_path):
+    r, folder = recipe(), tmp_path / "s"
+
+    def bad_build():
+        build(folder, r)
+        (folder / "rest_lse.bin").write_bytes(b"")
+
+    with pytest.raises(ConfigError, match="fails its check right after being built"):
+        tt.ensure_store(folder, r, bad_build)
+
+
+def _anon_rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no RssAnon")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the process's memory from /proc (Linux)")
+def test_streaming_the_store_does_not_grow_the_processs_own_memory(tmp_path):
+    """The store is memmapped: reading every step puts file pages in the page cache, not in the process's
+    anonymous memory, so what the run holds does not grow with its steps (precomputed logits would)."""
+    r = recipe(steps=64, k=512, vocab=512, batch=4, seq_len=64)  # 64 steps x 256 tokens x 512 x 6 B: 50 MB
+    windows, teacher = windows_and_teacher(r)
+    tt.build_store(tmp_path / "s", r, windows, teacher)
+    del windows
+    store = tt.TopKStore(tmp_path / "s", r)
+    size = store.layout.nbytes()
+    assert size > 48 * 2**20
+    assert all(isinstance(a, np.memmap) for a in store.arrays.values())
+    batches = tt.TopKBatches(store, CPU)
+    next(iter(batches))  # allocator warm-up: one step's tensors
+    before = _anon_rss_bytes()
+    checksum = 0.0
+    for tokens, targets in batches:
+        checksum += float(targets.out.sum())  # every byte of every step is read
+    grown = _anon_rss_bytes() - before
+    assert grown < size / 4, f"anonymous memory grew {grown / 2**20:.1f} MiB over a {size / 2**20:.0f} MiB store"
+
+
+# ---- the head-fused loss --------------------------------------------------------------------------------
+@pytest.mark.parametrize("ce_weight", [0.0, 0.4, 1.0])
+def test_the_head_fused_loss_equals_the_checkpointed_loss_and_its_gradients(ce_weight):
+    torch.manual_seed(0)
+    h = torch.randn(3, 17, 24, requires_grad=True)
+    w = (torch.randn(96, 24) / 5).requires_grad_()
+    t, y = torch.randn(3, 17, 96), torch.randint(0, 96, (3, 17))
+    y[0, :5] = lo.IGNORE_INDEX
+    ref = lo.lm_loss(h @ w.t(), t, y, temperature=2.0, ce_weight=ce_weight, chunk_tokens=10, impl="checkpointed")
+    ref_h, ref_w = torch.autograd.grad(ref, (h, w))
+    got = head_fused_loss(HeadFeatures((h, w)), None if ce_weight == 1 else t, y, temperature=2.0,
+                          ce_weight=ce_weight, chunk_tokens=10)
+    got_h, got_w = torch.autograd.grad(got, (h, w))
+    torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got_h, ref_h, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(got_w, ref_w, rtol=1e-5, atol=1e-7)
+    with torch.no_grad():  # evaluation: the same loss, no gradients kept
+        assert float(head_fused_loss(HeadFeatures((h, w)), t, y, temperature=2.0, ce_weight=ce_weight,
+                                     chunk_tokens=10)) == pytest.approx(float(ref), rel=1e-6)
+
+
+def test_a_student_trained_with_the_head_fused_loss_matches_the_checkpointed_one():
+    """The model hands over its final hidden states and head weight; the gradients reach every parameter."""
+    shape = LMShape(kind="gpt", vocab=64, hidden=16, intermediate=32, layers=1, heads=2, seq_len=8)
+    torch.manual_seed(0)
+    a = CausalLM(shape)
+    b = CausalLM(shape)
+    b.load_state_dict(a.state_dict())
+    tokens, y, t = torch.randint(0, 64, (2, 8)), torch.randint(0, 64, (2, 8)), torch.randn(2, 8, 64)
+    features = a(tokens, features=True)
+    torch.testing.assert_close(features.logits(), b(tokens))
+    head_fused_loss(features, t, y, ce_weight=0.5, chunk_tokens=5).backward()
+    lo.lm_loss(b(tokens), t, y, ce_weight=0.5, chunk_tokens=5, impl="checkpointed").backward()
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
+        torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_a_run_with_the_head_fused_loss_trains_like_the_fused_one(tmp_path):
+    runs = {}
+    for impl in ("fused", "fused_head"):
+        cfg = tiny(loss_impl=impl).validate()
+        task = tasks.LMTask(cfg, CPU, None, tmp_path)
+        metrics, losses = loop.run_student(backends.make("torch_fp32"), cfg, task, task.make_data(), CPU)
+        runs[impl] = losses, task.cells()["loss_impl"]
+    np.testing.assert_allclose(runs["fused_head"][0], runs["fused"][0], rtol=1e-5)
+    assert runs["fused_head"][1] == "fused_head"

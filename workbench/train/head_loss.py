@@ -1,0 +1,108 @@
+"""The head-fused logit loss (distill.loss_impl=fused_head): the LM head's GEMM, forward_kl + CE and their
+gradients, chunk by chunk over tokens, so the student's [tokens, vocab] logits never exist.
+
+The fused loss of lm_objectives still takes the student's logits: at vocab 128256 and 8192 tokens they are
+2.1 GB in bf16, and its kept gradient as much again. Here the student hands over its final hidden states h
+[tokens, hidden] (after the final norm) and the head's weight W [vocab, hidden]; each chunk of `chunk_tokens`
+rows computes its logits h_c @ W^T, the loss and the closed-form d(loss)/d(logits) (lm_objectives'
+compiled chunk), and from that at once d/dh_c = g_c @ W and d/dW += g_c^T @ h_c, the latter summed over chunks
+in fp32. The forward keeps only grad_h [tokens, hidden] and grad_W [vocab, hidden] (fp32); the backward scales
+them. Its extra memory: one chunk's fp32 [chunk_tokens, vocab] temporaries, whatever the token count.
+
+Like Liger-Kernel's fused linear losses and Apple's cut-cross-entropy, but with no host sync and no branch on
+data (the chunk count follows from shapes alone, the token count stays on the device), so a whole-step CUDA
+graph captures it. The head GEMM runs in torch in the dtype of h (the forward's autocast dtype, as the model
+hands it over), not in a precision backend's FP8: the rows say loss_impl=fused_head.
+"""
+from __future__ import annotations
+
+import torch
+
+from workbench.train.lm_objectives import IGNORE_INDEX, _chunk_fn
+
+
+class HeadFeatures(tuple):
+    """(hidden [..., hidden], head weight [vocab, hidden]): a student's output in place of its logits, for the
+    head-fused loss. A tuple, so compile and graph capture pass it through like any output."""
+
+    @property
+    def hidden(self) -> torch.Tensor:
+        return self[0]
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self[1]
+
+    def logits(self) -> torch.Tensor:
+        """The logits the head would have produced (evaluation, reference tests): h @ W^T in h's dtype."""
+        return self.hidden @ self.weight.to(self.hidden.dtype).t()
+
+
+def _chunks(h, w, t, y, temperature: float, kd_w: float, ce_w: float, chunk_tokens: int, with_grad: bool):
+    """(loss, grad_h, grad_w) over every chunk; the gradients are None without `with_grad`."""
+    counted = (y != IGNORE_INDEX).sum().clamp(min=1).to(torch.float32)  # stays on the device: no sync
+    scalars = [torch.full((), v, dtype=torch.float32, device=h.device) for v in (temperature, kd_w, ce_w)]
+    fn = _chunk_fn(h.device)
+    wc = w.to(h.dtype)  # the head GEMM's operand, cast once (bf16 under autocast)
+    grad_h = torch.empty_like(h) if with_grad else None
+    grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if with_grad else None
+    loss = h.new_zeros((), dtype=torch.float32)
+    for start in range(0, h.shape[0], chunk_tokens):
+        part = slice(start, start + chunk_tokens)
+        hc = h[part]
+        s = (hc @ wc.t()).float()
+        tc = s if t is None else t[part]  # without a KD term (kd_w == 0) the teacher is never read
+        value, g = fn(s, tc, y[part], counted, *scalars, kd_w > 0, ce_w > 0, torch.float32)
+        if with_grad:
+            g = g.to(h.dtype)
+            grad_h[part] = g @ wc
+            grad_w += (g.t() @ hc).float()  # each chunk's GEMM accumulates in fp32 inside; the sum is fp32
+        loss = loss + value
+    return loss, grad_h, grad_w
+
+
+class _HeadFusedForwardKL(torch.autograd.Function):
+    """forward_kl + CE of logits h @ W^T with the gradients wrt h and W computed in the forward."""
+
+    @staticmethod
+    def forward(ctx, h, w, t, y, temperature: float, kd_w: float, ce_w: float, chunk_tokens: int):
+        if t is not None and t.requires_grad:
+            raise ValueError("the head-fused loss gives no gradient to the teacher's logits; detach them")
+        loss, grad_h, grad_w = _chunks(h, w, t, y, temperature, kd_w, ce_w, chunk_tokens, with_grad=True)
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.w_dtype, ctx.done = w.dtype, False
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        if ctx.done:
+            raise RuntimeError("the head-fused loss's backward scales its kept gradients in place: it runs once")
+        ctx.done = True
+        grad_h, grad_w = ctx.saved_tensors
+        grad_h.mul_(grad_out.to(grad_h.dtype))
+        grad_w.mul_(grad_out)
+        return grad_h, grad_w.to(ctx.w_dtype), None, None, None, None, None, None
+
+
+def head_fused_loss(features: HeadFeatures, teacher_logits: torch.Tensor | None, next_tokens: torch.Tensor,
+                    temperature: float = 1.0, ce_weight: float = 0.0, chunk_tokens: int = 4096) -> torch.Tensor:
+    """Scalar fp32 (1 - ce_weight) * forward_kl(T) + ce_weight * CE of the logits features.hidden @ W^T, as
+    lm_objectives.lm_loss computes it from logits. `teacher_logits` [..., vocab] may be None only when
+    ce_weight == 1. Without a backward to come (no_grad, or nothing requiring grad) the same chunks run
+    without their gradients."""
+    h, w = features
+    vocab = w.shape[0]
+    kd_w = 1.0 - ce_weight
+    if kd_w > 0 and teacher_logits is None:
+        raise ValueError("teacher logits are needed unless ce_weight == 1 (the student without distillation)")
+    if h.shape[:-1] != next_tokens.shape or h.shape[-1] != w.shape[1]:
+        raise ValueError(f"hidden states {tuple(h.shape)}, head weight {tuple(w.shape)} and next tokens "
+                         f"{tuple(next_tokens.shape)} do not fit together")
+    t = None if teacher_logits is None else teacher_logits.detach().reshape(-1, vocab)
+    if t is not None and t.shape[0] != next_tokens.numel():
+        raise ValueError(f"teacher logits {tuple(teacher_logits.shape)} do not match next tokens {tuple(next_tokens.shape)}")
+    h2, y = h.reshape(-1, h.shape[-1]), next_tokens.reshape(-1)
+    if torch.is_grad_enabled() and (h2.requires_grad or w.requires_grad):
+        return _HeadFusedForwardKL.apply(h2, w, t, y, float(temperature), kd_w, float(ce_weight), chunk_tokens)
+    with torch.no_grad():
+        return _chunks(h2, w, t, y, float(temperature), kd_w, float(ce_weight), chunk_tokens, with_grad=False)[0]

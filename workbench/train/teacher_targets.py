@@ -1,0 +1,327 @@
+"""Where the training batches' teacher targets come from (distill.teacher_mode), so that memory need not grow
+with train.steps.
+
+  precomputed  the teacher's full logits for every batch, computed once (on the GPU or pinned host memory:
+               tasks.place_teacher_logits). steps x tokens x vocab: 2.1 GB a step at vocab 128256, 8192 tokens.
+  online       OnlineBatches: the teacher's forward when a batch is fetched, before the student's step (never
+               inside its timed or graphed step). Holds the token windows only (int32), nothing per vocabulary.
+  topk         TopKStore: the teacher's k largest logits, their ids and the log-sum-exp of the rest per token,
+               computed once into memmapped files in the cache folder; TopKBatches streams them to the GPU a
+               step ahead. steps x tokens x k on disk, a few pinned buffers in memory.
+
+Every student of a run still sees the same batches and the same targets: the online teacher's forward is a
+deterministic function of the batch (same weights, shapes and kernels), and the top-k store is read, not
+recomputed.
+
+The top-k store (a folder topk-<key>/ per recipe) is written under a temporary name and renamed when whole:
+values.bin (the logits' own dtype: bf16 from a bf16 teacher is lossless; fp32 on a CPU), indices.bin (int16
+below 32768 tokens, else int32), rest_lse.bin (fp32), windows.bin (int32 token windows), and meta.json with
+every file's size and sha256. A folder without a valid meta.json, with a file of another size or hash, or made
+for another recipe is damaged: it is removed and rebuilt, and task.json says why. A killed build leaves only
+its temporary folder, which the next build of the same store removes.
+"""
+from __future__ import annotations
+
+import collections.abc
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from workbench import results
+from workbench.errors import ConfigError
+from workbench.train import objectives
+
+FORMAT = 1  # of the store's files; a store of another format is rebuilt
+FILES = ("values", "indices", "rest_lse", "windows")
+_NUMPY = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: np.uint16}  # bf16 as its bits
+_TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class DamagedStore(Exception):
+    """A top-k store folder that cannot be used as it is (the message says why)."""
+
+
+def topk_targets(logits: torch.Tensor, k: int, temperature: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(values [..., k] in the logits' dtype, indices [..., k] int64, rest_lse [...] fp32): the k largest logits,
+    their vocabulary ids, and log-sum-exp over the other logits / T (-inf where k = vocab: an empty tail)."""
+    values, indices = logits.topk(k, dim=-1)
+    rest = (logits.float() / temperature).scatter(-1, indices, float("-inf")).logsumexp(-1)
+    return values, indices, rest
+
+
+def index_dtype(vocab: int) -> torch.dtype:
+    return torch.int16 if vocab <= 2**15 else torch.int32
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The store's array shapes and dtypes, from its recipe."""
+
+    steps: int
+    batch: int
+    seq_len: int
+    k: int
+    vocab: int
+    value_dtype: torch.dtype
+
+    def arrays(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        lead = (self.steps, self.batch, self.seq_len)
+        return {"values": ((*lead, self.k), np.dtype(_NUMPY[self.value_dtype])),
+                "indices": ((*lead, self.k), np.dtype(np.int16 if index_dtype(self.vocab) == torch.int16 else np.int32)),
+                "rest_lse": (lead, np.dtype(np.float32)),
+                "windows": ((self.steps, self.batch, self.seq_len + 1), np.dtype(np.int32))}
+
+    def nbytes(self) -> int:
+        return sum(int(np.prod(shape)) * dt.itemsize for shape, dt in self.arrays().values())
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class TopKStore:
+    """An opened, verified store: read-only memmaps of its arrays (nothing is read into memory up front)."""
+
+    def __init__(self, folder: Path, recipe: dict):
+        self.folder = Path(folder)
+        meta_path = self.folder / "meta.json"
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError) as e:
+            raise DamagedStore(f"{meta_path} is missing or unreadable ({type(e).__name__})") from e
+        if meta.get("format") != FORMAT or meta.get("recipe") != recipe:
+            raise DamagedStore(f"{meta_path} was written for another recipe or format")
+        self.layout = layout_of(recipe)
+        self.arrays = {}
+        for name, (shape, dtype) in self.layout.arrays().items():
+            path, want = self.folder / f"{name}.bin", meta["files"].get(name, {})
+            size = path.stat().st_size if path.exists() else None
+            if size != want.get("bytes") or size != int(np.prod(shape)) * dtype.itemsize:
+                raise DamagedStore(f"{path} has {size} bytes, meta.json says {want.get('bytes')}")
+            if _sha256(path) != want.get("sha256"):
+                raise DamagedStore(f"{path} does not match its sha256 in meta.json")
+            # copy-on-write: torch wants writable arrays; a write would stay private, never reach the file
+            self.arrays[name] = np.memmap(path, dtype=dtype, mode="c", shape=shape)
+
+    def __len__(self) -> int:
+        return self.layout.steps
+
+    def host(self, i: int) -> dict[str, torch.Tensor]:
+        """Step i's arrays as CPU tensors over the memmapped pages (no copy)."""
+        out = {name: torch.from_numpy(np.asarray(a[i])) for name, a in self.arrays.items()}
+        if self.layout.value_dtype == torch.bfloat16:
+            out["values"] = out["values"].view(torch.bfloat16)
+        return out
+
+
+def layout_of(recipe: dict) -> Layout:
+    return Layout(steps=recipe["steps"], batch=recipe["batch"], seq_len=recipe["seq_len"], k=recipe["k"],
+                  vocab=recipe["vocab"], value_dtype=_TORCH[recipe["value_dtype"]])
+
+
+def store_folder(cache_dir: Path, recipe: dict) -> Path:
+    key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
+    return Path(cache_dir) / f"topk-{key}"
+
+
+def build_store(folder: Path, recipe: dict, windows: collections.abc.Iterable[torch.Tensor],
+                teacher_logits: Callable[[torch.Tensor], torch.Tensor],
+                on_step: Callable[[int], None] | None = None) -> None:
+    """Write the store of `recipe` at `folder`: for each token window [batch, seq_len + 1] the teacher's logits
+    of its inputs, cut to the top k. Written under a temporary name, meta.json last, then renamed: a kill leaves
+    no folder that looks whole. `on_step(i)` after each step (progress; tests kill a build there)."""
+    folder, layout = Path(folder), layout_of(recipe)
+    _remove_dead_builds(folder)
+    tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir(parents=True)
+    try:
+        arrays = {name: np.memmap(tmp / f"{name}.bin", dtype=dt, mode="w+", shape=shape)
+                  for name, (shape, dt) in layout.arrays().items()}
+        n = 0
+        for i, window in enumerate(windows):
+            logits = teacher_logits(window)
+            values, indices, rest = topk_targets(logits, layout.k, recipe["temperature"])
+            if values.dtype != layout.value_dtype:
+                raise ValueError(f"the teacher's logits are {values.dtype}, the store's recipe says {layout.value_dtype}")
+            if values.dtype == torch.bfloat16:
+                values = values.view(torch.uint16)
+            arrays["values"][i] = values.cpu().numpy()
+            arrays["indices"][i] = indices.cpu().numpy()  # < vocab: fits the index dtype
+            arrays["rest_lse"][i] = rest.cpu().numpy()
+            arrays["windows"][i] = window.cpu().numpy()
+            n = i + 1
+            if on_step:
+                on_step(i)
+        if n != layout.steps:
+            raise ValueError(f"the top-k store expected {layout.steps} steps, got {n}")
+        files = {}
+        for name, a in arrays.items():
+            a.flush()
+            del a
+            path = tmp / f"{name}.bin"
+            with open(path, "rb+") as f:
+                os.fsync(f.fileno())
+            files[name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+        arrays.clear()
+        results.write_json(tmp / "meta.json", {"format": FORMAT, "recipe": recipe, "files": files})
+        try:
+            tmp.rename(folder)  # atomic; fails if another process finished the same store first
+        except OSError:
+            if not (folder / "meta.json").exists():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _remove_dead_builds(folder: Path) -> None:
+    """Temporary folders of this store left by builds whose process is gone (killed): never complete, removed."""
+    for tmp in folder.parent.glob(f"{folder.name}.tmp-*"):
+        try:
+            pid = int(tmp.name.rsplit(".tmp-", 1)[1].split("-")[0])
+            os.kill(pid, 0)  # raises if no such process
+            alive = pid != os.getpid()  # this process's own leftovers are dead builds too
+        except (ValueError, ProcessLookupError):
+            alive = False
+        except PermissionError:  # someone else's live process
+            alive = True
+        if not alive:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def ensure_store(folder: Path, recipe: dict, build: Callable[[], None]) -> tuple[TopKStore, str]:
+    """(the store at `folder`, why it was rebuilt or ''): opened and verified; built by `build()` where there is
+    none; removed and rebuilt where it is damaged; refused (ConfigError) when a fresh build fails verification."""
+    why = ""
+    if folder.exists():
+        try:
+            return TopKStore(folder, recipe), ""
+        except DamagedStore as e:
+            why = f"the top-k store was damaged and was rebuilt: {e}"
+            shutil.rmtree(folder)
+    build()
+    try:
+        return TopKStore(folder, recipe), why
+    except DamagedStore as e:
+        raise ConfigError(f"the top-k teacher store {folder} fails its check right after being built ({e}); "
+                          "check the cache folder's disk, or set distill.teacher_mode=online") from e
+
+
+class TopKBatches(collections.abc.Sequence):
+    """Training batches from a top-k store: (tokens, Targets(values, next_tokens, indices, rest_lse)) on the
+    device. Iterating (the training loop) copies step i+1 from the memmap into one of two pinned buffers and
+    on to the GPU on a side stream, non-blocking, while step i runs; indexing copies at once. What stays in
+    memory is those two buffers, whatever the number of steps."""
+
+    def __init__(self, store: TopKStore, device: torch.device):
+        self.store, self.device = store, device
+        self._pinned: list[dict[str, torch.Tensor]] = []
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    def _batch(self, arrays: dict[str, torch.Tensor], non_blocking: bool = False):
+        d = {k: v.to(self.device, non_blocking=non_blocking) for k, v in arrays.items()}
+        window = d["windows"].long()
+        return window[:, :-1], objectives.Targets(d["values"], next_tokens=window[:, 1:], indices=d["indices"],
+                                                  rest_lse=d["rest_lse"])
+
+    def __getitem__(self, i: int):
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self._batch({k: v.clone() for k, v in self.store.host(i).items()})
+
+    def shared_tensors(self) -> list[torch.Tensor]:
+        return []  # a student only ever gets fresh device copies: nothing it could write back into
+
+    def __iter__(self):
+        if self.device.type != "cuda" or not len(self):
+            yield from (self[i] for i in range(len(self)))
+            return
+        if not self._pinned:
+            self._pinned = [{k: torch.empty(v.shape, dtype=v.dtype, pin_memory=True) for k, v in self.store.host(0).items()}
+                            for _ in range(2)]
+        main, side = torch.cuda.current_stream(self.device), torch.cuda.Stream(self.device)
+        copied: list[torch.cuda.Event | None] = [None, None]
+
+        def fetch(i: int):
+            buf = self._pinned[i % 2]
+            if copied[i % 2] is not None:
+                copied[i % 2].synchronize()  # the copy out of this buffer (two steps ago) is done before it is refilled
+            for k, v in self.store.host(i).items():
+                buf[k].copy_(v)
+            with torch.cuda.stream(side):
+                batch = self._batch(buf, non_blocking=True)
+                copied[i % 2] = torch.cuda.Event()
+                copied[i % 2].record(side)
+            return batch
+
+        ahead = fetch(0)
+        for i in range(len(self)):
+            batch = ahead
+            main.wait_stream(side)  # its copy is done before the step reads it
+            for t in (batch[0], *batch[1].tensors()):
+                t.record_stream(main)  # allocated on the side stream, used (and freed) on this one
+            if i + 1 < len(self):
+                ahead = fetch(i + 1)  # overlaps the step the caller runs on `batch`
+            yield batch
+
+
+class OnlineBatches(collections.abc.Sequence):
+    """Training batches whose teacher logits are computed when a batch is fetched (distill.teacher_mode=
+    online): `targets(window)` runs the teacher in its precision and returns (tokens, Targets). The loop fetches
+    a batch before calling the student's step, so the teacher's forward is never inside that step, its
+    timing or its CUDA graph. Holds the token windows (int32), nothing of the vocabulary's size."""
+
+    def __init__(self, windows: list[torch.Tensor], targets: Callable[[torch.Tensor], tuple]):
+        self.windows = torch.stack(windows).to(torch.int32) if windows else torch.empty(0, dtype=torch.int32)
+        self.targets = targets
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def __getitem__(self, i: int):
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self.targets(self.windows[i].long())
+
+    def shared_tensors(self) -> list[torch.Tensor]:
+        return [self.windows]
+
+
+def choose_mode(requested: str, place: Callable[[int], str]) -> tuple[str, str, str | None]:
+    """(mode, why, placement of precomputed logits or None). `place(train_steps_factor)` is the precomputed
+    placement check (tasks.place_teacher_logits): called with 1 for the training batches' logits, 0 for the
+    timed and held-out batches' alone; it raises ConfigError when they do not fit."""
+    if requested == "precomputed":
+        return "precomputed", "requested", place(1)
+    if requested in ("online", "topk"):
+        place(0)  # the timed and held-out batches keep full logits on the device in every mode
+        return requested, "requested", None
+    try:
+        where = place(1)
+    except ConfigError as e:
+        place(0)
+        return "online", f"the precomputed logits do not fit ({e}) -> online", None
+    return "precomputed", f"the precomputed logits fit ({where})", where
+
+
+def step_cells(mode: str, teacher_ms: float | None, step_ms: float | None) -> dict:
+    """A row's distillation step: the student's step (step_ms_median, alone) plus the teacher's forward it
+    needs per step (online: teacher_ms_median, measured apart; precomputed and top-k: none, it ran before)."""
+    teacher = (teacher_ms if mode == "online" else 0.0)
+    total = None if step_ms is None or teacher is None else step_ms + teacher
+    return {"teacher_step_ms_median": teacher, "distill_step_ms_median": total}

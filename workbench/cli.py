@@ -26,6 +26,7 @@ COMMANDS = {
     "install-te": ("workbench.env.install", "plan and run the Transformer Engine install"),
     "doctor": ("workbench.env.doctor", "diagnose the TE install or an install/import log"),
     "sweep": ("workbench.sweep", "papermill sweep over a config grid into results/sweeps/<name>/, resumable, + report"),
+    "study": ("workbench.study", "distillation-quality study: arms x seeds, one teacher, gaps vs the bf16 noise floor"),
     "teacher": ("workbench.teacher", "train (or find) the language-model teacher of a config, cached for later runs"),
     "scaling": ("workbench.scaling", "the scaling curve (tokens/s, efficiency, memory per GPU vs GPUs) of distributed runs"),
     "bench": ("workbench.bench", "benchmark variants (eager/compile/graphs, layouts) vs measured + datasheet peaks, + profiler cross-check"),

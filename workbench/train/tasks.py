@@ -34,6 +34,11 @@ GPU_LOGITS_SHARE = 0.6  # of the GPU's free memory, for teacher logits: the rest
 HOST_LOGITS_SHARE = 0.8  # of the host's available memory (pinned pages cannot be swapped out)
 
 
+def teacher_seed(cfg) -> int:
+    """The seed of the LM teacher and of the held-out batches: lm.teacher_seed, or train.seed when it is -1."""
+    return cfg.lm.teacher_seed if cfg.lm.teacher_seed >= 0 else cfg.train.seed
+
+
 def for_config(cfg, device: torch.device, tdtype, cache_dir: str | Path) -> "MLPTask | LMTask":
     return MLPTask(cfg, device, tdtype) if cfg.model.kind == "mlp" else LMTask(cfg, device, tdtype, cache_dir)
 
@@ -113,7 +118,7 @@ class LMTask:
         self.loss_impl = lm_objectives.resolve_impl(d.loss, d.loss_impl, device)  # refuses a fused one that cannot run
         self.info = {"text_folder": str(self.text.folder), "tokenizer_vocab": self.text.vocab_size,
                      "loss_impl": self.loss_impl, "loss_impl_requested": d.loss_impl}
-        torch.manual_seed(cfg.train.seed)
+        torch.manual_seed(teacher_seed(cfg))
         self.teacher = self._teacher().to(device).eval().requires_grad_(False)
         torch.manual_seed(cfg.train.seed)  # the students' init does not depend on how the teacher came to be
         self.reference = self._student()
@@ -163,7 +168,7 @@ class LMTask:
         self.info["teacher_source"] = source
         if source == "random":
             # another seed than the students': with the student's shape it would otherwise be their exact copy
-            torch.manual_seed(self.cfg.train.seed + 10_000)
+            torch.manual_seed(teacher_seed(self.cfg) + 10_000)
             return CausalLM(self.shape(teacher=True))
         if source != "train":
             from workbench.models.hf import load_causal_lm
@@ -180,7 +185,7 @@ class LMTask:
 
         cfg, shape = self.cfg, self.shape(teacher=True)
         recipe = {"shape": dataclasses.asdict(shape), "text": self.text.folder.name, "steps": cfg.lm.teacher_steps,
-                  "lr": cfg.lm.teacher_lr, "seed": cfg.train.seed, "batch": cfg.model.batch,
+                  "lr": cfg.lm.teacher_lr, "seed": teacher_seed(cfg), "batch": cfg.model.batch,
                   "train_precision": teacher_precision.NAMES[self.tdtype]}
         key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
         folder = self.cache_dir / f"teacher-{key}"
@@ -192,7 +197,7 @@ class LMTask:
             return model
         t0 = time.monotonic()
         losses = train_lm(model, self.text.batches("train", cfg.model.batch, cfg.model.seq_len, cfg.lm.teacher_steps,
-                                                   cfg.train.seed + 7), cfg.lm.teacher_lr, self.device, self.tdtype)
+                                                   teacher_seed(cfg) + 7), cfg.lm.teacher_lr, self.device, self.tdtype)
         folder.mkdir(parents=True, exist_ok=True)
         buf = folder / ".teacher.pt.tmp"
         torch.save(model.state_dict(), buf)
@@ -210,14 +215,15 @@ class LMTask:
         cfg, m, seed = self.cfg, self.cfg.model, self.cfg.train.seed
         on_host = self.info.get("teacher_logits") == "host"
 
-        def batches(split: str, n: int, offset: int, host: bool = False):
-            return [self._targets(b, host) for b in self.text.batches(split, m.batch, m.seq_len, n, seed + offset)]
+        def batches(split: str, n: int, offset: int, host: bool = False, base: int = seed):
+            return [self._targets(b, host) for b in self.text.batches(split, m.batch, m.seq_len, n, base + offset)]
 
         own = SHARD_SEED_STRIDE * shard
         train = batches("train", cfg.train.steps, 1 + own, host=on_host)
         return Data(train=HostBatches(train, self.device) if on_host else train,
                     bench=batches("train", self.bench_batches(), 2 + own),
-                    eval=batches("heldout", cfg.train.eval_batches, 3))
+                    # the teacher's seed: students of every train.seed are measured on the same tokens
+                    eval=batches("heldout", cfg.train.eval_batches, 3, base=teacher_seed(cfg)))
 
     def bench_batches(self) -> int:
         """How many distinct timed batches there are (they stay on the device, with their logits)."""

@@ -5,8 +5,8 @@ Pure functions of numbers, no files, no torch, so every rule here is tested agai
 
   summary(values)          n, mean, sd (n - 1), and the 95% Student-t interval of the mean
   paired_gaps_pct(r, a)    per seed: 100 (a_s - r_s) / r_s, for the seeds both have
-  noise_floor_pct(r, b)    sd over seeds of the paired bf16-vs-bf16 gaps: how far two bf16 students apart
-                           only in their init and batch order land from each other
+  noise_floor_pct(r, b)    root mean square over seeds of the paired bf16-vs-bf16 gaps: how far two bf16
+                           students apart only in their init and batch order land from each other
   within_noise(gap, floor) the rule: the gap's interval contains 0, or |mean gap| is below the floor
   teacher_beaten(rows)     the KD students that end better than their teacher (the study then refuses)
   flattened(curve)         did a held-out curve's last step move less than a threshold
@@ -69,10 +69,13 @@ def paired_gaps_pct(reference: Mapping[Any, Any], arm: Mapping[Any, Any]) -> dic
 
 
 def noise_floor_pct(reference: Mapping[Any, Any], noise: Mapping[Any, Any]) -> float | None:
-    """The bf16 noise floor, in %: the sd (n - 1) over seeds of the paired gaps between the reference bf16
-    arm and the second bf16 arm, which trains the same student from another init and batch order. Two
-    independent bf16 runs differ by about this much; None with fewer than two seeds."""
-    return summary(paired_gaps_pct(reference, noise).values())["sd"]
+    """The bf16 noise floor, in %: sqrt(mean(d_s^2)) over seeds of the paired gaps d_s between the reference
+    bf16 arm and the second bf16 arm, which trains the same student from another init and batch order. Two
+    such runs differ by about this much. The root mean square, not the sd around the mean: the two arms
+    have no true difference, so their mean difference is noise too (an sd would call a consistent
+    difference of 10% a floor of 0). None with fewer than two seeds."""
+    gaps = list(paired_gaps_pct(reference, noise).values())
+    return math.sqrt(sum(d * d for d in gaps) / len(gaps)) if len(gaps) >= 2 else None
 
 
 def within_noise(gap: Mapping[str, Any], floor_pct: float | None) -> bool | None:

@@ -14,7 +14,7 @@ measured on the same held-out tokens; the seed varies only the students' init an
 
 The noise floor: a second torch bf16 arm (`torch_bf16_b`) trains the same student as the reference arm
 from another init and batch order (its points run at train.seed + NOISE_SEED_OFFSET). The floor of a
-metric is the sd over seeds of the paired relative differences between the two bf16 arms
+metric is the root mean square over seeds of the paired relative differences between the two bf16 arms
 (quality_stats.noise_floor_pct): how far apart two bf16 students land when only their seed differs. An
 arm's gap to the reference (paired by seed, in %) is "within noise" when its 95% Student-t interval
 contains 0 or |mean gap| is below that floor (quality_stats.within_noise).
@@ -444,7 +444,7 @@ def readme(study: Study, head: dict, arms: pd.DataFrame, gaps: pd.DataFrame | No
         parts += ["", f"## Gaps to `{REFERENCE_ARM}` in % (gaps.csv: paired by seed)", "",
                   _md(g.drop(columns=["gap_pct_by_seed"]))]
     parts += ["", "## Rules", "",
-              f"- Noise floor of a metric: the sd (n - 1) over seeds of 100 (b_s - r_s) / r_s, r = `{REFERENCE_ARM}`, "
+              f"- Noise floor of a metric: the root mean square over seeds of 100 (b_s - r_s) / r_s, r = `{REFERENCE_ARM}`, "
               f"b = `{NOISE_ARM}` (the same student from another init and batch order, train.seed + {NOISE_SEED_OFFSET}).",
               "- A gap (100 (arm_s - r_s) / r_s, paired by seed: same init, batches and teacher) is within noise when its "
               "95% Student-t interval contains 0 or |mean gap| is below the noise floor.",
@@ -483,8 +483,8 @@ def heldout_curves(study: Study, curves: pd.DataFrame):
             ax.fill_between(mean.index, lo.values, hi.values, color=style["color"], alpha=0.15, lw=0)
     axes[0].set(xlabel="training step", ylabel="nats per token", title="KL(teacher ‖ student), T=1, held out")
     axes[1].set(xlabel="training step", ylabel="perplexity", title="held-out perplexity")
-    plots.plain_log_axis(axes[1].yaxis)
     axes[1].set_yscale("log")
+    plots.plain_log_axis(axes[1].yaxis)
     for ax in axes:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)

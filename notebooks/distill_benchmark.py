@@ -95,6 +95,7 @@ teacher_intermediate: Optional[int] = None  # Teacher MLP width (0: the student'
 teacher_heads: Optional[int] = None  # Teacher attention heads (0: the student's head size, applied to the teacher's hidden).
 teacher_steps: Optional[int] = None  # Training steps of a teacher trained here (teacher 'train').
 teacher_lr: Optional[float] = None  # AdamW learning rate of a teacher trained here.
+teacher_seed: Optional[int] = None  # Seed of the teacher (trained here: its init and batches; 'random': its weights) and of the held-out batches every student is measured on; -1: train.seed. Fix it so that runs of several seeds share one teacher (one cache entry) and one held-out set, the seed varying only the students' init and batches.
 student: Optional[str] = None  # '' (a gpt/llama student built from the model fields) or the folder of a Hugging Face causal LM whose architecture and weights every student starts from.
 te_amax_history_len: Optional[int] = None  # TE delayed scaling: steps of amax history the FP8 scale is computed from (TE's default is 1024; its tutorials use 16).
 te_amax_compute_algo: Optional[str] = None  # TE delayed scaling: 'max' or 'most_recent' over the amax history.

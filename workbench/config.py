@@ -170,6 +170,10 @@ class LMConfig:
     """Training steps of a teacher trained here (teacher 'train')."""
     teacher_lr: float = 1e-3
     """AdamW learning rate of a teacher trained here."""
+    teacher_seed: int = -1
+    """Seed of the teacher (trained here: its init and batches; 'random': its weights) and of the held-out
+    batches every student is measured on; -1: train.seed. Fix it so that runs of several seeds share one
+    teacher (one cache entry) and one held-out set, the seed varying only the students' init and batches."""
     student: str = ""
     """'' (a gpt/llama student built from the model fields) or the folder of a Hugging Face causal LM
     whose architecture and weights every student starts from."""
@@ -413,6 +417,8 @@ class Config:
             if getattr(lm, name) < 0:
                 raise ConfigError(f"lm.{name} must be >= 0 (0: the student's), got {getattr(lm, name)!r}")
         _positive("lm.teacher_steps", lm.teacher_steps)
+        if isinstance(lm.teacher_seed, bool) or not isinstance(lm.teacher_seed, int) or lm.teacher_seed < -1:
+            raise ConfigError(f"lm.teacher_seed must be an integer >= 0, or -1 (train.seed), got {lm.teacher_seed!r}")
         _positive("distill.loss_chunk_tokens", d.loss_chunk_tokens)
         for name, lo, hi in (("lm.heldout_fraction", 0.0, 0.5), ("distill.ce_weight", 0.0, 1.0),
                              ("distill.jsd_beta", 0.0, 1.0)):

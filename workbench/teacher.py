@@ -36,7 +36,7 @@ def main(args) -> int:
     task = tasks.LMTask(cfg, device, tdtype, Path(args.out) / "cache", with_batches=False)
     acc = lm_metrics.LMMetrics(cfg.distill.loss_chunk_tokens)
     for window in task.text.batches("heldout", cfg.model.batch, cfg.model.seq_len, cfg.train.eval_batches,
-                                    cfg.train.seed + 3):
+                                    tasks.teacher_seed(cfg) + 3):
         w = window.to(device)
         with task.teacher_precision.forward():
             acc.add(task.teacher(w[:, :-1]), None, w[:, 1:])

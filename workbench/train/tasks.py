@@ -79,6 +79,11 @@ def lm_tokenizer(cfg):
     return tok, None
 
 
+def teacher_seed(cfg) -> int:
+    """The seed of the LM teacher and of the held-out batches: lm.teacher_seed, or train.seed when it is -1."""
+    return cfg.lm.teacher_seed if cfg.lm.teacher_seed >= 0 else cfg.train.seed
+
+
 def for_config(cfg, device: torch.device, tdtype, cache_dir: str | Path) -> "MLPTask | LMTask":
     return MLPTask(cfg, device, tdtype) if cfg.model.kind == "mlp" else LMTask(cfg, device, tdtype, cache_dir)
 
@@ -184,7 +189,7 @@ class LMTask:
                      **(pretrained.info() if pretrained else {}), "tokenizer_vocab": self.text.vocab_size,
                      "tokenizer_warning": self.tokenizer_warning, "model_vocab": m.vocab,
                      "loss_impl": self.loss_impl, "loss_impl_requested": d.loss_impl}
-        torch.manual_seed(cfg.train.seed)
+        torch.manual_seed(teacher_seed(cfg))
         self.teacher = self._teacher().to(device).eval().requires_grad_(False)
         torch.manual_seed(cfg.train.seed)  # the students' init does not depend on how the teacher came to be
         self.reference = self._student()
@@ -231,7 +236,7 @@ class LMTask:
         self.info["teacher_source"] = source
         if source == "random":
             # another seed than the students': with the student's shape it would otherwise be their exact copy
-            torch.manual_seed(self.cfg.train.seed + 10_000)
+            torch.manual_seed(teacher_seed(self.cfg) + 10_000)
             return CausalLM(self.shape(teacher=True))
         if source != "train":
             from workbench.models.hf import load_causal_lm
@@ -248,7 +253,7 @@ class LMTask:
 
         cfg, shape = self.cfg, self.shape(teacher=True)
         recipe = {"shape": dataclasses.asdict(shape), "text": self.text.folder.name, "steps": cfg.lm.teacher_steps,
-                  "lr": cfg.lm.teacher_lr, "seed": cfg.train.seed, "batch": cfg.model.batch,
+                  "lr": cfg.lm.teacher_lr, "seed": teacher_seed(cfg), "batch": cfg.model.batch,
                   "train_precision": teacher_precision.NAMES[self.tdtype]}
         key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
         entry = cache.Entry(self.cache_dir / f"teacher-{key}")
@@ -267,7 +272,7 @@ class LMTask:
         cached (a full disk) is still used, and task.json says why it was not kept."""
         cfg, t0 = self.cfg, time.monotonic()
         losses = train_lm(model, self.text.batches("train", cfg.model.batch, cfg.model.seq_len, cfg.lm.teacher_steps,
-                                                   cfg.train.seed + 7), cfg.lm.teacher_lr, self.device, self.tdtype)
+                                                   teacher_seed(cfg) + 7), cfg.lm.teacher_lr, self.device, self.tdtype)
         bad = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
         if bad is not None:
             raise ConfigError(f"the teacher trained here diverged: its training loss is {losses[bad]} at step {bad + 1} "
@@ -296,11 +301,11 @@ class LMTask:
         mode = self.info.get("teacher_mode", "precomputed")
         on_host = self.info.get("teacher_logits") == "host"
 
-        def windows(split: str, n: int, offset: int):
-            return self.text.batches(split, m.batch, m.seq_len, n, seed + offset)
+        def windows(split: str, n: int, offset: int, base: int = seed):
+            return self.text.batches(split, m.batch, m.seq_len, n, base + offset)
 
-        def batches(split: str, n: int, offset: int, host: bool = False, topk: bool = False):
-            return [self._targets(b, host, topk) for b in windows(split, n, offset)]
+        def batches(split: str, n: int, offset: int, host: bool = False, topk: bool = False, base: int = seed):
+            return [self._targets(b, host, topk) for b in windows(split, n, offset, base)]
 
         own = SHARD_SEED_STRIDE * shard
         if mode == "online":
@@ -312,7 +317,8 @@ class LMTask:
             train = batches("train", cfg.train.steps, 1 + own, host=on_host)
             train = HostBatches(train, self.device) if on_host else train
         return Data(train=train, bench=batches("train", self.bench_batches(), 2 + own, topk=mode == "topk"),
-                    eval=batches("heldout", cfg.train.eval_batches, 3))
+                    # the teacher's seed: students of every train.seed are measured on the same tokens
+                    eval=batches("heldout", cfg.train.eval_batches, 3, base=teacher_seed(cfg)))
 
     def topk_recipe(self, shard: int = 0) -> dict[str, Any]:
         """What a top-k store's content depends on; its folder name is a hash of it."""

@@ -1,0 +1,78 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/te-workbench/te-workbench/blob/main/notebooks/quality_report.ipynb)
+#
+# # Distillation quality: does FP8 change what the student learns, beyond the noise?
+
+# %%
+# Colab only (elsewhere this cell does nothing): install the workbench from its repository, leaving
+# Colab's own ipykernel / ipython / ipywidgets as they are (the report needs no Transformer Engine).
+import sys
+
+if "google.colab" in sys.modules:
+    # %pip install -q "te-workbench @ git+https://github.com/te-workbench/te-workbench"
+
+# %% tags=["parameters"]
+# Papermill parameters (`papermill --help-notebook` lists them)
+study_dir: str = "results/studies/distill-quality"  # The study folder written by `workbench study` (results/studies/<name>).
+
+# %%
+from pathlib import Path
+
+import pandas as pd
+from IPython.display import Image, Markdown
+
+from workbench import study
+
+head = study.report(study_dir)  # writes study.csv, arms.csv, gaps.csv, headline.json, README.md and the figures
+Markdown(f"**{head['sentence']}**")
+
+# %% [markdown]
+# ## Arms: mean, sd and 95% interval over seeds; did the held-out curves flatten
+
+# %%
+pd.read_csv(Path(study_dir) / "arms.csv")
+
+# %%
+Image(str(Path(study_dir) / "heldout_curves.png"))
+
+# %% [markdown]
+# ## Gaps to the bf16 reference, paired by seed, against the bf16 noise floor
+# (absent when the study refuses: a KD student ended better than its teacher)
+
+# %%
+gaps = Path(study_dir) / "gaps.csv"
+pd.read_csv(gaps) if gaps.exists() else Markdown("no gaps: " + head["sentence"])
+
+# %%
+Image(str(Path(study_dir) / "gap_vs_noise.png")) if gaps.exists() else None
+
+# %% [markdown]
+# ## Every arm x seed (study.csv)
+
+# %%
+pd.read_csv(Path(study_dir) / "study.csv")
+
+# %% [markdown]
+# ## About this report
+# It reads one study folder written by `workbench study` (`results/studies/<name>/`): every point of its sweep,
+# mapped to arms and seeds. Every number comes from the result files; `workbench.study.report` does the
+# statistics (`workbench.quality_stats`), this notebook only shows them. `workbench study` executes it at the end;
+# by hand:
+#
+#     python -m workbench study --name distill-quality --report-only
+#     papermill notebooks/quality_report.ipynb out.ipynb -p study_dir results/studies/distill-quality

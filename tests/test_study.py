@@ -1,0 +1,187 @@
+"""The distillation-quality study: its points, its report from point folders (synthetic ones here, real
+ones in the slow end-to-end test, which also kills a study and resumes it)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from workbench import config, results, study
+from workbench.config import ConfigError
+from workbench.sweep_plan import plan
+
+ROOT = Path(__file__).resolve().parent.parent
+TEACHER_PPL = 50.0
+
+
+def test_points_pair_arms_by_seed_and_shift_the_noise_arm():
+    s = study.from_preset("distill-quality")
+    grid = study.point_overrides(s)
+    assert [g["seed"] for g in grid] == [1, 1001, 2, 1002, 3, 1003]
+    main = grid[0]
+    assert main["backends"] == ["torch_bf16", "te_bf16", "te_fp8:delayed", "te_fp8:current", "torchao_float8:tensorwise"]
+    assert main["no_kd_student"] is True and main["baseline"] == "torch_bf16"
+    assert grid[1] == {"seed": 1001, "backends": ["torch_bf16"], "baseline": "torch_bf16", "no_kd_student": False}
+    assert study.arm_of(s, "torch_bf16:no_kd", 2)[0].name == "no_kd_bf16"
+    assert study.arm_of(s, "torch_bf16", 1002) == (s.arm("torch_bf16_b"), 2)
+    assert study.arm_of(s, "torch_bf16", 2) == (s.arm("torch_bf16"), 2)
+
+
+def test_every_point_shares_one_teacher_and_held_out_set():
+    """The teacher's cache key and the held-out batches follow lm.teacher_seed, never the students' seed."""
+    from workbench.train import tasks
+
+    s = study.from_preset("distill-quality")
+    cfgs = [config.from_preset(s.preset, **{**s.fixed, **g}) for g in study.point_overrides(s)]
+    assert {tasks.teacher_seed(c) for c in cfgs} == {0}
+    assert len({c.train.seed for c in cfgs}) == 6
+    assert tasks.teacher_seed(config.from_preset("gpt-cpu", seed=7)) == 7  # default: train.seed, as before
+    with pytest.raises(ConfigError, match="lm.teacher_seed"):
+        config.from_preset("gpt-cpu", teacher_seed=-2)
+
+
+def test_set_passes_through_to_every_point_and_per_point_fields_are_refused():
+    s = study.from_preset("distill-quality", {"lm.student": "/models/mine", "lm.teacher": "/models/big"})
+    for p in plan(study.sweep_spec(s)):
+        assert p.overrides["lm.student"] == "/models/mine" and p.overrides["lm.teacher"] == "/models/big"
+    with pytest.raises(ConfigError, match="--seeds"):
+        study.from_preset("distill-quality", {"seed": "4"})
+    with pytest.raises(ConfigError, match="allowed"):
+        study.from_preset("no-such-study")
+    with pytest.raises(ConfigError, match="--seeds"):
+        study.from_preset("distill-quality", seeds=[1])
+
+
+def _fake_study(tmp_path, ppl: dict[str, list[float]], status: dict[str, str] | None = None) -> Path:
+    """A study folder whose points hold students.csv / eval_curve.csv with the given held-out perplexities
+    per arm (one per seed; KL = ppl / 100), as a finished run writes them."""
+    s = study.from_preset("distill-quality", seeds=[1, 2, 3], study_name="fake")
+    folder = tmp_path / "fake"
+    folder.mkdir()
+    results.write_json(folder / study.STUDY_FILE, s.to_dict())
+    for p in plan(study.sweep_spec(s)):
+        point_seed = int(p.grid["seed"])
+        seed = point_seed % study.NOISE_SEED_OFFSET
+        rows, curve = [], []
+        for a in s.arms:
+            if a.noise != (point_seed >= study.NOISE_SEED_OFFSET):
+                continue
+            name = a.student if a.kd else f"{a.student}:no_kd"
+            v = ppl[a.name][seed - 1]
+            rows.append({"student": name, "status": (status or {}).get(a.name, "ok"), "reason": "",
+                         "heldout_ppl": v, "kl_teacher_student_t1_nats": v / 100, "top1_agreement": 0.5,
+                         "final_train_loss": 3.0, "teacher_heldout_ppl": TEACHER_PPL, "step_ms_median": 1.0,
+                         "compiled": True, "graph_scope": "step"})
+            curve += [{"student": name, "step": step, "heldout_ppl": v * f, "kl_teacher_student_t1_nats": v * f / 100,
+                       "top1_agreement": 0.5} for step, f in ((100, 1.5), (200, 1.001), (300, 1.0))]
+        d = folder / p.id
+        d.mkdir()
+        results.write_csv(d / "students.csv", pd.DataFrame(rows))
+        results.write_csv(d / "eval_curve.csv", pd.DataFrame(curve))
+        results.mark_complete(d)
+    return folder
+
+
+BASE = {"torch_bf16": [60.0, 62.0, 64.0], "te_bf16": [60.0, 62.0, 64.0], "te_fp8_current": [61.0, 61.0, 65.0],
+        "torchao_float8": [60.0, 62.0, 64.0], "no_kd_bf16": [70.0, 70.0, 70.0], "torch_bf16_b": [61.2, 61.38, 64.64],
+        "te_fp8_delayed": [66.0, 68.2, 70.4]}  # delayed: +10% at every seed; the b arm: +2, -1, +1%
+
+
+def test_report_gaps_noise_floor_and_headline(tmp_path):
+    folder = _fake_study(tmp_path, BASE)
+    head = study.report(folder)
+    gaps = pd.read_csv(folder / "gaps.csv")
+    kl = gaps[gaps["metric"] == "kl_teacher_student_t1_nats"].set_index("arm")
+    floor = (((2**2 + 1 + 1) / 3) ** 0.5)  # the b arm's gaps 2, -1, 1 %
+    assert kl.loc["te_fp8_delayed", "gap_pct_mean"] == pytest.approx(10.0)
+    assert kl.loc["te_fp8_delayed", "gap_pct_sd"] == pytest.approx(0.0, abs=1e-9)
+    assert kl.loc["te_fp8_delayed", "noise_floor_pct"] == pytest.approx(floor)
+    assert kl.loc["te_fp8_delayed", "within_noise"] == False  # noqa: E712 - a numpy bool
+    assert kl.loc["te_bf16", "within_noise"] == True  # noqa: E712 - gap 0
+    assert kl.loc["torch_bf16_b", "within_noise"] == True  # noqa: E712 - |mean| <= its own RMS
+    assert head["refused"] is False and head["gap_pct"] == pytest.approx(10.0)
+    assert head["noise_floor_pct"] == pytest.approx(floor)
+    assert head["sentence"] == (f"FP8 delayed changes held-out KL to the teacher by +10.0% (95% interval [+10.0%, "
+                                f"+10.0%], 3 seeds); the bf16 noise floor is {floor:.1f}%: outside the noise.")
+    assert json.loads((folder / "headline.json").read_text())["sentence"] == head["sentence"]
+    assert head["sentence"] in (folder / "README.md").read_text()
+    arms = pd.read_csv(folder / "arms.csv").set_index("arm")
+    assert arms.loc["torch_bf16", "heldout_ppl_mean"] == pytest.approx(62.0)
+    assert arms.loc["torch_bf16", "heldout_ppl_sd"] == pytest.approx(2.0)
+    assert arms.loc["torch_bf16", "flattened"] == True  # noqa: E712 - last interval moved 0.1%
+    assert len(pd.read_csv(folder / "study.csv")) == 7 * 3
+    for png in ("heldout_curves.png", "gap_vs_noise.png"):
+        assert (folder / png).stat().st_size > 1000
+
+
+def test_report_refuses_when_a_kd_student_beats_its_teacher(tmp_path):
+    folder = _fake_study(tmp_path, {**BASE, "te_fp8_current": [40.0, 61.0, 65.0]})  # 40 < the teacher's 50
+    (folder / "gaps.csv").write_text("stale answer\n")
+    head = study.report(folder)
+    assert head["refused"] is True
+    assert head["teacher_beaten_by"] == [{"arm": "te_fp8_current", "seed": 1, "heldout_ppl": 40.0,
+                                          "teacher_heldout_ppl": TEACHER_PPL}]
+    assert head["sentence"].startswith("Refused: no distillation-quality answer")
+    assert not (folder / "gaps.csv").exists() and not (folder / "gap_vs_noise.png").exists()
+    assert head["sentence"] in (folder / "README.md").read_text()
+
+
+def test_no_kd_student_beating_the_teacher_is_no_refusal(tmp_path):
+    folder = _fake_study(tmp_path, {**BASE, "no_kd_bf16": [40.0, 40.0, 40.0]})
+    assert study.report(folder)["refused"] is False
+
+
+def test_an_arm_that_fell_back_is_not_counted(tmp_path):
+    folder = _fake_study(tmp_path, BASE, status={"te_fp8_delayed": "fallback"})
+    head = study.report(folder)
+    assert head["sentence"].startswith("FP8 delayed did not run here")
+    arms = pd.read_csv(folder / "arms.csv").set_index("arm")
+    assert arms.loc["te_fp8_delayed", "seeds_run"] == 0
+
+
+def _run(args, **kw):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "workbench", "study", *args], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, **kw)
+
+
+@pytest.mark.slow
+def test_cpu_study_end_to_end_resumes_after_a_kill(tmp_path):
+    """The tiny study through the command and the report notebook; killed after its first point, rerun: the
+    finished points are not run again (their done.json untouched), the others are, and the report is written."""
+    pytest.importorskip("distributed")
+    args = ["--preset", "distill-quality-cpu", "--out", str(tmp_path)]
+    folder = tmp_path / "distill-quality-cpu"
+    first = _run(args)
+    deadline = time.monotonic() + 600
+    done: dict[str, str] = {}
+    while time.monotonic() < deadline and not done:
+        time.sleep(1)
+        done = {d.name: (d / "done.json").read_text() for d in folder.glob("*") if (d / "done.json").exists()}
+    assert done, "no point finished in time"
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(timeout=120) == 130
+    done = {d.name: (d / "done.json").read_text() for d in folder.glob("*") if (d / "done.json").exists()}
+    assert 0 < len(done) < 6
+    second = _run(args)
+    out, _ = second.communicate(timeout=1200)
+    assert second.returncode == 0, out
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["skipped"] == len(done) and summary["complete"] == 6
+    for point, text in done.items():
+        assert (folder / point / "done.json").read_text() == text  # not rerun
+    rows = pd.read_csv(folder / "study.csv")
+    assert set(rows["arm"]) == {"torch_bf16", "te_fp8_delayed", "torch_bf16_b"}
+    ran = rows[rows["status"] == "ok"]
+    assert sorted(ran.groupby("arm")["seed"].apply(sorted).to_dict().items()) == [
+        ("torch_bf16", [1, 2, 3]), ("torch_bf16_b", [1, 2, 3])]
+    assert (rows[rows["arm"] == "te_fp8_delayed"]["reason"].str.len() > 0).all()  # a CPU cannot run TE: why
+    assert (ran["teacher_heldout_ppl"].nunique()) == 1  # one teacher, one held-out set, every seed
+    head = json.loads((folder / "headline.json").read_text())
+    assert head["sentence"] == summary["headline"] and "noise floor" in head["sentence"]
+    assert (folder / "quality_report.ipynb").exists() and (folder / "heldout_curves.png").exists()

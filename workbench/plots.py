@@ -224,7 +224,7 @@ PLOTS = {"loss_curves": loss_curves, "step_time": step_time, "peak_memory": peak
 LM_PLOTS = {"heldout_quality": heldout_quality}
 # The column each run plot draws: a figure whose column no started student has is not drawn (no empty figures:
 # peak memory on a CPU, anything when every student was skipped)
-NEEDS = {"loss_curves": "final_train_loss", "step_time": "step_ms_median", "peak_memory": "peak_mem_allocated_mb",
+NEEDS = {"loss_curves": "losses.csv", "step_time": "step_ms_median", "peak_memory": "peak_mem_allocated_mb",
          "heldout_quality": "heldout_ppl"}
 
 
@@ -233,6 +233,8 @@ def has_data(run_dir: str | Path, name: str) -> bool:
     df = results.load(run_dir, include_incomplete=True)
     col = NEEDS.get(name)
     started = df[df["status"].isin(results.STARTED)]
+    if col == "losses.csv":  # a diverged student's curve is worth drawing: it shows where it went
+        return started["student"].isin(results.load_losses(run_dir)["student"]).any()
     return col is None or (col in started and started[col].notna().any())
 
 

@@ -118,22 +118,23 @@ device: Optional[str] = None  # 'auto' (CUDA when available, else CPU), 'cuda' o
 show_panel: Optional[bool] = None  # The widget panel at the end: True shows it, False hides it, None shows it unless papermill runs the notebook.
 
 # %%
-from workbench import notebook, plots, results
+from workbench import notebook, results
 
 run_dir = notebook.run_cell(globals())
 
 # %%
 print(notebook.versions_line(run_dir))
+print(notebook.timings_note(run_dir))
 notebook.summary_table(run_dir)
 
 # %% [markdown]
 # ## Loss curves, step time, peak memory
 
 # %%
-plots.loss_curves(run_dir);
+notebook.plot(run_dir, "loss_curves");
 
 # %%
-plots.step_time(run_dir);
+notebook.plot(run_dir, "step_time");
 
 # %%
 notebook.peak_memory(run_dir);
@@ -147,7 +148,7 @@ notebook.language_model_plots(run_dir);
 # %%
 results.load(run_dir)[["student", "mode", "status", "reason", "initial_loss", "final_train_loss", "eval_mse",
                        "step_ms_median", "step_ms_p20", "step_ms_p80", "tflops", "peak_mem_allocated_mb",
-                       "teacher_ms_median"]]
+                       "teacher_ms_median", "gpu_busy_share", "slow_path"]]
 
 # %%
 results.load_summary(run_dir)

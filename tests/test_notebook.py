@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import nbformat
+import pandas as pd
 import papermill as pm
 import pytest
 
@@ -75,6 +76,21 @@ def test_the_runner_lines_stream_while_the_kernel_runs(executed):
     assert "[torch_fp32] training 3 steps" in printed and "[te_fp8:delayed]" in printed
 
 
+def test_a_fallback_row_gets_no_speedup_and_the_slow_path_shows(tmp_path):
+    """A fallback ran PyTorch autocast in place of its backend: a ratio for it would compare nothing."""
+    cfg = config.from_preset("cpu-smoke")
+    results.write_json(tmp_path / "config.json", {"config": cfg.to_dict()})
+    rows = [{"student": "torch_bf16", "status": "ok", "step_ms_median": 10.0, "gpu_busy_share": 0.95},
+            {"student": "te_fp8:delayed", "status": "fallback", "step_ms_median": 5.0, "gpu_busy_share": 0.5,
+             "slow_path": "fallback: PyTorch autocast ran instead of te_fp8"}]
+    results.write_csv(tmp_path / "students.csv", results.students_frame(rows))
+    results.mark_complete(tmp_path)
+    t = notebook.summary_table(tmp_path)
+    assert t.loc["torch_bf16", "× vs torch_bf16"] == 1.0 and pd.isna(t.loc["te_fp8:delayed", "× vs torch_bf16"])
+    assert t.loc["te_fp8:delayed", "slow path"].startswith("fallback") and t.loc["torch_bf16", "slow path"] == ""
+    assert t.loc["te_fp8:delayed", "GPU busy %"] == 50.0
+
+
 def test_summary_table_numbers(tmp_path):
     """Speedup is the baseline's step time over the student's; memory in GiB; three significant digits."""
     cfg = config.from_preset("cpu-smoke")
@@ -91,7 +107,7 @@ def test_summary_table_numbers(tmp_path):
     results.write_csv(tmp_path / "students.csv", results.students_frame(rows))
     results.mark_complete(tmp_path)
     t = notebook.summary_table(tmp_path)
-    assert list(t.columns) == ["status", "step ms", "× vs torch_bf16", "final loss", "eval MSE", "peak GiB"]
+    assert list(t.columns) == ["status", "step ms", "× vs torch_bf16", "final loss", "eval MSE", "peak GiB", "slow path"]
     assert t.loc["torch_fp32", "× vs torch_bf16"] == pytest.approx(0.333)
     assert t.loc["torch_bf16", "× vs torch_bf16"] == 1.0
     assert t.loc["torch_fp32", "peak GiB"] == 2.0 and t.loc["torch_bf16", "peak GiB"] == 1.5

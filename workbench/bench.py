@@ -403,13 +403,7 @@ def bench_rows(bench_dir: Path) -> pd.DataFrame:
     return df[COLUMNS + [c for c in df.columns if c not in COLUMNS]]
 
 
-HOST_BOUND_BELOW = 0.8  # GPU busy less than this share of the step: the host (launches, Python) sets the pace
-
-
-def _host_bound(gpu_busy_share: float | None) -> bool | None:
-    """Whether a step is host-bound: the profiler saw the GPU busy (kernels, copies) for less than
-    HOST_BOUND_BELOW of the event-timed step. None without a profiled block (a CPU run, --no-crosscheck)."""
-    return None if gpu_busy_share is None else gpu_busy_share < HOST_BOUND_BELOW
+HOST_BOUND_BELOW, _host_bound = crosscheck.HOST_BOUND_BELOW, crosscheck.host_bound  # one rule for bench and runs
 
 
 def _truthy(x) -> bool:

@@ -31,6 +31,7 @@ from typing import Any, Callable
 import torch
 
 TOLERANCE = 0.10  # target P2: at a GEMM-bound size, kernel time and event-timed median agree within 10%
+HOST_BOUND_BELOW = 0.8  # GPU busy less than this share of the step: the host (launches, Python) sets the pace
 TOP_KERNELS = 12
 SUMMARY = ("profiled_step_ms_median", "kernel_ms_per_step", "gpu_busy_ms_per_step", "kernels_per_step",
            "profiler_reason")
@@ -141,6 +142,12 @@ def profiled_block(block: Callable[[], Any]) -> dict[str, Any]:
 def profile_path(run_dir: str | Path, who: str) -> Path:
     """run_dir/profile-<who>.json: the profiled block of one student (its spec) or of the teacher."""
     return Path(run_dir) / f"profile-{re.sub(r'[^A-Za-z0-9_.-]', '-', who)}.json"
+
+
+def host_bound(gpu_busy_share: float | None) -> bool | None:
+    """Whether a step is host-bound: the profiler saw the GPU busy (kernels, copies) for less than
+    HOST_BOUND_BELOW of the event-timed step. None without a profiled block (a CPU run, --no-crosscheck)."""
+    return None if gpu_busy_share is None else gpu_busy_share < HOST_BOUND_BELOW
 
 
 def agrees(r: float | None, tolerance: float = TOLERANCE) -> bool | None:

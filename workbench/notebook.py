@@ -106,9 +106,11 @@ def _sig(x: Any, digits: int = 3) -> float | None:
 
 def summary_table(run_dir: str | Path) -> pd.DataFrame:
     """The run at a glance, one row per student from students.csv: status, median step time, speedup over
-    the baseline student (its step time / this one's), final train loss, eval MSE and peak allocated
-    memory in GiB (empty on a CPU: memory is measured on GPUs only); a distributed run adds the ranks and
-    the scaling efficiency against the student's one-process row. Three significant digits."""
+    the baseline student (its step time / this one's; none for a fallback row, which ran PyTorch in place
+    of its backend), final train loss, eval MSE and peak allocated memory in GiB (empty on a CPU: memory is
+    measured on GPUs only), and `slow path`: why a slower path ran than this machine offers
+    (workbench.slow_path), with the GPU's busy share of the step where it was measured; a distributed run
+    adds the ranks and the scaling efficiency against the student's one-process row. Three significant digits."""
     df = results.load(run_dir)
     baseline = results.load_config(run_dir).baseline
     base = df.loc[df["student"] == baseline, "step_ms_median"]
@@ -117,11 +119,14 @@ def summary_table(run_dir: str | Path) -> pd.DataFrame:
         "student": df["student"],
         "status": df["status"],
         "step ms": df["step_ms_median"].map(_sig),
-        f"× vs {baseline}": (base_ms / df["step_ms_median"]).map(_sig) if base_ms else None,
+        f"× vs {baseline}": (base_ms / df["step_ms_median"]).where(df["status"] == "ok").map(_sig) if base_ms else None,
         "final loss": df["final_train_loss"].map(_sig),
         "eval MSE": df["eval_mse"].map(_sig),
         "peak GiB": (df["peak_mem_allocated_mb"] / 1024).map(_sig),
     })
+    if "gpu_busy_share" in df and df["gpu_busy_share"].notna().any():
+        table["GPU busy %"] = (df["gpu_busy_share"] * 100).map(lambda v: _sig(v, 2))
+    table["slow path"] = df["slow_path"].fillna("") if "slow_path" in df else ""
     if "world_size" in df and (df["world_size"] > 1).any():  # a distributed run: ranks and weak-scaling efficiency
         table = table.assign(ranks=df["world_size"], **{"scaling eff.": df["scaling_efficiency"].map(_sig)})
     if "heldout_ppl" in df:  # a language model: held-out quality instead of the output MSE
@@ -155,6 +160,28 @@ def versions_line(run_dir: str | Path) -> str:
     device = f"GPU {known('gpu_name')} (CC {known('compute_capability')})" if known("gpu_name") else "CPU"
     return " · ".join([device, f"torch {known('torch')}", f"CUDA {known('torch_cuda') or 'none'}",
                        f"TE {known('te_version') or 'not installed'}", f"git {known('git_sha') or 'unknown'}"])
+
+
+def timings_note(run_dir: str | Path) -> str:
+    """One line above the table: on a CPU that its timings are a smoke test; where a student ran a slower
+    path than this machine offers, that the table's `slow path` column says why. '' otherwise."""
+    summary = results.load_summary(run_dir)
+    slow = summary.get("slow_path") or {}
+    parts = [summary.get("timings_note") or ""]
+    if slow:
+        parts.append(f"⚠ {len(slow)} student(s) ran a slower path than this machine offers: see `slow path` below")
+    return "\n".join(p for p in parts if p)
+
+
+def plot(run_dir: str | Path, name: str):
+    """The run's plot `name` (workbench.plots.PLOTS) where it has something to draw, else one line saying
+    so instead of empty axes. Returns the figure, or None."""
+    from workbench import plots  # matplotlib in the kernel only, not in the `workbench notebook` driver
+
+    if plots.has_data(run_dir, name):
+        return plots.PLOTS[name](run_dir)
+    print(f"{name}: nothing to plot: no student that ran produced {plots.NEEDS[name]}")
+    return None
 
 
 def peak_memory(run_dir: str | Path):

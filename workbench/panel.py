@@ -107,7 +107,7 @@ class Panel:
         from workbench import plots, report
 
         if len(run_dirs) == 1:
-            figs = [fn(run_dirs[0]) for fn in plots.PLOTS.values()]
+            figs = [fn(run_dirs[0]) for fn in plots.run_plots(run_dirs[0]).values()]  # none with nothing to draw
         else:
             df = report.load_sweep(run_dirs[0].parent)
             figs = [report.speedup_vs_size(df), report.step_time_vs_size(df), report.peak_memory_vs_size(df)]

@@ -66,10 +66,12 @@ def _no_student_ran(df: pd.DataFrame) -> str:
     return f"nothing to plot: no student produced this number\n({states})"
 
 
-def _title(df: pd.DataFrame, what: str) -> str:
+def _title(df: pd.DataFrame, what: str, timings: bool = False) -> str:
+    """`timings`: a figure of step times; on a CPU its title says they are a smoke test."""
     r = df.iloc[0]
     gpu = r.get("gpu_name") if isinstance(r.get("gpu_name"), str) else "CPU"
-    return f"{what} — {gpu}, preset {r.get('cfg_preset')}, hidden {r.get('cfg_hidden')}, tokens {r.get('cfg_batch') * r.get('cfg_seq_len')}"
+    title = f"{what} — {gpu}, preset {r.get('cfg_preset')}, hidden {r.get('cfg_hidden')}, tokens {r.get('cfg_batch') * r.get('cfg_seq_len')}"
+    return title + ("\nCPU timings are a smoke test, not a comparison of the students" if timings and gpu == "CPU" else "")
 
 
 def _label(r) -> str:
@@ -102,14 +104,15 @@ def loss_curves(run_dir: str | Path) -> plt.Figure:
 
 
 def _bars(ax, df: pd.DataFrame, col: str, err: tuple[str, str] | None = None, scale: float = 1.0,
-          unit: str = "", unknown: str = "") -> None:
+          unit: str = "", unknown: str = "") -> tuple[pd.DataFrame, list] | None:
     """One bar per student that produced `col` (divided by `scale`), its value written on it.
     A wide range gets a log axis; a narrow one (differences under a fifth of the value) an axis
-    that starts near the smallest bar, said in the axis label, so 17.7 and 19.3 GiB do not look equal."""
+    that starts near the smallest bar, said in the axis label, so 17.7 and 19.3 GiB do not look equal.
+    Returns (the rows drawn, their bars), None when nothing was."""
     d = df[df["status"].isin(results.STARTED)].dropna(subset=[col])
     if d.empty:  # e.g. memory on a CPU run, or every student diverged: unknown is shown as unknown, not as 0
         nothing_to_plot(ax, unknown or _no_student_ran(df))
-        return
+        return None
     v = d[col].astype(float) / scale
     kw = {}
     if err:
@@ -129,16 +132,39 @@ def _bars(ax, df: pd.DataFrame, col: str, err: tuple[str, str] | None = None, sc
         bottom = max(0.0, v.min() - max(v.max() - v.min(), 0.05 * v.max()))
         ax.set_ylim(bottom, v.max() + 0.35 * (v.max() - bottom))  # headroom for the value labels
         ax.set_ylabel(f"{ax.get_ylabel()}\n(axis starts at {_plain(float(f'{bottom:.3g}'))}, not 0)")
+    return d, list(bars)
 
 
 def step_time(run_dir: str | Path) -> plt.Figure:
     df = results.load(run_dir, include_incomplete=True)
     fig, ax = plt.subplots(figsize=(9, 4.8))
     ax.set_ylabel("train step, ms\n(median; whiskers p20–p80)")
-    _bars(ax, df, "step_ms_median", ("step_ms_p20", "step_ms_p80"), unit=" ms")
-    ax.set_title(_title(df, "Step time"))
+    drawn = _bars(ax, df, "step_ms_median", ("step_ms_p20", "step_ms_p80"), unit=" ms")
+    ax.set_title(_title(df, "Step time", timings=True))
+    if drawn is not None:
+        _mark_slow(fig, ax, *drawn)
     fig.tight_layout()
     return fig
+
+
+SLOW_MARK = "⚠"
+
+
+def _mark_slow(fig, ax, d: pd.DataFrame, bars: list) -> None:
+    """A marker at the foot of every bar whose student ran a slower path than the machine offers (the row's
+    `slow_path`, workbench.slow_path), and one line under the axes naming the first such student and why."""
+    slow = [(r, b) for r, b in zip(d.to_dict("records"), bars) if isinstance(r.get("slow_path"), str)]
+    for _, b in slow:
+        ax.annotate(SLOW_MARK, (b.get_x() + b.get_width() / 2, 0), xycoords=("data", "axes fraction"),
+                    xytext=(0, 4), textcoords="offset points", ha="center", va="bottom", color="#b00000", fontsize=14,
+                    bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "#b00000"})
+    if slow:
+        first = slow[0][0]
+        more = f" (+{len(slow) - 1} more: summary.json slow_path)" if len(slow) > 1 else ""
+        line = f"{SLOW_MARK} slower path than this machine offers — {first['student']}: {first['slow_path']}"
+        fig.text(0.01, 0.005, (line[:150] + "…" if len(line) > 150 else line) + more, fontsize=7,
+                 color="#b00000", ha="left", va="bottom")
+        fig.subplots_adjust(bottom=0.25)
 
 
 def peak_memory(run_dir: str | Path) -> plt.Figure:
@@ -196,6 +222,27 @@ def heldout_curves(run_dir: str | Path) -> plt.Figure:
 
 PLOTS = {"loss_curves": loss_curves, "step_time": step_time, "peak_memory": peak_memory}
 LM_PLOTS = {"heldout_quality": heldout_quality}
+# The column each run plot draws: a figure whose column no started student has is not drawn (no empty figures:
+# peak memory on a CPU, anything when every student was skipped)
+NEEDS = {"loss_curves": "losses.csv", "step_time": "step_ms_median", "peak_memory": "peak_mem_allocated_mb",
+         "heldout_quality": "heldout_ppl"}
+
+
+def has_data(run_dir: str | Path, name: str) -> bool:
+    """Whether plot `name` of the run has anything to draw (see NEEDS)."""
+    df = results.load(run_dir, include_incomplete=True)
+    col = NEEDS.get(name)
+    started = df[df["status"].isin(results.STARTED)]
+    if col == "losses.csv":  # a diverged student's curve is worth drawing: it shows where it went
+        return started["student"].isin(results.load_losses(run_dir)["student"]).any()
+    return col is None or (col in started and started[col].notna().any())
+
+
+def run_plots(run_dir: str | Path) -> dict:
+    """The run's plots that have something to draw, by name."""
+    lm = "heldout_ppl" in results.load(run_dir, include_incomplete=True)
+    curves = {"heldout_curves": heldout_curves} if lm and (Path(run_dir) / "eval_curve.csv").exists() else {}
+    return {k: fn for k, fn in {**PLOTS, **(LM_PLOTS if lm else {}), **curves}.items() if has_data(run_dir, k)}
 
 
 def _write_all(plots: dict, folder: str | Path, close: bool) -> dict[str, plt.Figure]:
@@ -210,10 +257,8 @@ def _write_all(plots: dict, folder: str | Path, close: bool) -> dict[str, plt.Fi
 
 
 def plot_run(run_dir: str | Path, close: bool = True) -> dict[str, plt.Figure]:
-    """Write every plot of the run as PNG and SVG (atomically) and return the figures."""
-    lm = "heldout_ppl" in results.load(run_dir, include_incomplete=True)
-    curves = {"heldout_curves": heldout_curves} if lm and (Path(run_dir) / "eval_curve.csv").exists() else {}
-    return _write_all({**PLOTS, **(LM_PLOTS if lm else {}), **curves}, Path(run_dir), close)
+    """Write every plot of the run that has something to draw as PNG and SVG (atomically); return the figures."""
+    return _write_all(run_plots(run_dir), Path(run_dir), close)
 
 
 # ---- bench (workbench.bench): read only bench.csv --------------------------------------------------

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from workbench import backends, crosscheck, distributed, results, timing
+from workbench import backends, crosscheck, distributed, results, slow_path, timing
 from workbench.env import probe
 from workbench.env import te as _te
 from workbench.config import Config
@@ -152,8 +152,10 @@ def _run(cfg: Config, world: distributed.World, device, out, run_id, requested, 
                   **{f"cfg_{k}": (",".join(v) if isinstance(v, list) else v) for k, v in cfg.flat().items()},
                   **{k: env.get(k) for k in results.ENV_STAMP}}
         mode = task.info.get("teacher_mode")  # LM runs: the distillation step adds an online teacher's forward
-        df = results.students_frame([{**row, **common, **(teacher_targets.step_cells(
-            mode, teacher_cells.get("teacher_ms_median"), row.get("step_ms_median")) if mode else {})} for row in rows])
+        rows = [{**row, **common, **(teacher_targets.step_cells(
+            mode, teacher_cells.get("teacher_ms_median"), row.get("step_ms_median")) if mode else {})} for row in rows]
+        slow_path.mark_rows(rows, task.info, env)
+        df = results.students_frame(rows)
         results.write_csv(run_dir / "students.csv", df)
         results.write_csv(run_dir / "losses.csv", pd.DataFrame(loss_rows, columns=["step", "student", "loss"]))
         results.write_json(run_dir / "summary.json", summarize(cfg, env, df, run_id, device, task.teacher_precision))
@@ -326,6 +328,7 @@ def summarize(cfg: Config, env: dict, df: pd.DataFrame, run_id: str, device, tea
         init += [v for cell in started["initial_loss_ranks"].dropna() for v in json.loads(cell) if v is not None]
     spread = float((max(init) - min(init)) / abs(np.mean(init))) if init else None
     world = int(df["world_size"].max()) if "world_size" in df and df["world_size"].notna().any() else 1
+    base_ms = base.get("step_ms_median")
     return {
         # the tutorial's keys
         "gpu_name": env.get("gpu_name"), "compute_capability": env.get("compute_capability"),
@@ -348,4 +351,15 @@ def summarize(cfg: Config, env: dict, df: pd.DataFrame, run_id: str, device, tea
                                 if r.get("world_size") == world} if world > 1 else None),
         "students": {r["student"]: {"status": r["status"], "reason": r["reason"]} for r in df.to_dict("records")},
         "students_with_metrics": len(ran),  # 0: a complete run in which every student diverged, failed or was skipped
+        # the baseline's median step / each student's; none for a fallback row (it ran PyTorch, not its backend)
+        "speedup_vs_baseline": {r["student"]: ratio(base_ms, r.get("step_ms_median")) if r["status"] == "ok" else None
+                                for r in ran.to_dict("records")},
+        "gpu_busy_share": {r["student"]: _known(r.get("gpu_busy_share")) for r in ran.to_dict("records")},
+        # a slower path than this machine offers (workbench.slow_path), by student; {} when none did
+        "slow_path": {r["student"]: r["slow_path"] for r in df.to_dict("records") if isinstance(r.get("slow_path"), str)},
+        "timings_note": slow_path.CPU_NOTE if device.type == "cpu" else None,
     }
+
+
+def _known(x):
+    return None if x is None or (isinstance(x, float) and np.isnan(x)) else float(x)

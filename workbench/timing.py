@@ -9,6 +9,10 @@ What else a measurement does is the caller's config (BenchConfig.repeats, .profi
 `measure()`: more timed blocks of the same warmed-up step for the noise figure (how much the median
 moves between measurements), and one block under torch.profiler for the kernel-time cross-check. Both
 run after the reported block, so they never change its times or memory peaks.
+
+Every CUDA measurement also says how busy the GPU was (`Timing.gpu_busy_share`): the profiled block's
+GPU busy time where one ran, else a short block of BUSY_PROBE_STEPS steps under the profiler (`busy_probe`),
+over the reported median. Below crosscheck.HOST_BOUND_BELOW the host set the pace, not the GPU.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ import torch
 
 from workbench import crosscheck
 
+BUSY_PROBE_STEPS = 3  # a few profiled steps are enough for a busy share; the profiler's start costs more than they do
 
 class CpuClock:
     def sync(self) -> None:  # CPU work is synchronous: nothing to wait for
@@ -87,6 +92,13 @@ class Timing:
     """Median of every timed block of `measure(repeats=n)`, the first block's included."""
     profile: dict[str, Any] | None = None
     """`crosscheck.profiled_block` of one more block under torch.profiler (`measure(profile=True)`)."""
+    gpu_busy_ms: float | None = None
+    """GPU busy time per step (kernels and copies, overlaps counted once) seen by the profiler; None on a CPU."""
+
+    @property
+    def gpu_busy_share(self) -> float | None:
+        """gpu_busy_ms over the reported median step: how much of the step the GPU worked."""
+        return self.gpu_busy_ms / self.median if self.gpu_busy_ms is not None and self.median else None
 
     def stat(self, q: float) -> float | None:
         return float(np.percentile(self.times_ms, q)) if self.times_ms else None
@@ -119,14 +131,16 @@ class Timing:
 
 
 def measure(step: Callable[[], Any], warmup: int, iters: int, clock, before_timed: Callable[[], None] | None = None,
-            after_timed: Callable[[], None] | None = None, repeats: int = 1, profile: bool = False) -> Timing:
+            after_timed: Callable[[], None] | None = None, repeats: int = 1, profile: bool = False,
+            busy_probe: bool = False) -> Timing:
     """Run `step` warmup + iters times; time only the last `iters`, each on its own.
 
     `before_timed` runs after the warm-up sync (reset peak-memory stats there); `after_timed` right after
     the timed block's final sync and before anything else touches the device (read the peaks there).
     Then, on the already warmed-up step: `repeats - 1` more timed blocks (each one's median goes to
     `.repeats`, the noise figure) and, with `profile`, one more block under torch.profiler
-    (`.profile`, see workbench.crosscheck). The returned times and the peaks are the first block's:
+    (`.profile`, see workbench.crosscheck), or, with `busy_probe` on a CUDA clock, BUSY_PROBE_STEPS steps
+    under it for `.gpu_busy_ms` alone. The returned times and the peaks are the first block's:
     the extra blocks only cost time."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
@@ -142,6 +156,10 @@ def measure(step: Callable[[], Any], warmup: int, iters: int, clock, before_time
     t.repeats = RepeatStats(([t.median] if t.median is not None else []) + more.medians_ms)
     if profile:
         t.profile = crosscheck.profiled_block(lambda: _timed_block(step, iters, clock))
+        t.gpu_busy_ms = t.profile.get("gpu_busy_ms_per_step")
+    elif busy_probe and isinstance(clock, CudaClock):
+        t.gpu_busy_ms = crosscheck.profiled_block(
+            lambda: _timed_block(step, BUSY_PROBE_STEPS, clock)).get("gpu_busy_ms_per_step")
     return t
 
 

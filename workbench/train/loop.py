@@ -331,7 +331,8 @@ def train(step, data: Data, metrics: dict, on_step: Callable[[int, float], None]
 
 def time_steps(step, cfg, data: Data, device: torch.device, train_flops: int) -> dict[str, Any]:
     """The timed region: identical bench batches, cycled; losses stay on the device (no sync inside).
-    Step-time statistics, throughput, peak memory, and the profiler's summary when asked for."""
+    Step-time statistics, throughput, peak memory, the GPU's busy share of the step (a few profiled steps
+    when bench.profile is off), and the profiler's summary when asked for."""
     batches = itertools.cycle(data.bench)
 
     def timed_step():
@@ -341,7 +342,7 @@ def time_steps(step, cfg, data: Data, device: torch.device, train_flops: int) ->
     t = timing.measure(timed_step, cfg.bench.warmup, cfg.bench.iters, timing.clock_for(device),
                        before_timed=lambda: timing.reset_peak_memory(device),
                        after_timed=lambda: peaks.extend(timing.peak_memory_mb(device)),
-                       repeats=cfg.bench.repeats, profile=cfg.bench.profile)
+                       repeats=cfg.bench.repeats, profile=cfg.bench.profile, busy_probe=True)
     alloc, reserved = peaks
     out: dict[str, Any] = {
         **t.summary("step_ms"),
@@ -350,6 +351,8 @@ def time_steps(step, cfg, data: Data, device: torch.device, train_flops: int) ->
         "tflops": flops.tflops(train_flops, t.median),
         "train_gflop_per_step": train_flops / 1e9,  # the model's own count: readers need not redo it
         "peak_mem_allocated_mb": alloc, "peak_mem_reserved_mb": reserved,
+        # the silent-slowdown evidence of every GPU run (workbench.slow_path): None on a CPU
+        "gpu_busy_ms_per_step": t.gpu_busy_ms, "gpu_busy_share": t.gpu_busy_share,
     }
     if t.profile is not None:  # the summary in the row; the whole record (per-kernel detail) under "profile"
         out.update({k: t.profile.get(k) for k in crosscheck.SUMMARY}, profile=t.profile)

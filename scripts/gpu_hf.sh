@@ -17,7 +17,7 @@ timeout 200 python3 -m pytest -q -m gpu tests/test_gpu_hf.py 2>&1 | tee "$OUT/gp
 # The folders: `workbench hf-init` where this checkout has it (it writes a tokenizer beside the weights),
 # else plain transformers configs with random weights (the corpus is then read by the bytes tokenizer).
 if python3 -m workbench hf-init --help >/dev/null 2>&1; then
-  python3 -m workbench hf-init llama-3.2-1b --layers 4 --vocab 32768 --out "$M/llama-4l" \
+  python3 -m workbench hf-init llama-3.2-1b-4l --out "$M/llama-4l" \
     && python3 -m workbench hf-init llama-3.2-1b --out "$M/llama-1b" \
     && python3 -m workbench hf-init qwen2.5-0.5b --out "$M/qwen-0.5b" && TOK="" \
     || echo "hf-init failed: plain configs instead"

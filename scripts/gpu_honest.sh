@@ -11,7 +11,7 @@ mkdir -p "$R"
 python3 -m workbench notebook --preset seed --out "$R" --run-id seed > "$R/seed.log" 2>&1
 echo "== seed (notebook): exit $?"
 python3 -m workbench run --preset gpt-cpu --out "$R" --run-id unfused --set backends=torch_bf16,te_bf16,te_fp8:delayed \
-  --set te_attention=unfused --set teacher=random --set corpus_mb=0.5 --set steps=20 > "$R/unfused.log" 2>&1
+  --set baseline=torch_bf16 --set te_attention=unfused --set teacher=random --set corpus_mb=0.5 --set steps=20 > "$R/unfused.log" 2>&1
 echo "== unfused (gpt-cpu, te_attention=unfused): exit $?"
 for run in seed unfused; do
   python3 - "$R/$run" <<'PY'

@@ -28,7 +28,11 @@ if "google.colab" in sys.modules:
 
 # %% tags=["parameters"]
 # Papermill parameters (`papermill --help-notebook` lists them)
+from typing import Optional
+
 study_dir: str = "results/studies/distill-quality"  # The study folder written by `workbench study` (results/studies/<name>).
+headline_arm: Optional[str] = None  # The arm the headline speaks of, e.g. te_fp8_current (None: the study's, te_fp8_delayed).
+headline_metric: Optional[str] = None  # Its metric: heldout_ppl, kl_teacher_student_t1_nats, top1_agreement or final_train_loss (None: KL).
 
 # %%
 from pathlib import Path
@@ -38,7 +42,7 @@ from IPython.display import Image, Markdown
 
 from workbench import study
 
-head = study.report(study_dir)  # writes study.csv, arms.csv, gaps.csv, headline.json, README.md and the figures
+head = study.report(study_dir, headline_arm, headline_metric)  # writes study.csv, arms.csv, gaps.csv, headline.json, README.md and the figures
 Markdown(f"**{head['sentence']}**")
 
 # %% [markdown]

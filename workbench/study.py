@@ -377,11 +377,18 @@ def headline(study: Study, df: pd.DataFrame, gaps: pd.DataFrame | None, beaten: 
     return out
 
 
-def report(study_dir: str | Path) -> dict[str, Any]:
-    """Write the study's tables, headline, README and figures from its points; return the headline. The
-    quality_report notebook calls this; so can anyone, on a study no driver is running."""
+def report(study_dir: str | Path, headline_arm: str | None = None, headline_metric: str | None = None) -> dict[str, Any]:
+    """Write the study's tables, headline, README and figures from its points; return the headline (about
+    `headline_arm` and `headline_metric`; None: the study's). The quality_report notebook calls this; so can
+    anyone, on a study no driver is running."""
     study_dir = Path(study_dir)
     study = Study.from_dict(results.read_json(study_dir / STUDY_FILE))
+    if headline_arm is not None and study.arm(headline_arm) is None:
+        raise ConfigError(f"headline_arm {headline_arm!r} is no arm of the study; allowed: {[a.name for a in study.arms]}")
+    if headline_metric is not None and headline_metric not in METRICS:
+        raise ConfigError(f"headline_metric {headline_metric!r}: allowed {list(METRICS)}")
+    study.headline_arm = headline_arm or study.headline_arm
+    study.headline_metric = headline_metric or study.headline_metric
     df, curves = collect(study, study_dir)
     results.write_csv(study_dir / "study.csv", df)
     results.write_csv(study_dir / "curves.csv", curves)

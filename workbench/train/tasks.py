@@ -43,8 +43,10 @@ def resolve_lm(cfg):
     folders = cfg.lm.hf_folders() if cfg.model.kind != "mlp" else {}
     if not folders:
         return cfg
-    from workbench.models.hf import config_vocab
+    from workbench.models.hf import check_folder, config_vocab
 
+    for who, folder in folders.items():  # a folder that is no model is named before anything reads its vocabulary
+        check_folder(folder, who, cfg.model.seq_len)
     vocabs = {who: config_vocab(folder) for who, folder in folders.items()}
     if len(set(vocabs.values())) > 1:
         raise ConfigError("the Hugging Face teacher and student have different vocabularies: " + ", ".join(
@@ -161,12 +163,6 @@ class LMTask:
         self.cfg, self.device, self.tdtype, self.cache_dir = cfg, device, tdtype, Path(cache_dir)
         self.needs_hidden, self.ce_only = False, ce_only
         m, lm = cfg.model, cfg.lm
-        if lm.student or lm.teacher not in ("train", "random"):  # before any text is tokenized or teacher trained
-            from workbench.models.hf import check_folder
-
-            for name in ("student", "teacher"):
-                if getattr(lm, name) not in ("", "train", "random"):
-                    check_folder(getattr(lm, name), f"lm.{name}", m.seq_len)
         pretrained, self.tokenizer_warning = lm_tokenizer(cfg)
         kind = "pretrained" if pretrained else "bpe" if lm.tokenizer == "auto" else lm.tokenizer
         self.text = load_text(TextSpec(files=tuple(lm.corpus_files), max_bytes=int(lm.corpus_mb * 1e6), tokenizer=kind,

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from workbench import results
+from workbench.data.cache import sha256
 from workbench.errors import ConfigError
 from workbench.train import objectives
 
@@ -83,14 +84,6 @@ class Layout:
         return sum(int(np.prod(shape)) * dt.itemsize for shape, dt in self.arrays().values())
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 class TopKStore:
     """An opened, verified store: read-only memmaps of its arrays (nothing is read into memory up front)."""
 
@@ -110,7 +103,7 @@ class TopKStore:
             size = path.stat().st_size if path.exists() else None
             if size != want.get("bytes") or size != int(np.prod(shape)) * dtype.itemsize:
                 raise DamagedStore(f"{path} has {size} bytes, meta.json says {want.get('bytes')}")
-            if _sha256(path) != want.get("sha256"):
+            if sha256(path) != want.get("sha256"):
                 raise DamagedStore(f"{path} does not match its sha256 in meta.json")
             # copy-on-write: torch wants writable arrays; a write would stay private, never reach the file
             self.arrays[name] = np.memmap(path, dtype=dtype, mode="c", shape=shape)
@@ -173,7 +166,7 @@ def build_store(folder: Path, recipe: dict, windows: collections.abc.Iterable[to
             path = tmp / f"{name}.bin"
             with open(path, "rb+") as f:
                 os.fsync(f.fileno())
-            files[name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+            files[name] = {"bytes": path.stat().st_size, "sha256": sha256(path)}
         arrays.clear()
         results.write_json(tmp / "meta.json", {"format": FORMAT, "recipe": recipe, "files": files})
         try:

@@ -103,8 +103,9 @@ class Index:
     (results.check_complete) becomes `failed` (error_kind `damaged`, the error naming the file), so it
     reruns. `folders`: each point's folder (sweep_plan.point_folders)."""
 
-    def __init__(self, sweep_dir: Path, points: list[Point], folders: dict[str, Path]):
+    def __init__(self, sweep_dir: Path, points: list[Point], folders: dict[str, Path] | None = None):
         self.path = sweep_dir / INDEX_FILE
+        folders = folders or point_folders(sweep_dir, {p.id for p in points})
         try:
             df = read_index(sweep_dir)
         except DamagedIndex as e:

@@ -119,7 +119,7 @@ def test_points_of_an_earlier_spec_are_not_mixed_into_the_report(tmp_path):
     planned = [p.id for p in sweep.plan(spec)]
     sweep_dir = tmp_path / "s"
     for pid in planned[:1] + ["stale00000"]:  # one current point, one left by a changed spec
-        results.write_csv(sweep_dir / pid / "students.csv", pd.DataFrame({"student": ["torch_bf16"]}))
+        results.write_csv(sweep_dir / pid / "students.csv", pd.DataFrame({"student": ["torch_bf16"], "status": "ok"}))
         results.write_json(sweep_dir / pid / sweep.DONE_FILE, {"point": pid})
     results.write_json(sweep_dir / sweep.SPEC_FILE, spec.to_dict())
     assert [d.name for d in sweep.complete_points(sweep_dir)] == planned[:1]

@@ -388,7 +388,7 @@ def bench_rows(bench_dir: Path) -> pd.DataFrame:
                 rows.append(_bench_row(meta, peak, variant, r, obs["students"][r["student"]], obs["teacher"],
                                        run_dir.relative_to(bench_dir)))
         if (run_dir / "not_run.csv").exists():
-            for r in pd.read_csv(run_dir / "not_run.csv").to_dict("records"):
+            for r in results.read_csv(run_dir / "not_run.csv").to_dict("records"):
                 name, _, recipe = str(r["student"]).partition(":")
                 rows.append({"variant": variant, "student": r["student"], "backend": name, "recipe": recipe or None,
                              "precision": _precision_of(r["student"]), "status": r["status"], "reason": r["reason"]})
@@ -731,7 +731,7 @@ def markdown(path: str | Path, targets: bool = True) -> str:
     unless `targets` is False (the README, whose one table of every preset's targets comes first)."""
     parts = []
     for d in bench_dirs(path):
-        df = pd.read_csv(d / "bench.csv")
+        df = results.read_csv(d / "bench.csv")
         parts.append(_markdown_one(d, df, targets))
     return "\n\n".join(parts) + "\n" if parts else f"_no bench.csv in or below {path}_\n"
 

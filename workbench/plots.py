@@ -202,7 +202,7 @@ def heldout_curves(run_dir: str | Path) -> plt.Figure:
     """Language models with train.eval_every: held-out perplexity and KL to the teacher against the
     training step, one line per student (eval_curve.csv)."""
     df = results.load(run_dir, include_incomplete=True)
-    curve = pd.read_csv(Path(run_dir) / "eval_curve.csv")
+    curve = results.read_csv(Path(run_dir) / "eval_curve.csv")
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
     styles = ["-", "--", ":", "-."]
     for i, (student, c) in enumerate(curve.groupby("student", sort=False)):
@@ -263,7 +263,7 @@ def plot_run(run_dir: str | Path, close: bool = True) -> dict[str, plt.Figure]:
 
 # ---- bench (workbench.bench): read only bench.csv --------------------------------------------------
 def _bench_frame(bench_dir: str | Path) -> pd.DataFrame:
-    df = pd.read_csv(Path(bench_dir) / "bench.csv")
+    df = results.read_csv(Path(bench_dir) / "bench.csv")
     d = df[df["status"].isin(results.STARTED)].dropna(subset=["step_ms_median"]).sort_values("step_ms_median", ascending=False)
     return d.assign(label=d["variant"] + " / " + d["student"])
 

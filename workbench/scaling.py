@@ -118,5 +118,5 @@ def add_arguments(p) -> None:
 
 def main(args) -> int:
     out = run(args.paths, args.out)
-    print(pd.read_csv(out / "scaling.csv").to_string(index=False))
+    print(results.read_csv(out / "scaling.csv").to_string(index=False))
     return 0

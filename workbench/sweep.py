@@ -26,10 +26,13 @@ results/sweeps/<name>/
   <point>/     a run folder (workbench.results files, done.json last, + the executed notebook)
   report/      workbench.report's CSVs, plots and report.html (written at the end)
 
-A point's id is a short hash of its resolved config. It is complete when its run is (students.csv and
-done.json, written last by the run; a point whose notebook fails after that loses its done.json), so a
-sweep killed at any moment and restarted skips exactly the complete points and reruns the others from
-an empty folder: nothing lost, nothing duplicated. A point whose notebook fails (cell error, cell
+A point's id is a short hash of its spec: the preset, the point's overrides and an id version
+(sweep_plan.point_id), so a field the config gains later renames no point; folders of earlier ids (a hash
+of the whole resolved config) are found by the overrides their config.json records. A point is complete
+when its run is (students.csv and done.json, written last by the run; a point whose notebook fails after
+that loses its done.json) and its result files still match what done.json recorded, so a sweep killed at
+any moment and restarted skips exactly the complete points and reruns the others (a damaged one too)
+from an empty folder: nothing lost, nothing duplicated. A point whose notebook fails (cell error, cell
 timeout, out of memory, dead kernel) is recorded in index.csv with its error and the sweep goes on; a
 restart retries it. Points running when the driver is stopped (Ctrl-C, SIGTERM) become `interrupted`.
 Students that error or diverge inside a finished point are rows of its students.csv (status/reason)
@@ -58,7 +61,10 @@ On Slurm, dask-jobqueue (not a dependency) starts the workers as jobs, from a pr
         job_extra_directives=["--gres=gpu:1"], worker_extra_args=["--nthreads", "1", "--resources", "GPU=1"])
     cluster.scale(jobs=4); print(cluster.scheduler_address)           # the ADDRESS for --scheduler
 
-(docs/sweeps.md has more). The driver holds the sweep lock and writes index.csv; a point's row says
+(docs/sweeps.md has more). The address is probed first (a raw socket waits for the Dask handshake), so
+an HTTP server or the dashboard port is one line, not a hang; a scheduler without workers is waited for
+`--wait-workers` seconds. LM points share the text, tokenizer and teacher caches under `--cache`
+(results/cache by default, as `workbench run`). The driver holds the sweep lock (sweep.lock) and writes index.csv; a point's row says
 which worker ran it (address and GPUs) and when it really started there (the task reports it).
 Stopping the driver cancels the pending points; its embedded cluster closes (a worker's kernel exits
 with it), and on a running cluster the workers still running its points are restarted.
@@ -103,8 +109,9 @@ class Index:
     (results.check_complete) becomes `failed` (error_kind `damaged`, the error naming the file), so it
     reruns. `folders`: each point's folder (sweep_plan.point_folders)."""
 
-    def __init__(self, sweep_dir: Path, points: list[Point], folders: dict[str, Path]):
+    def __init__(self, sweep_dir: Path, points: list[Point], folders: dict[str, Path] | None = None):
         self.path = sweep_dir / INDEX_FILE
+        folders = folders or point_folders(sweep_dir, {p.id for p in points})
         try:
             df = read_index(sweep_dir)
         except DamagedIndex as e:

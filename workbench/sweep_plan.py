@@ -125,7 +125,7 @@ def plan(spec: Spec) -> list[Point]:
         flat = cfg.flat()
         typed_grid = {k: flat[config.locate(k)[1]] for k in grid}
         pid = point_id(cfg, overrides)
-        points.setdefault(pid, Point(pid, typed_grid, overrides, point_nproc(cfg)))  # two grid entries, one point: one run
+        points.setdefault(pid, Point(pid, typed_grid, overrides, point_nproc(cfg)))  # one point, one run
     return list(points.values())
 
 

@@ -68,7 +68,7 @@ def test_lm_config_errors_name_the_field():
         config.from_preset("gpt-cpu", hidden=100, heads=8)
     with pytest.raises(config.ConfigError, match="lm.tokenizer"):
         config.from_preset("gpt-cpu", tokenizer="words")
-    with pytest.raises(config.ConfigError, match=r"distill.loss_impl must be one of \['auto', 'checkpointed', 'fused'\]"):
+    with pytest.raises(config.ConfigError, match=r"distill.loss_impl must be one of \['auto', 'checkpointed', 'fused', 'fused_head'\]"):
         config.from_preset("gpt-cpu", loss_impl="triton")
     with pytest.raises(config.ConfigError, match="distill.loss_impl='fused' computes forward_kl only, not distill.loss='jsd'"):
         config.from_preset("gpt-cpu", loss_impl="fused", loss="jsd")
@@ -204,7 +204,7 @@ def test_host_placed_logits_are_judged_for_every_rank_of_the_host(tmp_path, monk
 
     from workbench.train import tasks
 
-    cfg = _tiny_gpt(teacher_logits="host")
+    cfg = _tiny_gpt(teacher_logits="host", teacher_mode="precomputed")  # auto would turn to the online teacher
     need = cfg.train.steps * cfg.model.batch * cfg.model.seq_len * cfg.model.vocab * 4  # fp32 logits on a CPU
     monkeypatch.setattr(tasks, "_memory_gb", lambda: (None, 1.5 * need / tasks.HOST_LOGITS_SHARE / 2**30))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")

@@ -113,12 +113,11 @@ class DistillConfig:
     loss_impl: str = "auto"
     """gpt/llama: how the logit loss runs: 'checkpointed' (autograd over the chunks, each recomputed in the
     backward; every loss), 'fused' (forward_kl only: each chunk's loss and closed-form gradient computed
-    once in the forward, torch.compile'd on CUDA; the backward only scales the stored gradient) or 'auto'
-    (fused for forward_kl where it can run compiled, else checkpointed; every row and task.json say which ran,
-    `loss_impl`), or 'fused_head' (forward_kl only: the LM head's GEMM chunked over tokens together with the
-    loss and its gradient, so the student's [tokens, vocab] logits never exist; the head GEMM runs in torch in
-    the forward's autocast dtype, not in a backend's FP8).
-    """
+    once in the forward, torch.compile'd on CUDA; the backward only scales the stored gradient), 'fused_head'
+    (forward_kl only: the LM head's GEMM chunked together with the loss and its gradients, so the student's
+    [tokens, vocab] logits never exist; the head GEMM runs in torch in the forward's autocast dtype, not in a
+    backend's FP8) or 'auto' (fused for forward_kl where it can run compiled, else checkpointed; every row and
+    task.json say which ran, `loss_impl`)."""
     no_kd_student: bool = True
     """gpt/llama: also train the baseline student on cross-entropy only, so the gain from distillation shows."""
     teacher_logits: str = "auto"

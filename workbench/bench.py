@@ -810,7 +810,8 @@ def update_readme(readme: str | Path, table: str) -> bool:
 
 # ---- CLI -----------------------------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="auto", help="seed | large | cpu-smoke | auto (seed on GPU, else cpu-smoke)")
+    p.add_argument("--preset", default="auto", choices=config_mod.PRESET_CHOICES, metavar="PRESET",
+                   help=config_mod.preset_help())
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                    help="config override applied to every variant, e.g. --set iters=50")
     p.add_argument("--variants", default=None,

@@ -27,7 +27,7 @@ NOTEBOOKS = resources.files("workbench") / "notebooks"
 MAIN_NOTEBOOK = NOTEBOOKS / "distill_benchmark.ipynb"
 NO_KERNEL = "no Jupyter kernel (ipykernel) in this environment: pip install 'te-workbench[notebook]'"
 RUN_PARAMETERS = {  # the notebook's parameters besides the config fields: name -> (annotation, default, help)
-    "preset": ("str", '"auto"', "Preset to start from: seed | cpu-smoke | large | auto (seed on a GPU, else cpu-smoke)."),
+    "preset": ("str", '"auto"', f"Preset to start from: {config.preset_help()}."),
     "out": ("Optional[str]", "None", "Parent folder of the run folder (None: results/ at the repository root in a "
                                      "checkout, else ./results)."),
     "run_id": ("Optional[str]", "None", "Run folder name (None: <timestamp>-<preset>)."),

@@ -8,9 +8,9 @@
 #       format_version: '1.3'
 #       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python (te-workbench)
 #     language: python
-#     name: python3
+#     name: te-workbench
 # ---
 
 # %% [markdown]
@@ -24,6 +24,9 @@
 # files (`results/<run_id>/`); change the parameters cell, or run it with papermill:
 #
 #     papermill notebooks/distill_benchmark.ipynb out.ipynb -p preset large -p backends "torch_bf16,te_fp8:current"
+#
+# The notebook names the kernel `te-workbench`, which `make` registers for its venv; elsewhere pick your
+# environment's kernel in Jupyter, or give papermill `-k python3`.
 #
 # `papermill --help-notebook notebooks/distill_benchmark.ipynb` lists every parameter.
 

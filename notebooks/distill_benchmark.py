@@ -8,9 +8,9 @@
 #       format_version: '1.3'
 #       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python (te-workbench)
 #     language: python
-#     name: python3
+#     name: te-workbench
 # ---
 
 # %% [markdown]
@@ -24,6 +24,9 @@
 # files (`results/<run_id>/`); change the parameters cell, or run it with papermill:
 #
 #     papermill notebooks/distill_benchmark.ipynb out.ipynb -p preset large -p backends "torch_bf16,te_fp8:current"
+#
+# The notebook names the kernel `te-workbench`, which `make` registers for its venv; elsewhere pick your
+# environment's kernel in Jupyter, or give papermill `-k python3`.
 #
 # `papermill --help-notebook notebooks/distill_benchmark.ipynb` lists every parameter.
 
@@ -46,7 +49,7 @@ if "google.colab" in sys.modules:
 # edit the dataclasses there and run scripts/sync_notebooks.py, not this cell.
 from typing import Optional
 
-preset: str = "auto"  # Preset to start from: seed | cpu-smoke | large | auto (seed on a GPU, else cpu-smoke).
+preset: str = "auto"  # Preset to start from: seed | cpu-smoke | large | gpt-cpu | lm-a | lm-b | lm-distill | auto (seed on a GPU, else cpu-smoke).
 out: Optional[str] = None  # Parent folder of the run folder (None: results/ at the repository root in a checkout, else ./results).
 run_id: Optional[str] = None  # Run folder name (None: <timestamp>-<preset>).
 # Config overrides; None keeps the preset's value

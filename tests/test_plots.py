@@ -147,3 +147,20 @@ def test_cpu_step_times_say_they_are_a_smoke_test_and_no_memory_figure_is_writte
     assert not plots.has_data(run, "peak_memory") and plots.has_data(run, "step_time")
     written = plots.plot_run(run)
     assert set(written) == {"loss_curves", "step_time"} and not (run / "peak_memory.png").exists()
+
+
+def test_the_reference_figures_are_redrawn_from_their_own_files_png_only(tmp_path):
+    """scripts/replot_reference.py: a committed run's figures redrawn by today's plotting code, no SVG added."""
+    import importlib.util
+    import shutil
+
+    src = ROOT / "results/reference/h200/seed"
+    run = tmp_path / "h200" / "seed"
+    shutil.copytree(src, run)
+    before = {p.name: p.read_bytes() for p in run.glob("*.png")}
+    spec = importlib.util.spec_from_file_location("replot", ROOT / "scripts/replot_reference.py")
+    replot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(replot)
+    written = replot.replot(tmp_path)
+    assert {p.name for p in written} == set(before) and not list(tmp_path.rglob("*.svg"))
+    assert all(p.read_bytes() != before[p.name] or p.stat().st_size > 0 for p in written)

@@ -758,7 +758,7 @@ def _markdown_one(d: Path, df: pd.DataFrame, targets: bool = True) -> str:
     for r in ran.to_dict("records"):
         who = f"`{r['student']}`" + (" (fallback: torch autocast)" if r["status"] == "fallback" else "")  # not TE: say so
         host = " (host-bound)" if _truthy(r.get("host_bound")) else ""
-        lines.append(f"| {r['variant']} | {who} | {_fmt(r['step_ms_median'])} | {_fmt(r['tflops'], '.3g')} "
+        lines.append(f"| {md_cell(r['variant'])} | {md_cell(who)} | {_fmt(r['step_ms_median'])} | {_fmt(r['tflops'], '.3g')} "
                      f"| {_fmt(r['pct_of_measured_peak'], '.0f')} | {_fmt(r['pct_of_datasheet_peak'], '.0f')} "
                      f"| {_fmt(r['speedup_vs_tutorial'], '.2f')} | {_fmt(r['median_spread_pct'], '.1f')}{host} "
                      f"| {_fmt(r['kernel_to_event_ratio'], '.2f')} | {_fmt(r.get('peak_mem_allocated_mb'), '.0f')} "
@@ -796,8 +796,13 @@ def targets_table(dirs: list[Path], with_preset: bool = True) -> str:
             cells = ([f"`{preset}`"] if with_preset else []) + [
                 t["id"], t["what"], t["target"], _fmt(t["achieved"], ".3g"), t["by"] or "–",
                 {True: "yes", False: "**no**", None: "–"}[met], _breakdown(t.get("breakdown")) if met is False else ""]
-            lines.append("| " + " | ".join(cells) + " |")
+            lines.append("| " + " | ".join(map(md_cell, cells)) + " |")
     return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def md_cell(x) -> str:
+    """A Markdown table cell: a '|' in the text (e.g. '|kernel/event - 1|') would split the row."""
+    return str(x).replace("|", "\\|")
 
 
 def readme(path: str | Path) -> str:
@@ -826,7 +831,8 @@ def update_readme(readme: str | Path, table: str) -> bool:
 
 # ---- CLI -----------------------------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="auto", help="seed | large | cpu-smoke | auto (seed on GPU, else cpu-smoke)")
+    p.add_argument("--preset", default="auto", choices=config_mod.PRESET_CHOICES, metavar="PRESET",
+                   help=config_mod.preset_help())
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                    help="config override applied to every variant, e.g. --set iters=50")
     p.add_argument("--variants", default=None,

@@ -5,6 +5,8 @@
                                               one run without a notebook; last stdout line = summary JSON
                                               (--set nproc=N: over N GPUs under torchrun, docs/distributed.md)
   notebook --preset P --set ... --out DIR     the same run, driven through papermill and the main notebook
+  config --preset P --set ...                 print the resolved config (JSON) and run nothing
+  --version                                   the workbench's version
 Other modules add commands by exposing `add_arguments(parser)` and `main(args)` (see COMMANDS).
 """
 from __future__ import annotations
@@ -14,13 +16,14 @@ import importlib
 import json
 import sys
 
-from workbench import results
+from workbench import __version__, results
 from workbench.config import ConfigError
 
 # command -> (module, help); each module has add_arguments(parser) and main(args) -> int
 COMMANDS = {
     "probe": ("workbench.env.probe", "print the environment probe (GPU, CUDA, nvcc, cuDNN, TE)"),
     "run": ("workbench.cli", "run every student of a preset and write results/<run_id>/"),
+    "config": ("workbench.cli", "print the resolved config of --preset and --set (JSON), run nothing"),
     "notebook": ("workbench.notebook", "execute notebooks/distill_benchmark.ipynb with papermill"),
     "install-te": ("workbench.env.install", "plan and run the Transformer Engine install"),
     "doctor": ("workbench.env.doctor", "diagnose the TE install or an install/import log"),
@@ -34,7 +37,9 @@ COMMANDS = {
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="auto", help="seed | cpu-smoke | large | auto (seed on GPU, else cpu-smoke)")
+    from workbench import config
+
+    p.add_argument("--preset", default="auto", choices=config.PRESET_CHOICES, metavar="PRESET", help=config.preset_help())
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a config field, e.g. --set hidden=1024 --set backends=torch_bf16,te_fp8:current")
     p.add_argument("--out", default="results", help="parent folder of the run folder")
@@ -59,9 +64,30 @@ def main_run(args: argparse.Namespace) -> int:
     return 0
 
 
+
+def add_config_arguments(p: argparse.ArgumentParser) -> None:
+    from workbench import config
+
+    p.add_argument("--preset", default="auto", choices=config.PRESET_CHOICES, metavar="PRESET", help=config.preset_help())
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a config field, e.g. --set hidden=1024")
+
+
+def main_config(args: argparse.Namespace) -> int:
+    from workbench import config
+
+    cfg = config.from_preset(args.preset, **config.parse_set(args.overrides))
+    print(cfg.to_json())
+    return 0
+
+
+OWN = {"run": (add_run_arguments, main_run), "config": (add_config_arguments, main_config)}  # commands of this module
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(prog="workbench", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     chosen = next((a for a in argv if not a.startswith("-")), None)
     handler = None
@@ -69,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name, help=help_, description=help_)
         if name == chosen:  # import only the chosen command: an optional module's deps can't break the others
             mod = importlib.import_module(module)
-            (add_run_arguments if name == "run" else mod.add_arguments)(p)
-            handler = main_run if name == "run" else mod.main
+            add, handler = OWN.get(name) or (mod.add_arguments, mod.main)
+            add(p)
     args = parser.parse_args(argv)
     try:
         return handler(args)

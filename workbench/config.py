@@ -570,6 +570,14 @@ PRESETS = {"seed": _seed, "cpu-smoke": _cpu_smoke, "large": _large, "gpt-cpu": _
            "hf-qwen2.5-0.5b": _hf_qwen_05b}
 
 
+PRESET_CHOICES = (*PRESETS, "auto")
+
+
+def preset_help() -> str:
+    """The --preset help of every command, from the preset table."""
+    return " | ".join(PRESETS) + " | auto (seed on a GPU, else cpu-smoke)"
+
+
 def default_preset_name() -> str:
     """'seed' where a CUDA GPU is visible, else 'cpu-smoke' (what `make run` uses)."""
     import torch
@@ -615,7 +623,16 @@ def locate(key: str) -> tuple[str | None, str]:
                 return section, key
         if key in {f.name for f in fields(Config)} and key not in SECTIONS:
             return None, key
-    raise ConfigError(f"unknown config field {key!r}; allowed: {sorted(flat_field_names())}")
+    raise ConfigError(f"unknown config field {key!r}{did_you_mean(key)}; allowed: {sorted(flat_field_names())}")
+
+
+def did_you_mean(key: str) -> str:
+    """" (did you mean 'hidden'?)" for a near miss of a field name (difflib), else ''."""
+    import difflib
+
+    names = flat_field_names() + [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in fields(cls)]
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _field_type(section: str | None, name: str) -> Any:

@@ -25,9 +25,13 @@ from workbench import config, results
 
 NOTEBOOKS = resources.files("workbench") / "notebooks"
 MAIN_NOTEBOOK = NOTEBOOKS / "distill_benchmark.ipynb"
+KERNEL_NAME = "te-workbench"
+"""The kernelspec the notebooks name and `make` registers for its venv (Jupyter opens them with that
+interpreter). `execute` starts papermill's `python3` kernel instead, with this interpreter first on PATH: a wheel
+or a GPU box without the named kernelspec runs the notebooks all the same."""
 NO_KERNEL = "no Jupyter kernel (ipykernel) in this environment: pip install 'te-workbench[notebook]'"
 RUN_PARAMETERS = {  # the notebook's parameters besides the config fields: name -> (annotation, default, help)
-    "preset": ("str", '"auto"', "Preset to start from: seed | cpu-smoke | large | auto (seed on a GPU, else cpu-smoke)."),
+    "preset": ("str", '"auto"', f"Preset to start from: {config.preset_help()}."),
     "out": ("Optional[str]", "None", "Parent folder of the run folder (None: results/ at the repository root in a "
                                      "checkout, else ./results)."),
     "run_id": ("Optional[str]", "None", "Run folder name (None: <timestamp>-<preset>)."),
@@ -262,5 +266,12 @@ def main(args) -> int:
     run_dir = execute(args.preset, overrides, out=args.out, run_id=args.run_id, notebook=nb)
     summary = results.load_summary(run_dir)
     summary["run_dir"] = str(run_dir)
-    print(json.dumps(summary, default=str))
+    print(json.dumps(summary, default=str), flush=True)  # the last stdout line: machine-readable
+    print(done_line(run_dir, nb.name), file=sys.stderr)  # and the last line a person reads
     return 0
+
+
+def done_line(run_dir: Path, notebook_name: str = MAIN_NOTEBOOK.name) -> str:
+    """One line for a person: the executed notebook to open and the folder of the run's files."""
+    return (f"Done: open {run_dir / notebook_name} (the executed notebook); "
+            f"the run's result files and plots are in {run_dir}/")

@@ -268,7 +268,8 @@ def _try_student(row: dict, spec: str, cfg: Config, ctx, task, data: Data, devic
         backend, on_step = distributed.Spread(backend, world), distributed.stop_together(device)
     _say(progress, f"[{row['student']}] training {cfg.train.steps} steps ({row['mode']})")
     try:
-        metrics, losses = run_student(backend, cfg, task, data, device, on_step=on_step)
+        metrics, losses = run_student(backend, cfg, task, data, device,
+                                      on_step=_with_progress(on_step, progress, row["student"], cfg.train.steps))
         row.update(metrics)
     except Diverged as e:
         row.update(e.metrics, status="diverged", reason=str(e), steps_run=len(e.losses))
@@ -282,6 +283,21 @@ def _try_student(row: dict, spec: str, cfg: Config, ctx, task, data: Data, devic
     _say(progress, f"[{row['student']}] {row['status']}: final loss {row.get('final_train_loss')}, "
                    f"step {row.get('step_ms_median')} ms, {held_out}")
     return row, losses
+
+
+def _with_progress(on_step, progress: bool, who: str, steps: int):
+    """`on_step` (or nothing), preceded by a line every tasks.progress_every steps of training."""
+    every = tasks.progress_every(steps)
+    if not progress or steps <= every:
+        return on_step
+
+    def step(i: int, loss: float) -> None:
+        if i % every == 0 and i < steps:
+            _say(progress, f"[{who}] step {i}/{steps}, loss {loss:.4g}")
+        if on_step:
+            on_step(i, loss)
+
+    return step
 
 
 def _say(progress: bool, msg: str) -> None:

@@ -533,8 +533,15 @@ class HostBatches(collections.abc.Sequence):
             yield batch
 
 
-def train_lm(model: torch.nn.Module, windows: list[torch.Tensor], lr: float, device: torch.device, dtype) -> list[float]:
-    """Next-token training (cross-entropy) of a teacher on token windows [batch, seq+1]; returns the losses."""
+def progress_every(steps: int) -> int:
+    """Steps between progress lines of a training loop: about four lines, never more often than every 10 steps."""
+    return max(10, math.ceil(steps / 4))
+
+
+def train_lm(model: torch.nn.Module, windows: list[torch.Tensor], lr: float, device: torch.device, dtype,
+             say=print) -> list[float]:
+    """Next-token training (cross-entropy) of a teacher on token windows [batch, seq+1]; returns the losses.
+    `say` gets a progress line every `progress_every` steps (a teacher trains for minutes at some presets)."""
     model.to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     losses = []
@@ -548,4 +555,7 @@ def train_lm(model: torch.nn.Module, windows: list[torch.Tensor], lr: float, dev
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()))
+        every = progress_every(len(windows))
+        if say and len(losses) % every == 0 and len(losses) < len(windows):
+            say(f"[teacher] training step {len(losses)}/{len(windows)}, loss {losses[-1]:.4g}")
     return losses

@@ -49,7 +49,7 @@ if "google.colab" in sys.modules:
 # edit the dataclasses there and run scripts/sync_notebooks.py, not this cell.
 from typing import Optional
 
-preset: str = "auto"  # Preset to start from: seed | cpu-smoke | large | gpt-cpu | lm-a | lm-b | lm-distill | auto (seed on a GPU, else cpu-smoke).
+preset: str = "auto"  # Preset to start from: seed | cpu-smoke | large | gpt-cpu | lm-a | lm-b | lm-distill | hf-llama-4l | hf-llama-1b | hf-qwen2.5-0.5b | auto (seed on a GPU, else cpu-smoke).
 out: Optional[str] = None  # Parent folder of the run folder (None: results/ at the repository root in a checkout, else ./results).
 run_id: Optional[str] = None  # Run folder name (None: <timestamp>-<preset>).
 # Config overrides; None keeps the preset's value

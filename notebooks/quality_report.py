@@ -8,9 +8,9 @@
 #       format_version: '1.3'
 #       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python (te-workbench)
 #     language: python
-#     name: python3
+#     name: te-workbench
 # ---
 
 # %% [markdown]
@@ -25,6 +25,7 @@ import sys
 
 if "google.colab" in sys.modules:
     # %pip install -q "te-workbench @ git+https://github.com/te-workbench/te-workbench"
+    pass  # the line above is an IPython magic; in this .py half it is a comment, and the block needs a statement
 
 # %% tags=["parameters"]
 # Papermill parameters (`papermill --help-notebook` lists them)

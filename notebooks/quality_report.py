@@ -76,7 +76,7 @@ pd.read_csv(Path(study_dir) / "study.csv")
 # ## About this report
 # It reads one study folder written by `workbench study` (`results/studies/<name>/`): every point of its sweep,
 # mapped to arms and seeds. Every number comes from the result files; `workbench.study.report` does the
-# statistics (`workbench.quality_stats`), this notebook only shows them. `workbench study` executes it at the end;
+# statistics (`workbench.study.stats`), this notebook only shows them. `workbench study` executes it at the end;
 # by hand:
 #
 #     python -m workbench study --name distill-quality --report-only

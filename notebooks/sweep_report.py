@@ -38,7 +38,7 @@ out_dir: Optional[str] = None  # Where the report files go (None: <sweep_dir>/re
 # %%
 from IPython.display import Markdown
 
-from workbench import report
+from workbench.sweep import report
 
 df = report.load_sweep(sweep_dir, reference=reference)
 written = report.write_files(df, out_dir or report.default_out(sweep_dir), sweep_dir=sweep_dir)
@@ -92,9 +92,9 @@ report.table(report.failed_points(sweep_dir))
 # ## About this report
 # It reads one sweep folder written by `workbench sweep` (`results/sweeps/<name>/`): every student of
 # every complete point, compared with the reference student at the same config. Every number comes
-# from the result files; `workbench.report` does the joins, this notebook only shows them. It writes
+# from the result files; `workbench.sweep.report` does the joins, this notebook only shows them. It writes
 # `sweep.csv` (every row, with `unstable` / `comparable` flags), `crossover.csv`, `loss_band.csv`,
-# `failed_points.csv` and the plots into `<sweep>/report/`; `workbench.report.run` (called at the end
+# `failed_points.csv` and the plots into `<sweep>/report/`; `workbench.sweep.report.run` (called at the end
 # of every sweep) executes it with papermill and adds `report.html`:
 #
 #     python -m workbench sweep --name size_crossover --report-only

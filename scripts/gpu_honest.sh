@@ -1,5 +1,5 @@
 #!/bin/bash
-# Does the default answer say when a slower path ran? (workbench/slow_path.py) After `bash .gpu/install.sh`:
+# Does the default answer say when a slower path ran? (workbench/run/slow_path.py) After `bash .gpu/install.sh`:
 #   1. what `make run` runs on a GPU box: the main notebook, preset seed (eager), through papermill;
 #   2. a TE language-model run with TE's unfused attention forced (options.te_attention=unfused).
 # Each run's summary.json `slow_path` and step_time.png should name it. About 2-3 minutes on the H200.

@@ -21,8 +21,10 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from workbench import config, results, runner
+from workbench import config, results
 
+
+from workbench.run import runner
 VOCAB, TOKENS = 128256, 8192
 TOPK_KS = (8, 64, 256)
 QUALITY_STEPS = 150

@@ -15,7 +15,8 @@ VARIANTS = ["graph-first", "eager-then-graph", "prepare", "prepare-initial-loss"
 
 
 def setup(steps=4, **kw):
-    from workbench import backends, config, runner
+    from workbench import backends, config
+    from workbench.run import runner
     from workbench.train import tasks
     dev = torch.device("cuda")
     cfg = config.from_preset("seed", backends="torch_bf16", baseline="torch_bf16", steps=steps, param_dtype="bf16",

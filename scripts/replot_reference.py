@@ -3,7 +3,7 @@
     python scripts/replot_reference.py [results/reference]    # rewrite in place, PNG only
 
 Every run folder (students.csv + losses.csv) and bench folder (bench.csv) below the root gets the figures it
-already has redrawn by workbench.plots; nothing new is added and no SVG is written (.gitignore keeps the
+already has redrawn by workbench.results.plots; nothing new is added and no SVG is written (.gitignore keeps the
 evidence PNG-only: results.write_figure's palette PNG is what is kept). A figure the plotting code no longer
 draws for that folder (nothing to draw) is left as it is and named.
 """
@@ -21,7 +21,9 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from workbench import plots, results  # noqa: E402
+from workbench import results  # noqa: E402
+
+from workbench.results import plots
 
 
 def png(fig) -> bytes:
@@ -38,7 +40,7 @@ def replot(root: Path) -> list[Path]:
         elif (folder / "bench.csv").exists():
             drawers = plots.BENCH_PLOTS
         else:
-            continue  # a sweep report's figures: workbench.report redraws those
+            continue  # a sweep report's figures: workbench.sweep.report redraws those
         for old in sorted(folder.glob("*.png")):
             fn = drawers.get(old.stem)
             if fn is None:

@@ -179,7 +179,7 @@ def test_a_delayed_scaling_student_alone_on_one_rank_does_not_all_reduce(monkeyp
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
     cfg = config.from_preset("cpu-smoke")
     alone, spread = backends.make("te_fp8:delayed"), backends.make("te_fp8:delayed_e4m3")
-    spread.amax_reduction_group = object()  # what workbench.distributed.Spread sets
+    spread.amax_reduction_group = object()  # what workbench.run.parallel.Spread sets
     for b in (alone, spread):
         b.build(None, cfg, torch.device("cpu"))
     assert alone.fp8_recipe["reduce_amax"] is False and spread.fp8_recipe["reduce_amax"] is True

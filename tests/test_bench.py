@@ -10,7 +10,9 @@ import pandas as pd
 import pytest
 import torch
 
-from workbench import bench, config, crosscheck, flops, hardware, results, timing
+from workbench import bench, config, results
+
+from workbench.measure import profiler, flops, peaks, timing
 from workbench.cli import main as cli_main
 
 REFERENCE = Path(__file__).resolve().parent.parent / "results" / "reference" / "h200"
@@ -43,7 +45,7 @@ def test_flop_counter_matches_hand_count():
     ("Tesla T4", "T4", None, None),
 ])
 def test_known_gpus_have_numbers_with_sources(name, gpu, bf16, fp8):
-    e = hardware.datasheet_peak(name)
+    e = peaks.datasheet_peak(name)
     assert e is not None and e.gpu == gpu
     assert e.tflops["bf16"] == bf16 and e.tflops["fp8"] == fp8
     for precision, value in e.tflops.items():  # every number has a source; no source for a missing number
@@ -55,16 +57,16 @@ def test_known_gpus_have_numbers_with_sources(name, gpu, bf16, fp8):
 @pytest.mark.parametrize("name", [None, "", "NVIDIA H100", "NVIDIA GH200 480GB", "NVIDIA A10G",
                                   "NVIDIA L40", "NVIDIA GeForce RTX 4090", "Some Future GPU"])
 def test_unknown_or_ambiguous_gpus_are_unknown(name):
-    assert hardware.datasheet_peak(name) is None  # never a guessed neighbour
+    assert peaks.datasheet_peak(name) is None  # never a guessed neighbour
 
 
 def test_peak_lookups_read_peak_json_shape():
     peak = {"measured": {"bf16": {"status": "ok", "tflops": 700.0}, "fp8": {"status": "unavailable", "tflops": None}},
-            "datasheet": hardware.datasheet_peak("NVIDIA H200").to_dict()}
-    assert hardware.measured_tflops(peak, "bf16") == 700.0
-    assert hardware.measured_tflops(peak, "fp8") is None
-    assert hardware.datasheet_tflops(peak, "fp8") == 1979.0
-    assert hardware.datasheet_tflops({"datasheet": None}, "bf16") is None
+            "datasheet": peaks.datasheet_peak("NVIDIA H200").to_dict()}
+    assert peaks.measured_tflops(peak, "bf16") == 700.0
+    assert peaks.measured_tflops(peak, "fp8") is None
+    assert peaks.datasheet_tflops(peak, "fp8") == 1979.0
+    assert peaks.datasheet_tflops({"datasheet": None}, "bf16") is None
 
 
 # ---- repeats and the profiled block --------------------------------------------------------------
@@ -78,13 +80,13 @@ def test_repeat_medians_spread():
 
 
 def test_profiled_block_degrades_on_cpu():
-    out = crosscheck.profiled_block(lambda: timing.measure(lambda: sum(range(1000)), 0, 3, timing.CpuClock()))
+    out = profiler.profiled_block(lambda: timing.measure(lambda: sum(range(1000)), 0, 3, timing.CpuClock()))
     assert out["profiled_step_ms_median"] is not None
     assert out["kernel_ms_per_step"] is None and out["profiler_reason"]
-    assert bench._div(9.5, 10.0) == pytest.approx(0.95) and crosscheck.agrees(0.95)
+    assert bench._div(9.5, 10.0) == pytest.approx(0.95) and profiler.agrees(0.95)
     assert bench._div(float("nan"), 10.0) is None and bench._div(1.0, 0) is None
-    assert crosscheck.agrees(0.8) is False and crosscheck.agrees(None) is None
-    assert crosscheck._union_us([("a", 0, 10), ("b", 5, 15), ("c", 20, 30)]) == 25
+    assert profiler.agrees(0.8) is False and profiler.agrees(None) is None
+    assert profiler._union_us([("a", 0, 10), ("b", 5, 15), ("c", 20, 30)]) == 25
 
 
 
@@ -111,18 +113,18 @@ def test_kernel_breakdown_skips_annotations_and_names_what_takes_the_time():
               FakeKinetoEvent("aten::mm", 0, 900, cuda=False)]
     prof = types.SimpleNamespace(profiler=types.SimpleNamespace(
         kineto_results=types.SimpleNamespace(events=lambda: events)))
-    iv = crosscheck._gpu_intervals(prof)
+    iv = profiler._gpu_intervals(prof)
     assert [n for n, *_ in iv] == [e.name() for e in events[:2]] + [events[3].name()]  # no annotation, no CPU op
-    b = crosscheck.breakdown(iv, steps=2)
+    b = profiler.breakdown(iv, steps=2)
     assert b["kernel_categories_ms_per_step"] == {"gemm": 0.3, "optimizer": 0.1, "cast/amax/transpose": 0.05}
     assert list(b["kernel_categories_ms_per_step"]) == ["gemm", "optimizer", "cast/amax/transpose"]
     top = b["top_kernels"][0]
     assert top["category"] == "gemm" and top["launches_per_step"] == 0.5 and top["ms_per_step"] == 0.3
-    assert crosscheck.category("ln_bwd_finalize_general_kernel") == "norm" and crosscheck.category("xyz") == "other"
+    assert profiler.category("ln_bwd_finalize_general_kernel") == "norm" and profiler.category("xyz") == "other"
     # the fused logit loss as inductor names it (H200, bench/lm-a): its ops include amax, yet it is the loss
     fused_loss = "triton_red_fused__log_softmax__to_copy_amax_clamp_div_exp_ge_mul_neg_new_full_prepare_softmax_online"
-    assert crosscheck.category(fused_loss) == "logit loss"
-    assert crosscheck.category("void cunn_SoftMaxForward<4, float, float, float, LogSoftMaxForwardEpilogue>") == "logit loss"
+    assert profiler.category(fused_loss) == "logit loss"
+    assert profiler.category("void cunn_SoftMaxForward<4, float, float, float, LogSoftMaxForwardEpilogue>") == "logit loss"
 
 # ---- variants, targets, Markdown ------------------------------------------------------------------
 def test_variant_config_rejects_unknown_students_as_rows():
@@ -335,7 +337,7 @@ def test_bench_cpu_smoke_writes_its_files(tmp_path, capsys):
         assert own["step_ms_repeats"] == 3 and len(medians) == 3
         assert r["median_spread_pct"] == pytest.approx(own["step_ms_repeat_spread_pct"])
         assert r["profiled_step_ms_median"] == pytest.approx(own["profiled_step_ms_median"])
-        assert crosscheck.profile_path(run_dir, r["student"]).exists()
+        assert profiler.profile_path(run_dir, r["student"]).exists()
         assert obs["students"][r["student"]]["repeat_medians_ms"] == pytest.approx(medians)
     assert obs["teacher"]["repeats"] == 3 and obs["teacher"]["profiler_reason"]
     measured = json.loads((run_dir / "config.json").read_text())["config"]["bench"]
@@ -373,7 +375,7 @@ def _rounded(x):
 @pytest.mark.parametrize("bench_dir", ["bench/seed", "bench/large", "bench-profile/seed", "bench-profile/large"])
 def test_committed_benches_read_back_the_same(bench_dir, tmp_path):
     """H200 benches written before the rows carried repeats and profiler sums: their observations.json is
-    still what bench.csv and crosscheck.json are rebuilt from, to the same numbers."""
+    still what bench.csv and profiler.json are rebuilt from, to the same numbers."""
     d = shutil.copytree(REFERENCE / bench_dir, tmp_path / "b")
     before = pd.read_csv(d / "bench.csv")
     cc = json.loads((d / "crosscheck.json").read_text())

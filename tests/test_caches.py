@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbench import cli, config, runner
+from workbench import cli, config
+
+from workbench.run import runner
 from workbench.data import TextSpec, TextDataError, cache, load_text
 from workbench.data.text import documents
 from workbench.train import Data, objectives, tasks

@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbench import config, distributed, notebook, results, runner
+from workbench import config, notebook, results
 
+
+from workbench.run import parallel, runner
 SMALL = dict(backends="torch_fp32,torch_bf16", baseline="torch_fp32", steps=2, warmup=1, iters=2, eval_batches=1)
 
 
@@ -21,7 +23,7 @@ def _sets(cmd: list[str]) -> dict:
 
 def test_torchrun_command_single_node_carries_the_same_config():
     cfg = config.from_preset("cpu-smoke", nproc=2, strategy="fsdp2", lr=3e-4, **SMALL)
-    cmd = distributed.torchrun_command(cfg, "/o", "rid", python="py")
+    cmd = parallel.torchrun_command(cfg, "/o", "rid", python="py")
     assert cmd[:6] == ["py", "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone"]
     assert cmd[6:14] == ["-m", "workbench", "run", "--out", "/o", "--run-id", "rid", "--preset"]
     assert cmd[14] == "cpu-smoke" and "--nnodes" not in cmd
@@ -30,7 +32,7 @@ def test_torchrun_command_single_node_carries_the_same_config():
 
 def test_torchrun_command_multi_node_uses_torchruns_rendezvous():
     cfg = config.from_preset("cpu-smoke", nproc=4, nnodes=2, node_rank=1, rdzv_endpoint="node0:29500")
-    cmd = distributed.torchrun_command(cfg, "/o", "rid", python="py")
+    cmd = parallel.torchrun_command(cfg, "/o", "rid", python="py")
     assert cmd[3:15] == ["--nproc-per-node", "4", "--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "c10d",
                          "--rdzv-endpoint", "node0:29500", "--rdzv-id", "rid"]
     assert "--standalone" not in cmd
@@ -38,7 +40,7 @@ def test_torchrun_command_multi_node_uses_torchruns_rendezvous():
 
 def test_a_config_not_made_from_a_preset_round_trips():
     cfg = config.Config(preset="mine", backends=["torch_fp32"], baseline="torch_fp32").replace(nproc=2)
-    cmd = distributed.torchrun_command(cfg, "/o", "rid", python="py")
+    cmd = parallel.torchrun_command(cfg, "/o", "rid", python="py")
     assert config.from_preset("seed", **_sets(cmd)) == cfg
 
 
@@ -54,13 +56,13 @@ def test_bad_parallel_settings_name_the_field(overrides, needle):
 
 
 def test_rows_of_every_rank_merge_into_one():
-    world = distributed.World(rank=0, world_size=2, strategy="ddp")
+    world = parallel.World(rank=0, world_size=2, strategy="ddp")
     base = dict(student="s", status="ok", reason="", tokens_per_s=100.0, tflops=1.0, initial_loss=0.5,
                 final_train_loss=0.25, first_step_loss=0.6, step_ms_p20=1.0)  # rank 0's own: the merge replaces them
     rows = [dict(base, step_ms_median=10.0, peak_mem_allocated_mb=5.0, peak_mem_reserved_mb=6.0, mem_floor_mb=2.0),
             dict(base, step_ms_median=12.0, step_ms_p20=11.0, tokens_per_s=80.0, peak_mem_allocated_mb=7.0,
                  peak_mem_reserved_mb=8.0, mem_floor_mb=1.0)]
-    row, curve = distributed.merge_rows(rows, [[1.0, 0.4], [0.8, 0.2]], world)
+    row, curve = parallel.merge_rows(rows, [[1.0, 0.4], [0.8, 0.2]], world)
     assert row["step_ms_median"] == 12.0 and row["step_ms_p20"] == 11.0  # the slowest rank's cells
     assert row["step_ms_median_rank_median"] == 11.0 and json.loads(row["step_ms_median_ranks"]) == [10.0, 12.0]
     assert row["tokens_per_s"] == 160.0  # both ranks at the slowest one's pace
@@ -70,8 +72,8 @@ def test_rows_of_every_rank_merge_into_one():
     assert curve == pytest.approx([0.9, 0.3])  # the global batch's loss: the mean over ranks
     assert (row["first_step_loss"], row["final_train_loss"]) == pytest.approx((0.9, 0.3))
     assert (row["world_size"], row["strategy"]) == (2, "ddp")
-    assert distributed.scaling(row, {"status": "ok", "step_ms_median": 9.0})["scaling_efficiency"] == 0.75
-    failed, _ = distributed.merge_rows([rows[0], dict(rows[1], status="error", reason="OOM")], [[1.0], []], world)
+    assert parallel.scaling(row, {"status": "ok", "step_ms_median": 9.0})["scaling_efficiency"] == 0.75
+    failed, _ = parallel.merge_rows([rows[0], dict(rows[1], status="error", reason="OOM")], [[1.0], []], world)
     assert failed["status"] == "error" and failed["reason"] == "rank 1: OOM"
 
 
@@ -148,7 +150,7 @@ def _train_two_ranks(rank: int, port: int, out: str) -> None:
     data = loop.Data(train=[(None, None)] * 4, bench=[], eval=[])
     values = iter([1.0, float("nan") if rank else 0.9, 0.8, 0.7])
     try:
-        loop.train(lambda *_: next(values), data, {}, distributed.stop_together(torch.device("cpu")))
+        loop.train(lambda *_: next(values), data, {}, parallel.stop_together(torch.device("cpu")))
         outcome = "finished"
     except loop.Diverged as e:
         outcome = f"{len(e.losses)}: {e}"
@@ -181,7 +183,7 @@ def _build_fp8_weights_on_two_ranks(rank: int, port: int, out: str) -> None:
                              backends="te_fp8:current", baseline="te_fp8:current")
     torch.manual_seed(0)  # the same reference on both ranks
     reference = reference_student(cfg.model)
-    spread = distributed.Spread(backends.make("te_fp8:current"), distributed.World(rank, 2, "fsdp2"))
+    spread = parallel.Spread(backends.make("te_fp8:current"), parallel.World(rank, 2, "fsdp2"))
     model = spread.build(reference, cfg, torch.device("cpu"))
     ref = reference.state_dict()
     params = dict(model.named_parameters())  # before any forward: the root keeps its own unsharded after one
@@ -222,7 +224,7 @@ def test_fsdp2_builds_fp8_weights_by_tes_recipe_from_the_shared_init(tmp_path):
         assert got["masters"] == sorted(f"{m}.{w}" for m in ("fc1.0", "fc1.1", "fc2.0", "fc2.1", "head")
                                         for w in ("bias", "weight"))
         assert got["masters_are_this_ranks_half"]
-        assert distributed.FSDP2_TE_RECIPE in got["notes"]
+        assert parallel.FSDP2_TE_RECIPE in got["notes"]
 
 
 def test_fsdp2_fp8_weights_need_te_2_16_and_a_recipe_te_shards(monkeypatch):
@@ -257,10 +259,10 @@ def test_fsdp2_fp8_weights_need_te_2_16_and_a_recipe_te_shards(monkeypatch):
 def test_fsdp2_notes_say_which_path_ran():
     from workbench import backends
 
-    world, cuda = distributed.World(0, 2, "fsdp2"), torch.device("cuda")
+    world, cuda = parallel.World(0, 2, "fsdp2"), torch.device("cuda")
     cfg = config.from_preset("seed", nproc=2, strategy="fsdp2")
-    notes = {spec: distributed.Spread(backends.make(spec), world).policy(cfg, cuda).notes for spec in ("te_bf16", "te_fp8:delayed")}
-    assert distributed.FSDP2_PLAIN in notes["te_bf16"] and distributed.FSDP2_PLAIN_FP8 in notes["te_fp8:delayed"]
+    notes = {spec: parallel.Spread(backends.make(spec), world).policy(cfg, cuda).notes for spec in ("te_bf16", "te_fp8:delayed")}
+    assert parallel.FSDP2_PLAIN in notes["te_bf16"] and parallel.FSDP2_PLAIN_FP8 in notes["te_fp8:delayed"]
     fp8_weights = backends.make("te_fp8:delayed")
     fp8_weights.fp8_weights = True  # what build_sharded sets
-    assert distributed.FSDP2_TE_RECIPE in distributed.Spread(fp8_weights, world).policy(cfg, cuda).notes
+    assert parallel.FSDP2_TE_RECIPE in parallel.Spread(fp8_weights, world).policy(cfg, cuda).notes

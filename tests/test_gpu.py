@@ -9,7 +9,9 @@ import pandas as pd
 import pytest
 import torch
 
-from workbench import backends, config, distributed, results, runner
+from workbench import backends, config, results
+
+from workbench.run import parallel, runner
 from workbench.env import te as _te
 from workbench.train import loop, tasks
 
@@ -155,7 +157,7 @@ def test_fsdp2_fp8_weights_follow_tes_recipe_over_2_gpus(tmp_path):
         assert (df["status"] == "ok").all(), df["reason"].to_dict()
     recipe, plain = runs["recipe"].loc["te_fp8:delayed"], runs["plain"].loc["te_fp8:delayed"]
     alone = runs["recipe"].loc["te_fp8:delayed@1gpu"]
-    assert distributed.FSDP2_TE_RECIPE in recipe["notes"] and distributed.FSDP2_PLAIN_FP8 in plain["notes"]
+    assert parallel.FSDP2_TE_RECIPE in recipe["notes"] and parallel.FSDP2_PLAIN_FP8 in plain["notes"]
     assert recipe["world_size"] == 2 and recipe["optimizer"] == "FusedAdam"
     ranks = json.loads(recipe["initial_loss_ranks"])
     assert ranks[1] == pytest.approx(ranks[0], rel=1e-6)

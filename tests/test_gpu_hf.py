@@ -12,7 +12,8 @@ import torch
 pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[lm]')")
 
 from transformers import LlamaConfig, Qwen2Config  # noqa: E402
-from workbench import backends, config, results, runner  # noqa: E402
+from workbench import backends, config, results  # noqa: E402
+from workbench.run import runner
 from workbench.env import te as _te  # noqa: E402
 from workbench.models.hf import load_causal_lm  # noqa: E402
 

@@ -3,7 +3,11 @@
 say so and name the step graph; a forced unfused attention must be named too. Run by scripts/gpu_tests.sh."""
 import pytest
 
-from workbench import config, plots, results, runner
+from workbench import config, results
+
+from workbench.results import plots
+
+from workbench.run import runner
 from workbench.env import te as _te
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_te.load()[0] is None, reason="Transformer Engine does not import here")]

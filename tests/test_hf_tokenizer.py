@@ -17,7 +17,8 @@ pytest.importorskip("transformers", reason="transformers is not installed (pip i
 
 from test_lm_run import tiny_llama  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
-from workbench import config, results, runner  # noqa: E402
+from workbench import config, results  # noqa: E402
+from workbench.run import runner
 from workbench.data import TextSpec, load_text, text  # noqa: E402
 from workbench.data.tokenizer import TOKENIZER_FILES, files_sha256  # noqa: E402
 from workbench.errors import ConfigError  # noqa: E402

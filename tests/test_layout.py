@@ -73,7 +73,7 @@ def test_no_import_cycles():
     assert cycles(import_graph()) == []
 
 
-LEAVES = {"workbench.errors", "workbench.crosscheck", "workbench.timing", "workbench.env.facts"}
+LEAVES = {"workbench.errors", "workbench.measure.profiler", "workbench.measure.timing", "workbench.env.facts"}
 
 
 def test_leaves_import_only_leaves():

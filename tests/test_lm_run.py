@@ -4,9 +4,11 @@ teacher and as student."""
 import pandas as pd
 import pytest
 
-from workbench import config, results, runner
+from workbench import config, results
 
 
+
+from workbench.run import runner
 def tiny_llama(folder, vocab: int, layers: int):
     """A randomly initialised tiny Llama saved as a local Hugging Face model folder (skips without transformers)."""
     transformers = pytest.importorskip("transformers")

@@ -1,9 +1,11 @@
 """Students share one set of batches and one initial state: nothing a student does may change them, and
-bf16 is decided by the hardware, not by emulation."""
+bf16 is decided by the peaks, not by emulation."""
 import pytest
 import torch
 
-from workbench import backends, config, results, runner
+from workbench import backends, config, results
+
+from workbench.run import runner
 from workbench.backends import te_bf16
 from workbench.train import tasks
 
@@ -85,9 +87,9 @@ def test_a_t4_takes_the_fp16_path_everywhere(t4):
     assert runner.teacher_dtype(config.from_preset("seed"), cuda) is None  # fp32 teacher, not emulated bf16
     ok, why = backends.make("torch_bf16").availability(backends.Context(cuda, config.from_preset("seed")))
     assert not ok and "no bf16" in why and "torch_fp16" in why
-    from workbench import hardware
+    from workbench.measure import peaks
 
-    fn, _, reason = hardware._mm_fn("bf16", 64, cuda)  # no bf16 peak is measured on emulation
+    fn, _, reason = peaks._mm_fn("bf16", 64, cuda)  # no bf16 peak is measured on emulation
     assert fn is None and "no bf16" in reason
 
 

@@ -4,7 +4,9 @@ import functools
 import pytest
 import torch
 
-from workbench import config, results, runner
+from workbench import config, results
+
+from workbench.run import runner
 from workbench.models import load_matched
 from workbench.models import LayerNormMLP, Student
 

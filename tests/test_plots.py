@@ -1,4 +1,4 @@
-"""workbench.plots: one colour per student everywhere, readable axes, and runs with nothing to plot."""
+"""workbench.results.plots: one colour per student everywhere, readable axes, and runs with nothing to plot."""
 import json
 import os
 import subprocess
@@ -10,8 +10,10 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
-from workbench import backends, plots, results
+from workbench import backends, results
 
+
+from workbench.results import plots
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -22,7 +24,7 @@ def test_every_known_student_has_its_own_fixed_colour():
 
 
 def test_an_unknown_student_gets_the_same_colour_in_every_process():
-    code = "from workbench import plots; print(plots.student_color('my_backend:recipe'))"
+    code = "from workbench.results import plots; print(plots.student_color('my_backend:recipe'))"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     seen = {subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONHASHSEED": seed}, capture_output=True,
                            text=True, check=True).stdout.strip() for seed in ("1", "2")}

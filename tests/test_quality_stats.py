@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from workbench import quality_stats as qs
+from workbench.study import stats as qs
 
 
 def test_summary_mean_sd_and_t_interval_by_hand():

@@ -1,11 +1,15 @@
-"""workbench.report on a synthetic sweep with known answers, and the main notebook's widget panel."""
+"""workbench.sweep.report on a synthetic sweep with known answers, and the main notebook's widget panel."""
 import matplotlib.colors as mcolors
 import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
-from workbench import config, plots, report, results, sweep
+from workbench import config, results, sweep
 
+
+from workbench.results import plots
+
+from workbench.sweep import report
 SIZES = (512, 1024, 2048, 4096)
 
 

@@ -5,8 +5,10 @@ import shutil
 
 import pytest
 
-from workbench import bench, cli, config, notebook, results, runner, sweep
+from workbench import bench, cli, config, notebook, results, sweep
 
+
+from workbench.run import runner
 TINY = {"steps": 2, "iters": 1, "warmup": 0, "eval_batches": 1, "backends": "torch_fp32", "baseline": "torch_fp32"}
 BAD_NAMES = ["../x", "../../x", "/tmp/abs", ".", "..", "grp/r1", "", "-x", "a" * 129, "sp ace"]
 
@@ -90,7 +92,7 @@ def test_notebook_refuses_an_existing_run_id_before_a_kernel_starts(tmp_path):
 
 
 def test_a_run_interrupted_before_its_marker_is_skipped_by_the_loaders(tmp_path, monkeypatch):
-    from workbench import plots
+    from workbench.results import plots
 
     complete = tiny_run(tmp_path, "complete")
     assert results.read_json(complete / results.DONE_FILE)["run_id"] == "complete"

@@ -7,7 +7,9 @@ import pandas as pd
 import pytest
 import torch
 
-from workbench import backends, config, results, runner
+from workbench import backends, config, results
+
+from workbench.run import runner
 from workbench.train import objectives
 from workbench.env import te as _te
 
@@ -155,7 +157,7 @@ def test_a_failing_student_is_an_error_row_and_the_others_run(tmp_path, monkeypa
 def test_plots_show_every_student(smoke_run):
     import matplotlib.pyplot as plt
 
-    from workbench import plots
+    from workbench.results import plots
 
     cfg, run_dir = smoke_run
     fig = plots.loss_curves(run_dir)

@@ -1,9 +1,11 @@
-"""workbench.slow_path: the classification of a slower path, driven by synthetic timings and rows."""
+"""workbench.run.slow_path: the classification of a slower path, driven by synthetic timings and rows."""
 import pandas as pd
 import pytest
 
-from workbench import crosscheck, runner, slow_path
+from workbench.measure import profiler
 
+
+from workbench.run import runner, slow_path
 TE_FP8 = {"student": "te_fp8:delayed", "backend": "te_fp8", "mode": "TE-FP8", "status": "ok", "gemm_precision": "fp8",
           "graphed": False, "graph_scope": None, "cfg_preset": "seed", "cfg_layout": "separate",
           "cfg_param_dtype": "fp32", "gpu_name": "NVIDIA H200"}
@@ -22,7 +24,7 @@ def test_an_eager_te_step_with_an_idle_gpu_is_host_bound_and_names_the_step_grap
 
 @pytest.mark.parametrize("busy_ms, step_ms, host_bound", [(0.79, 1.0, True), (0.8, 1.0, False), (23.6, 24.1, False)])
 def test_the_threshold_is_the_bench_one(busy_ms, step_ms, host_bound):
-    assert crosscheck.HOST_BOUND_BELOW == 0.8
+    assert profiler.HOST_BOUND_BELOW == 0.8
     got = bool(slow_path.classify(_busy(TE_FP8, busy_ms, step_ms)))
     assert got is host_bound
 

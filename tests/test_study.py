@@ -13,7 +13,7 @@ import pytest
 
 from workbench import config, results, study
 from workbench.config import ConfigError
-from workbench.sweep_plan import plan
+from workbench.sweep.plan import plan
 
 ROOT = Path(__file__).resolve().parent.parent
 TEACHER_PPL = 50.0

@@ -12,7 +12,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from workbench import cli, report, results, sweep, sweep_plan
+from workbench import cli, results, sweep
+
+from workbench.sweep import report, plan
 from workbench.config import ConfigError
 
 # Tiny points: a sweep point is a papermill kernel start plus a few milliseconds of training.
@@ -194,7 +196,7 @@ def test_gpu_workers_get_their_devices_and_a_point_wanting_more_fails_alone(tmp_
     asking for 3 make one worker of two GPUs; the 3-GPU point fails up front, the other runs there and its
     kernel sees one of them."""
     monkeypatch.setattr(sweep, "visible_gpus", lambda: ["0", "1"])
-    monkeypatch.setattr(sweep_plan, "point_nproc", lambda cfg: 3 if cfg.flat()["hidden"] == 48 else 1)
+    monkeypatch.setattr(plan, "point_nproc", lambda cfg: 3 if cfg.flat()["hidden"] == 48 else 1)
     spec = sweep.Spec("gpus", "cpu-smoke", {**TINY, "backends": "torch_fp32", "baseline": "torch_fp32"}, {"hidden": [32, 48]})
     summary = sweep.run_sweep(spec, root=tmp_path, progress=False)
     assert (summary["done"], summary["failed"]) == (1, 1)
@@ -264,8 +266,9 @@ def test_report_only_is_refused_beside_a_live_driver(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def finished_sweep(tmp_path_factory):
     """A sweep whose two points are complete (each a real tiny run) and whose index says so."""
-    from workbench import config, runner
+    from workbench import config
 
+    from workbench.run import runner
     root = tmp_path_factory.mktemp("sweeps")
     spec = sweep.Spec("fin", "cpu-smoke", {**TINY, "backends": "torch_fp32,torch_bf16", "baseline": "torch_fp32"},
                       {"hidden": [32, 48]})

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from fake_te import FakeRecipes, FakeTEModules
-from workbench import bench, cli, config, results, runner
+from workbench import bench, cli, config, results
+from workbench.run import runner
 from workbench.backends.te_bf16 import TEAttention
 from workbench.env import te as _te
 from workbench.models import Teacher

@@ -6,7 +6,11 @@ import pandas as pd
 import pytest
 import torch
 
-from workbench import config, crosscheck, flops, results, runner, timing
+from workbench import config, results
+
+from workbench.measure import profiler, flops, timing
+
+from workbench.run import runner
 from workbench.config import ModelConfig
 
 
@@ -96,13 +100,13 @@ def test_cpu_run_writes_repeats_and_profile_into_each_students_row(tmp_path):
         assert r["step_ms_repeats"] == 3 and len(medians) == 3 and medians[0] == pytest.approx(r["step_ms_median"])
         assert pd.notna(r["step_ms_repeat_spread_pct"]) and pd.notna(r["profiled_step_ms_median"])
         assert pd.isna(r["kernel_ms_per_step"]) and r["profiler_reason"]  # on a CPU: no kernel time, and why
-        record = json.loads(crosscheck.profile_path(run_dir, r["student"]).read_text())
+        record = json.loads(profiler.profile_path(run_dir, r["student"]).read_text())
         assert record["profiled_step_ms_median"] == pytest.approx(r["profiled_step_ms_median"])
         assert len(json.loads(r["teacher_ms_repeat_medians"])) == 3 and pd.notna(r["teacher_ms_repeat_spread_pct"])
-    assert crosscheck.profile_path(run_dir, "teacher").exists()
-    assert crosscheck.profile_path(run_dir, "te_fp8:delayed").name == "profile-te_fp8-delayed.json"
+    assert profiler.profile_path(run_dir, "teacher").exists()
+    assert profiler.profile_path(run_dir, "te_fp8:delayed").name == "profile-te_fp8-delayed.json"
     for r in df[~df["status"].isin(["ok", "fallback"])].to_dict("records"):  # never timed: no record
-        assert not crosscheck.profile_path(run_dir, r["student"]).exists()
+        assert not profiler.profile_path(run_dir, r["student"]).exists()
 
 
 def test_summary_keys_and_empty():

@@ -19,13 +19,13 @@ OUT/<run_id>/ holds
   runs/<variant>/  what `run` writes (with profile-*.json), plus observations.json: per timed region (teacher,
                    each student) the repeat medians and the profiled block, gathered from those files
   bench.csv        one row per (variant, student), units in the column names (see COLUMNS)
-  crosscheck.json  event-timed median vs torch.profiler kernel-time sum per row; headline at `large`
+  profiler.json  event-timed median vs torch.profiler kernel-time sum per row; headline at `large`
   targets.json     the P1-P6 targets (TARGETS): goal, best achieved, by which row, met (null = not judged here),
                    and where missed the profiler's kernel categories of that row
   bench.json       what was asked, variant status and wall time, environment
   bench.md         the Markdown tables (`--markdown` renders the same from any folder of benches)
   step_time_by_backend.png/.svg, pct_of_peak.png/.svg
-bench.csv, crosscheck.json, targets.json and the tables are rebuilt from the other files by `aggregate()`.
+bench.csv, profiler.json, targets.json and the tables are rebuilt from the other files by `aggregate()`.
 """
 from __future__ import annotations
 
@@ -45,7 +45,8 @@ from typing import Any
 import pandas as pd
 
 from workbench import config as config_mod
-from workbench import crosscheck, flops, hardware, results
+from workbench import results
+from workbench.measure import profiler, flops, peaks
 from workbench.config import ConfigError
 
 # ---- variants (data) -----------------------------------------------------------------------------
@@ -211,7 +212,7 @@ def run_bench(opts: BenchOptions, out: str | Path = "results/bench", run_id: str
     """Peak probe, every variant, then aggregate(); returns OUT/<run_id>."""
     import torch
 
-    from workbench import runner
+    from workbench.run import runner
 
     for key in opts.overrides:
         if config_mod.locate(key)[1] in ("backends", "baseline"):
@@ -230,7 +231,7 @@ def run_bench(opts: BenchOptions, out: str | Path = "results/bench", run_id: str
                                                    "preset": preset, "status": "running"})
 
     _say(progress, f"[bench] peak probe on {device}")
-    results.write_json(bench_dir / "peak.json", hardware.probe_matmul(device))
+    results.write_json(bench_dir / "peak.json", peaks.probe_matmul(device))
 
     status: dict[str, Any] = {}
     for v in variants:
@@ -262,7 +263,7 @@ def run_bench(opts: BenchOptions, out: str | Path = "results/bench", run_id: str
 
 
 def _run_variant(v: Variant, preset: str, opts: BenchOptions, bench_dir: Path, progress: bool) -> dict[str, Any]:
-    from workbench import runner  # torch-heavy: imported when a bench really runs
+    from workbench.run import runner  # torch-heavy: imported when a bench really runs
 
     t = time.perf_counter()
     measured = {"repeats": opts.repeats, "profile": opts.crosscheck}
@@ -318,7 +319,7 @@ def _region(run_dir: Path, r: dict, prefix: str, who: str, old: dict | None) -> 
     if median is None:  # skipped, failed or diverged before its timed region
         return None
     medians = json.loads(r[f"{prefix}_repeat_medians"])
-    profile = _read(crosscheck.profile_path(run_dir, who)) or {}
+    profile = _read(profiler.profile_path(run_dir, who)) or {}
     return {"median_ms": median, "iters": _int(r.get("cfg_iters")), "repeats": len(medians),
             "repeat_medians_ms": medians, "median_of_medians_ms": statistics.median(medians) if medians else None,
             "median_spread_pct": _num(r.get(f"{prefix}_repeat_spread_pct")), **profile}
@@ -403,7 +404,7 @@ def bench_rows(bench_dir: Path) -> pd.DataFrame:
     return df[COLUMNS + [c for c in df.columns if c not in COLUMNS]]
 
 
-HOST_BOUND_BELOW, _host_bound = crosscheck.HOST_BOUND_BELOW, crosscheck.host_bound  # one rule for bench and runs
+HOST_BOUND_BELOW, _host_bound = profiler.HOST_BOUND_BELOW, profiler.host_bound  # one rule for bench and runs
 
 
 def _truthy(x) -> bool:
@@ -465,14 +466,14 @@ def _teacher_cells(r: dict, step: float | None, peak: dict) -> dict[str, Any]:
         prec = {"auto": "bf16" if isinstance(r.get("gpu_name"), str) else "fp32"}.get(
             r.get("cfg_teacher_precision"), r.get("cfg_teacher_precision"))
     return {"teacher_precision": prec, "teacher_share_pct": share, "teacher_tflops": tflops,
-            "teacher_pct_of_measured_peak": _pct(tflops, hardware.measured_tflops(peak, prec))}
+            "teacher_pct_of_measured_peak": _pct(tflops, peaks.measured_tflops(peak, prec))}
 
 
 def _bench_row(meta, peak, variant, r, obs, teacher_obs, run_dir) -> dict[str, Any]:
     # the row's own GEMM precision (a fallback row ran torch autocast, whatever backend it stands for)
     precision = r.get("gemm_precision") if isinstance(r.get("gemm_precision"), str) else _precision_of(r["student"])
     step = _num(r.get("step_ms_median"))
-    measured, sheet = hardware.measured_tflops(peak, precision), hardware.datasheet_tflops(peak, precision)
+    measured, sheet = peaks.measured_tflops(peak, precision), peaks.datasheet_tflops(peak, precision)
     obs = obs or {}
     m = config_mod.ModelConfig(**{k: int(r[f"cfg_{k}"]) for k in ("vocab", "hidden", "intermediate", "layers",
                                                                   "seq_len", "batch")})
@@ -524,7 +525,7 @@ def _kernel_breakdown(bench_dir: Path | None, row: dict) -> dict[str, Any]:
         return {}
     found = observations(run_dir)
     obs = (found["teacher"] if row["student"] == "teacher" else found["students"].get(row["student"])) or {}
-    return {k: obs[k] for k in crosscheck.DETAIL if k in obs}
+    return {k: obs[k] for k in profiler.DETAIL if k in obs}
 
 
 def crosscheck_report(df: pd.DataFrame, preset: str | None, bench_dir: Path | None = None) -> dict[str, Any]:
@@ -538,10 +539,10 @@ def crosscheck_report(df: pd.DataFrame, preset: str | None, bench_dir: Path | No
         rows.append({k: r.get(k) for k in ("variant", "student", "step_ms_median", "profiled_step_ms_median",
                                             "kernel_ms_per_step", "gpu_busy_ms_per_step", "kernels_per_step",
                                             "kernel_sum_to_event_ratio", "profiler_reason")}
-                    | {"kernel_to_event_ratio": rat, "within_tolerance": crosscheck.agrees(rat)})
+                    | {"kernel_to_event_ratio": rat, "within_tolerance": profiler.agrees(rat)})
     head = _best(ran[ran["precision"] == "fp8"]) or _best(ran)
     return {
-        "schema_version": results.SCHEMA_VERSION, "preset": preset, "tolerance": crosscheck.TOLERANCE,
+        "schema_version": results.SCHEMA_VERSION, "preset": preset, "tolerance": profiler.TOLERANCE,
         "what": "gpu_busy_ms_per_step = union of the GPU activity intervals (kernels, memcpy, memset) torch.profiler "
                 "saw in one extra timed block, per step; kernel_ms_per_step = their plain sum (counts kernels "
                 "overlapping on several streams twice); kernel_to_event_ratio = gpu_busy_ms_per_step / "
@@ -550,7 +551,7 @@ def crosscheck_report(df: pd.DataFrame, preset: str | None, bench_dir: Path | No
             "variant": head["variant"], "student": head["student"], "step_ms_median": head["step_ms_median"],
             "kernel_ms_per_step": head.get("kernel_ms_per_step"), "gpu_busy_ms_per_step": head.get("gpu_busy_ms_per_step"),
             "kernel_to_event_ratio": _num(head.get("kernel_to_event_ratio")),
-            "within_tolerance": crosscheck.agrees(_num(head.get("kernel_to_event_ratio"))),
+            "within_tolerance": profiler.agrees(_num(head.get("kernel_to_event_ratio"))),
             **_kernel_breakdown(bench_dir, head)},
         "rows": rows,
     }
@@ -583,7 +584,7 @@ TARGETS = (
            "same run", ">=", 2.4, "x"),
     Target("P2-bf16-mfu", ("large",), "our bf16 path, % of the bf16 matmul peak measured in the same run", ">=", 80.0, "%"),
     Target("P2-crosscheck", ("large",), "|profiler GPU busy time / event-timed median - 1|, fastest TE FP8 row",
-           "<=", crosscheck.TOLERANCE * 100, "%"),
+           "<=", profiler.TOLERANCE * 100, "%"),
     Target("P3", None, "teacher forward, % of the measured matmul peak of its precision", ">=", 75.0, "%"),
     Target("P3-share", None, "teacher's share of a distillation step (its forward + the fastest student's step)",
            "report", None, "%"),
@@ -700,8 +701,8 @@ def _memory_ratio(ran: pd.DataFrame) -> tuple[dict | None, float | None, str]:
 
 
 def aggregate(bench_dir: str | Path) -> pd.DataFrame:
-    """(Re)build bench.csv, crosscheck.json, targets.json, bench.md and the plots from the files."""
-    from workbench import plots
+    """(Re)build bench.csv, profiler.json, targets.json, bench.md and the plots from the files."""
+    from workbench.results import plots
 
     bench_dir = Path(bench_dir)
     df = bench_rows(bench_dir)
@@ -740,7 +741,7 @@ def _markdown_one(d: Path, df: pd.DataFrame, targets: bool = True) -> str:
     first = df.iloc[0].to_dict() if len(df) else {}
     ran = results.ran(df).sort_values("step_ms_median")
     peak = _read(d / "peak.json") or {}
-    meas = {p: hardware.measured_tflops(peak, p) for p in hardware.PRECISIONS}
+    meas = {p: peaks.measured_tflops(peak, p) for p in peaks.PRECISIONS}
     gpu = first.get("gpu_name") if isinstance(first.get("gpu_name"), str) else "CPU"
     te = first.get("te_version") if isinstance(first.get("te_version"), str) else "not installed"
     head = (f"### `{first.get('preset')}` preset — {gpu}, torch {first.get('torch')}, TE {te}"
@@ -850,7 +851,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--write-readme", metavar="DIR", default=None,
                    help="write DIR/README.md: the targets of every bench below DIR in one table, then their rows")
     p.add_argument("--aggregate", metavar="DIR", default=None,
-                   help="rebuild bench.csv, targets.json, crosscheck.json, bench.md and plots of DIR from its files")
+                   help="rebuild bench.csv, targets.json, profiler.json, bench.md and plots of DIR from its files")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -30,7 +30,7 @@ COMMANDS = {
     "sweep": ("workbench.sweep", "papermill sweep over a config grid into results/sweeps/<name>/, resumable, + report"),
     "study": ("workbench.study", "distillation-quality study: arms x seeds, one teacher, gaps vs the bf16 noise floor"),
     "teacher": ("workbench.teacher", "train (or find) the language-model teacher of a config, cached for later runs"),
-    "scaling": ("workbench.scaling", "the scaling curve (tokens/s, efficiency, memory per GPU vs GPUs) of distributed runs"),
+    "scaling": ("workbench.results.scaling", "the scaling curve (tokens/s, efficiency, memory per GPU vs GPUs) of distributed runs"),
     "hf-init": ("workbench.models.hf_init", "write a randomly initialised Hugging Face model of a real shape, with a tokenizer trained here"),
     "bench": ("workbench.bench", "benchmark variants (eager/compile/graphs, layouts) vs measured + datasheet peaks, + profiler cross-check"),
 }
@@ -51,12 +51,13 @@ add_arguments = add_run_arguments
 
 
 def main_run(args: argparse.Namespace) -> int:
-    from workbench import config, distributed, runner
+    from workbench import config
 
+    from workbench.run import parallel, runner
     overrides = config.parse_set(args.overrides)
     cfg = config.from_preset(args.preset, **overrides)
     run_dir = runner.run(cfg, out=args.out, run_id=args.run_id, requested={"preset": args.preset, **overrides})
-    if not distributed.reports_run(cfg):  # one summary line per run
+    if not parallel.reports_run(cfg):  # one summary line per run
         return 0
     summary = results.load_summary(run_dir)
     summary["run_dir"] = str(run_dir)

@@ -222,7 +222,7 @@ class BackendOptions:
 
 @dataclass
 class ParallelConfig:
-    """One run over several processes (GPUs) with torchrun, data parallel (see workbench.distributed)."""
+    """One run over several processes (GPUs) with torchrun, data parallel (see workbench.run.parallel)."""
 
     nproc: int = 1
     """Processes per node, one GPU each; above 1 the run is launched under torchrun and every rank trains

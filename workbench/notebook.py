@@ -95,7 +95,7 @@ def overrides_from(namespace: dict[str, Any]) -> dict[str, Any]:
 
 def run_cell(namespace: dict[str, Any]) -> Path:
     """The notebook's one call: build the config from its parameters and run it. Returns the run folder."""
-    from workbench import runner
+    from workbench.run import runner
 
     overrides = overrides_from(namespace)
     cfg = config.from_preset(namespace.get("preset") or "auto", **overrides)
@@ -113,7 +113,7 @@ def summary_table(run_dir: str | Path) -> pd.DataFrame:
     the baseline student (its step time / this one's; none for a fallback row, which ran PyTorch in place
     of its backend), final train loss, eval MSE and peak allocated memory in GiB (empty on a CPU: memory is
     measured on GPUs only), and `slow path`: why a slower path ran than this machine offers
-    (workbench.slow_path), with the GPU's busy share of the step where it was measured; a distributed run
+    (workbench.run.slow_path), with the GPU's busy share of the step where it was measured; a distributed run
     adds the ranks and the scaling efficiency against the student's one-process row. Three significant digits."""
     df = results.load(run_dir)
     baseline = results.load_config(run_dir).baseline
@@ -143,7 +143,7 @@ def summary_table(run_dir: str | Path) -> pd.DataFrame:
 def language_model_plots(run_dir: str | Path) -> list | None:
     """Language-model runs: each student's held-out perplexity and KL to the teacher, and their curves
     during training (with train.eval_every); nothing for the MLP task. Returns the figures."""
-    from workbench import plots  # matplotlib in the kernel only, not in the `workbench notebook` driver
+    from workbench.results import plots  # matplotlib in the kernel only, not in the `workbench notebook` driver
 
     if "heldout_ppl" not in results.load(run_dir):
         return None
@@ -178,9 +178,9 @@ def timings_note(run_dir: str | Path) -> str:
 
 
 def plot(run_dir: str | Path, name: str):
-    """The run's plot `name` (workbench.plots.PLOTS) where it has something to draw, else one line saying
+    """The run's plot `name` (workbench.results.plots.PLOTS) where it has something to draw, else one line saying
     so instead of empty axes. Returns the figure, or None."""
-    from workbench import plots  # matplotlib in the kernel only, not in the `workbench notebook` driver
+    from workbench.results import plots  # matplotlib in the kernel only, not in the `workbench notebook` driver
 
     if plots.has_data(run_dir, name):
         return plots.PLOTS[name](run_dir)
@@ -191,7 +191,7 @@ def plot(run_dir: str | Path, name: str):
 def peak_memory(run_dir: str | Path):
     """The peak-memory plot where memory was measured (a GPU run); on a CPU one line saying so instead of
     empty axes. Returns the figure, or None."""
-    from workbench import plots  # matplotlib in the kernel only, not in the `workbench notebook` driver
+    from workbench.results import plots  # matplotlib in the kernel only, not in the `workbench notebook` driver
 
     if results.load(run_dir)["peak_mem_allocated_mb"].notna().any():
         return plots.peak_memory(run_dir)
@@ -214,8 +214,9 @@ def execute(preset: str = "auto", overrides: dict[str, Any] | None = None, out: 
     past `cell_timeout`.
     """
     import papermill as pm
-    from workbench import results, runner
+    from workbench import results
 
+    from workbench.run import runner
     if importlib.util.find_spec("ipykernel") is None:  # else papermill's "No such kernel named python3"
         raise ModuleNotFoundError(NO_KERNEL)
     overrides = overrides or {}

@@ -7,7 +7,7 @@ Built only in an interactive session: when the notebook's `show_panel` parameter
 is None and the notebook is not being executed by papermill (headless runs skip it). Each size is one
 `workbench.notebook.run_cell(...)`, the very call the papermill path makes, into
 results/panel/<timestamp>/hidden<h>/; a tqdm.auto bar counts the sizes while the runner's per-student
-lines stream below it. On completion: the run's plots (one size), or workbench.report's speedup, step
+lines stream below it. On completion: the run's plots (one size), or workbench.sweep.report's speedup, step
 time and memory against size (several sizes).
 """
 from __future__ import annotations
@@ -104,8 +104,10 @@ class Panel:
     def figures(run_dirs: list[Path]) -> list:
         import matplotlib.pyplot as plt
 
-        from workbench import plots, report
+        from workbench.results import plots
 
+
+        from workbench.sweep import report
         if len(run_dirs) == 1:
             figs = [fn(run_dirs[0]) for fn in plots.run_plots(run_dirs[0]).values()]  # none with nothing to draw
         else:

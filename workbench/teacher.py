@@ -24,7 +24,7 @@ def add_arguments(p) -> None:
 
 
 def main(args) -> int:
-    from workbench import runner
+    from workbench.run import runner
     from workbench.train import lm_metrics, tasks
 
     cfg = config.from_preset(args.preset, **config.parse_set(args.overrides))

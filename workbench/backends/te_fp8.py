@@ -125,7 +125,7 @@ class TEFP8(TEBF16):
     mode = "TE-FP8"
     quantized_weights = True
     fp8_weights = False  # set by build: this student keeps FP8 weights (options.te_fp8_weights)
-    amax_reduction_group = None  # a distributed run's data-parallel group (set by workbench.distributed)
+    amax_reduction_group = None  # a distributed run's data-parallel group (set by workbench.run.parallel)
 
     @property
     def gemm_precision(self) -> str:

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import torch
 from torch.distributed.tensor import DTensor
 
-from workbench import crosscheck, flops, timing
+from workbench.measure import profiler, flops, timing
 from workbench.backends import MASTER_INIT, Backend
 from workbench.env import te as _te
 from workbench.train import objectives
@@ -351,9 +351,9 @@ def time_steps(step, cfg, data: Data, device: torch.device, train_flops: int) ->
         "tflops": flops.tflops(train_flops, t.median),
         "train_gflop_per_step": train_flops / 1e9,  # the model's own count: readers need not redo it
         "peak_mem_allocated_mb": alloc, "peak_mem_reserved_mb": reserved,
-        # the silent-slowdown evidence of every GPU run (workbench.slow_path): None on a CPU
+        # the silent-slowdown evidence of every GPU run (workbench.run.slow_path): None on a CPU
         "gpu_busy_ms_per_step": t.gpu_busy_ms, "gpu_busy_share": t.gpu_busy_share,
     }
     if t.profile is not None:  # the summary in the row; the whole record (per-kernel detail) under "profile"
-        out.update({k: t.profile.get(k) for k in crosscheck.SUMMARY}, profile=t.profile)
+        out.update({k: t.profile.get(k) for k in profiler.SUMMARY}, profile=t.profile)
     return out

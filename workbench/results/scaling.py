@@ -4,7 +4,7 @@ run folders only.
 
     python -m workbench scaling results/reference/h200x2/multi --out results/reference/h200x2/scaling
 
-Every distributed run (workbench.distributed) carries its own one-GPU point: the rows '<student>@1gpu',
+Every distributed run (workbench.run.parallel) carries its own one-GPU point: the rows '<student>@1gpu',
 the same student trained and timed by rank 0 alone, in the same run and by the same code. Runs of the same
 preset and strategy at 2, 4, 8 GPUs therefore line up as one curve per (preset, strategy, student), its
 1-GPU point the median of the runs' reference rows. Writes scaling.csv, then scaling.png / .svg.
@@ -60,7 +60,7 @@ def points(df: pd.DataFrame) -> pd.DataFrame:
 def figure(table: pd.DataFrame):
     import matplotlib.pyplot as plt
 
-    from workbench import plots
+    from workbench.results import plots
 
     # one row of panels per preset: shapes differ by x in tokens/s, and one legend beside each row
     presets = sorted(table["preset"].dropna().unique()) or ["-"]

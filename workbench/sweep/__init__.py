@@ -24,7 +24,7 @@ results/sweeps/<name>/
   sweep.json   the spec a bare restart resumes
   index.csv    one row per point: id, grid values, status (running/done/failed/interrupted), error, wall time
   <point>/     a run folder (workbench.results files, done.json last, + the executed notebook)
-  report/      workbench.report's CSVs, plots and report.html (written at the end)
+  report/      workbench.sweep.report's CSVs, plots and report.html (written at the end)
 
 A point's id is a short hash of its spec: the preset, the point's overrides and an id version
 (sweep_plan.point_id), so a field the config gains later renames no point; folders of earlier ids (a hash
@@ -92,7 +92,7 @@ import pandas as pd
 
 from workbench import config, results
 from workbench.config import ConfigError
-from workbench.sweep_plan import (  # noqa: F401 - the spec and files are part of the sweep's API
+from workbench.sweep.plan import (  # noqa: F401 - the spec and files are part of the sweep's API
     DEFAULT_ROOT, DONE_FILE, INDEX_COLUMNS, INDEX_FILE, SPEC_FILE, STATUSES, DamagedIndex, Point, Spec,
     check_spec_shape, complete_points, damaged_points, load_spec_file, parse_grid_args, plan, planned_ids,
     point_folders, point_id, read_index, stored_spec)
@@ -576,7 +576,7 @@ def run_sweep(spec: Spec, root: str | Path = DEFAULT_ROOT, workers: str | int = 
 def report_only(sweep_dir: Path, reference: str) -> Path:
     """(Re)write the report of a sweep no driver is running. Read-only but for <sweep>/report/: the
     index, the spec and the points stay as they are (a published sweep's tracked files included)."""
-    from workbench import report
+    from workbench.sweep import report
 
     check_no_driver(sweep_dir)  # a live driver's half-written points are not a report
     stored_spec(sweep_dir)  # a damaged sweep.json: one line naming it, before any kernel starts
@@ -641,7 +641,7 @@ def _interrupt(signum, frame):
 
 
 def main(args) -> int:
-    from workbench import report
+    from workbench.sweep import report
 
     if args.report_only:
         if not args.name:

@@ -12,7 +12,7 @@ run after the reported block, so they never change its times or memory peaks.
 
 Every CUDA measurement also says how busy the GPU was (`Timing.gpu_busy_share`): the profiled block's
 GPU busy time where one ran, else a short block of BUSY_PROBE_STEPS steps under the profiler (`busy_probe`),
-over the reported median. Below crosscheck.HOST_BOUND_BELOW the host set the pace, not the GPU.
+over the reported median. Below profiler.HOST_BOUND_BELOW the host set the pace, not the GPU.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from workbench import crosscheck
+from workbench.measure import profiler
 
 BUSY_PROBE_STEPS = 3  # a few profiled steps are enough for a busy share; the profiler's start costs more than they do
 
@@ -91,7 +91,7 @@ class Timing:
     repeats: RepeatStats = field(default_factory=lambda: RepeatStats([]))
     """Median of every timed block of `measure(repeats=n)`, the first block's included."""
     profile: dict[str, Any] | None = None
-    """`crosscheck.profiled_block` of one more block under torch.profiler (`measure(profile=True)`)."""
+    """`profiler.profiled_block` of one more block under torch.profiler (`measure(profile=True)`)."""
     gpu_busy_ms: float | None = None
     """GPU busy time per step (kernels and copies, overlaps counted once) seen by the profiler; None on a CPU."""
 
@@ -139,7 +139,7 @@ def measure(step: Callable[[], Any], warmup: int, iters: int, clock, before_time
     the timed block's final sync and before anything else touches the device (read the peaks there).
     Then, on the already warmed-up step: `repeats - 1` more timed blocks (each one's median goes to
     `.repeats`, the noise figure) and, with `profile`, one more block under torch.profiler
-    (`.profile`, see workbench.crosscheck), or, with `busy_probe` on a CUDA clock, BUSY_PROBE_STEPS steps
+    (`.profile`, see workbench.measure.profiler), or, with `busy_probe` on a CUDA clock, BUSY_PROBE_STEPS steps
     under it for `.gpu_busy_ms` alone. The returned times and the peaks are the first block's:
     the extra blocks only cost time."""
     if repeats < 1:
@@ -155,10 +155,10 @@ def measure(step: Callable[[], Any], warmup: int, iters: int, clock, before_time
     more = repeat_medians(lambda: _timed_block(step, iters, clock), repeats - 1)
     t.repeats = RepeatStats(([t.median] if t.median is not None else []) + more.medians_ms)
     if profile:
-        t.profile = crosscheck.profiled_block(lambda: _timed_block(step, iters, clock))
+        t.profile = profiler.profiled_block(lambda: _timed_block(step, iters, clock))
         t.gpu_busy_ms = t.profile.get("gpu_busy_ms_per_step")
     elif busy_probe and isinstance(clock, CudaClock):
-        t.gpu_busy_ms = crosscheck.profiled_block(
+        t.gpu_busy_ms = profiler.profiled_block(
             lambda: _timed_block(step, BUSY_PROBE_STEPS, clock)).get("gpu_busy_ms_per_step")
     return t
 

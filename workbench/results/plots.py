@@ -1,7 +1,7 @@
 """Plots of a run, read only from its result files (students.csv, losses.csv).
 
 Each function returns a matplotlib Figure; `plot_run` saves all of them as PNG and SVG next to the data.
-Every figure here and in workbench.report draws a student in `student_color(spec)`, so a student keeps
+Every figure here and in workbench.sweep.report draws a student in `student_color(spec)`, so a student keeps
 its colour from one plot to the next and from one run to the next; axes use `plain_log_axis` and GiB.
 They read a run before its done.json too: the runner plots a run before it marks it complete.
 """
@@ -152,7 +152,7 @@ SLOW_MARK = "⚠"
 
 def _mark_slow(fig, ax, d: pd.DataFrame, bars: list) -> None:
     """A marker at the foot of every bar whose student ran a slower path than the machine offers (the row's
-    `slow_path`, workbench.slow_path), and one line under the axes naming the first such student and why."""
+    `slow_path`, workbench.run.slow_path), and one line under the axes naming the first such student and why."""
     slow = [(r, b) for r, b in zip(d.to_dict("records"), bars) if isinstance(r.get("slow_path"), str)]
     for _, b in slow:
         ax.annotate(SLOW_MARK, (b.get_x() + b.get_width() / 2, 0), xycoords=("data", "axes fraction"),

@@ -1,6 +1,6 @@
 """Sweep report: from which model size on does each FP8 recipe beat bf16, at what memory and loss cost.
 
-    from workbench import report
+    from workbench.sweep import report
     df = report.load_sweep("results/sweeps/size_crossover")  # every student row of every complete point
     report.crossover(df)                                     # smallest hidden at which each FP8 student wins
     report.run("results/sweeps/size_crossover")              # the report notebook -> <sweep>/report/
@@ -32,8 +32,12 @@ import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
 
-from workbench import plots, results, scaling, sweep_plan
+from workbench import results
 
+
+from workbench.results import plots, scaling
+
+from workbench.sweep import plan
 REFERENCE = "torch_bf16"
 REPORT_NOTEBOOK = resources.files("workbench") / "notebooks" / "sweep_report.ipynb"  # package data
 RAN_OK = ("ok",)  # fallback rows ran another precision than their name says: not evidence about FP8
@@ -59,8 +63,8 @@ def low_precision(df: pd.DataFrame) -> pd.Series:
 def point_dirs(path: str | Path) -> list[Path]:
     """The complete points of a sweep folder; any other folder: every run below it (e.g. panel runs)."""
     path = Path(path)
-    if (path / sweep_plan.SPEC_FILE).exists() or (path / sweep_plan.INDEX_FILE).exists():
-        return sweep_plan.complete_points(path)
+    if (path / plan.SPEC_FILE).exists() or (path / plan.INDEX_FILE).exists():
+        return plan.complete_points(path)
     return results.run_dirs(path)
 
 
@@ -79,8 +83,8 @@ def _point_frame(d: Path) -> pd.DataFrame:
     if (d / "losses.csv").exists():
         peak = results.read_csv(d / "losses.csv").groupby("student")["loss"].max().rename("max_train_loss")
         df = df.drop(columns="max_train_loss", errors="ignore").merge(peak, left_on="student", right_index=True, how="left")
-    if (d / sweep_plan.DONE_FILE).exists():
-        df["finished_at"] = results.read_json(d / sweep_plan.DONE_FILE).get("finished_at")
+    if (d / plan.DONE_FILE).exists():
+        df["finished_at"] = results.read_json(d / plan.DONE_FILE).get("finished_at")
     return df
 
 
@@ -122,14 +126,14 @@ def failed_points(sweep_dir: str | Path) -> pd.DataFrame:
     their error, and every complete point whose result files were damaged after it finished (status
     `damaged`, the error naming the file). A damaged index.csv is said on stderr and leaves the damaged ones."""
     try:
-        idx = sweep_plan.read_index(sweep_dir)
-    except sweep_plan.DamagedIndex as e:
+        idx = plan.read_index(sweep_dir)
+    except plan.DamagedIndex as e:
         print(f"workbench report: {e}; the next sweep run rebuilds it", file=sys.stderr)
-        idx = pd.DataFrame(columns=sweep_plan.INDEX_COLUMNS)
-    wanted = sweep_plan.planned_ids(sweep_dir)  # rows of an earlier spec's points are history, not failures
+        idx = pd.DataFrame(columns=plan.INDEX_COLUMNS)
+    wanted = plan.planned_ids(sweep_dir)  # rows of an earlier spec's points are history, not failures
     bad = idx[(idx["status"] != "done") & (idx["point"].isin(wanted) if wanted is not None else True)]
     damaged = pd.DataFrame([{"point": d.name, "status": "damaged", "error_kind": "damaged", "error": why}
-                            for d, why in sweep_plan.damaged_points(sweep_dir).items()],
+                            for d, why in plan.damaged_points(sweep_dir).items()],
                            columns=["point", "status", "error_kind", "error"])
     bad = pd.concat([bad[~bad["point"].isin(damaged["point"])], damaged], ignore_index=True) if len(damaged) else bad
     cols = ["point", "status", "error_kind", "error"] + [c for c in idx.columns if c.startswith("grid_")]
@@ -470,7 +474,7 @@ FIGURES = {"speedup_vs_size": speedup_vs_size, "step_time_vs_size": step_time_vs
 
 
 def multi_gpu(df: pd.DataFrame) -> pd.DataFrame:
-    """The scaling table (workbench.scaling) of the points that ran over several GPUs; empty if none did."""
+    """The scaling table (workbench.results.scaling) of the points that ran over several GPUs; empty if none did."""
     spread = scaling.points(df)
     return spread if (spread["gpus"] > 1).any() else spread.iloc[0:0]
 
@@ -482,7 +486,7 @@ def default_out(sweep_dir: str | Path) -> Path:
 
 def write_files(df: pd.DataFrame, out_dir: str | Path, sweep_dir: str | Path | None = None) -> dict[str, Path]:
     """sweep.csv (every row + derived columns), crossover.csv, loss_band.csv, failed_points.csv, for points
-    that ran over several GPUs scaling.csv (workbench.scaling), and every figure as PNG and SVG, each
+    that ran over several GPUs scaling.csv (workbench.results.scaling), and every figure as PNG and SVG, each
     written atomically into `out_dir`."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -545,5 +549,5 @@ def run(sweep_dir: str | Path, reference: str = REFERENCE, out_dir: str | Path |
     return out_dir
 
 
-if __name__ == "__main__":  # python -m workbench.report SWEEP_DIR [REFERENCE]
+if __name__ == "__main__":  # python -m workbench.sweep.report SWEEP_DIR [REFERENCE]
     print(run(sys.argv[1], *sys.argv[2:3]))

@@ -1,6 +1,8 @@
 """One workbench run: probe -> teacher targets -> every student -> result files -> plots.
 
-    from workbench import config, runner
+    from workbench import config
+
+    from workbench.run import runner
     run_dir = runner.run(config.from_preset("cpu-smoke"), out="results")
 
 Writes results/<run_id>/ (see workbench.results), done.json last. A student that cannot run here becomes a row with
@@ -21,7 +23,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from workbench import backends, crosscheck, distributed, results, slow_path, timing
+from workbench import backends, results
+
+from workbench.measure import profiler, timing
+
+from workbench.run import parallel, slow_path
 from workbench.env import probe
 from workbench.env import te as _te
 from workbench.config import Config
@@ -72,7 +78,7 @@ def time_teacher(cfg: Config, task, data: Data, device: torch.device) -> tuple[d
 def _write_profile(run_dir: Path, who: str, record: dict | None) -> None:
     """A profiled block's whole record (per-kernel detail included) as run_dir/profile-<who>.json."""
     if record is not None:
-        results.write_json(crosscheck.profile_path(run_dir, who), record)
+        results.write_json(profiler.profile_path(run_dir, who), record)
 
 
 def last_install() -> dict | None:
@@ -94,12 +100,12 @@ def new_run_id(cfg: Config) -> str:
 def run(cfg: Config, out: str | Path = "results", run_id: str | None = None, requested: dict | None = None,
         progress: bool = True) -> Path:
     """Run every student in `cfg.backends`; return the run folder. `out` is the parent folder.
-    With parallel.nproc > 1 outside torchrun, the run is launched under torchrun (workbench.distributed)."""
+    With parallel.nproc > 1 outside torchrun, the run is launched under torchrun (workbench.run.parallel)."""
     cfg = tasks.resolve_lm(cfg.validate())  # model.vocab from a Hugging Face teacher / student, tokenizers checked
     device = resolve_device(cfg)
-    if distributed.should_launch(cfg):
-        return distributed.launch(cfg, out, run_id, new_run_id(cfg), progress)
-    world, device = distributed.setup(cfg, device)
+    if parallel.should_launch(cfg):
+        return parallel.launch(cfg, out, run_id, new_run_id(cfg), progress)
+    world, device = parallel.setup(cfg, device)
     try:
         return _run(cfg, world, device, out, run_id, requested, progress and world.writes)
     finally:
@@ -109,7 +115,7 @@ def run(cfg: Config, out: str | Path = "results", run_id: str | None = None, req
         _te.force_attention("auto")
 
 
-def _run(cfg: Config, world: distributed.World, device, out, run_id, requested, progress: bool) -> Path:
+def _run(cfg: Config, world: parallel.World, device, out, run_id, requested, progress: bool) -> Path:
     """The run on this process; under torchrun every rank runs it and only rank 0 writes files."""
     t0 = time.monotonic()
     run_dir = results.create_run_dir(out, run_id, new_run_id(cfg)) if world.writes else None  # exclusive
@@ -136,7 +142,7 @@ def _run(cfg: Config, world: distributed.World, device, out, run_id, requested, 
             results.write_json(run_dir / "task.json", task.info)
         if world.active:  # every rank distils rank 0's teacher into rank 0's initial weights
             for module in (task.teacher, task.reference):
-                distributed.broadcast_module(module, device)
+                parallel.broadcast_module(module, device)
         data = task.make_data(shard=world.rank)
     except Exception:  # refused before any student ran: no folder of a run that never was
         if world.writes:
@@ -159,7 +165,7 @@ def _run(cfg: Config, world: distributed.World, device, out, run_id, requested, 
         results.write_csv(run_dir / "students.csv", df)
         results.write_csv(run_dir / "losses.csv", pd.DataFrame(loss_rows, columns=["step", "student", "loss"]))
         results.write_json(run_dir / "summary.json", summarize(cfg, env, df, run_id, device, task.teacher_precision))
-        from workbench import plots  # matplotlib only once there is something to plot
+        from workbench.results import plots  # matplotlib only once there is something to plot
 
         plots.plot_run(run_dir)
         results.mark_complete(run_dir, run_id=run_id, wall_s=round(time.monotonic() - t0, 2))  # last: the run is complete
@@ -167,7 +173,7 @@ def _run(cfg: Config, world: distributed.World, device, out, run_id, requested, 
     return run_dir
 
 
-def _all_students(cfg: Config, run_dir: Path, task, data: Data, device, progress: bool, world: distributed.World):
+def _all_students(cfg: Config, run_dir: Path, task, data: Data, device, progress: bool, world: parallel.World):
     """Every student of the run, one after the other (and, for language models, the baseline trained on
     cross-entropy only): (rows, loss rows). A student that changes the shared batches is flagged, and the
     batches are rebuilt for the ones after it. In a distributed run each student's row is merged from every
@@ -220,13 +226,13 @@ def _free(device) -> None:
         torch.cuda.empty_cache()
 
 
-def _across_ranks(cfg: Config, world: distributed.World, own: tuple, alone) -> list[tuple]:
+def _across_ranks(cfg: Config, world: parallel.World, own: tuple, alone) -> list[tuple]:
     """One student of a distributed run: its row merged from every rank's (profile and curve: rank 0's),
     then, with parallel.scaling_reference, its one-process reference row, run by `alone()` on rank 0 while
     the other ranks wait. [(row, losses, profile, curve)], in that order."""
     row, losses, profile, curve = own
     gathered = world.gather((row, losses))
-    row, losses = distributed.merge_rows([r for r, _ in gathered], [x for _, x in gathered], world)
+    row, losses = parallel.merge_rows([r for r, _ in gathered], [x for _, x in gathered], world)
     if not (cfg.parallel.scaling_reference and row["status"] in results.RAN):
         return [(row, losses, profile, curve)]
     ref = None
@@ -234,12 +240,12 @@ def _across_ranks(cfg: Config, world: distributed.World, own: tuple, alone) -> l
         ref, ref_losses = alone()
         ref_profile, ref_curve = ref.pop("profile", None), ref.pop("curve", None) or []
     world.barrier()
-    row = distributed.scaling(row, world.from_rank0(ref))
+    row = parallel.scaling(row, world.from_rank0(ref))
     return [(row, losses, profile, curve)] + ([(ref, ref_losses, ref_profile, ref_curve)] if world.writes else [])
 
 
 def _one_student(spec: str, cfg: Config, ctx, task, data: Data, device, progress: bool, name: str | None = None,
-                 world: distributed.World | None = None):
+                 world: parallel.World | None = None):
     row: dict[str, Any] = {"student": name or spec, "backend": spec.partition(":")[0], "recipe": spec.partition(":")[2] or None,
                            "mode": None, "status": "ok", "reason": ""}
     try:
@@ -265,7 +271,7 @@ def _try_student(row: dict, spec: str, cfg: Config, ctx, task, data: Data, devic
         backend = fb
     on_step = None
     if world is not None and world.active:
-        backend, on_step = distributed.Spread(backend, world), distributed.stop_together(device)
+        backend, on_step = parallel.Spread(backend, world), parallel.stop_together(device)
     _say(progress, f"[{row['student']}] training {cfg.train.steps} steps ({row['mode']})")
     try:
         metrics, losses = run_student(backend, cfg, task, data, device,
@@ -371,7 +377,7 @@ def summarize(cfg: Config, env: dict, df: pd.DataFrame, run_id: str, device, tea
         "speedup_vs_baseline": {r["student"]: ratio(base_ms, r.get("step_ms_median")) if r["status"] == "ok" else None
                                 for r in ran.to_dict("records")},
         "gpu_busy_share": {r["student"]: _known(r.get("gpu_busy_share")) for r in ran.to_dict("records")},
-        # a slower path than this machine offers (workbench.slow_path), by student; {} when none did
+        # a slower path than this machine offers (workbench.run.slow_path), by student; {} when none did
         "slow_path": {r["student"]: r["slow_path"] for r in df.to_dict("records") if isinstance(r.get("slow_path"), str)},
         "timings_note": slow_path.CPU_NOTE if device.type == "cpu" else None,
     }

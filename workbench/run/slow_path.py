@@ -3,8 +3,8 @@
 Every student row gets a `slow_path` cell: None when nothing slower than this machine offers ran, else plain
 reasons joined by '; ', each naming what ran and what would change it:
 
-  host-bound      the GPU was busy less than crosscheck.HOST_BOUND_BELOW of the step (`gpu_busy_share`, from
-                  a few profiled steps, workbench.timing): launches and Python set the pace, not the GPU.
+  host-bound      the GPU was busy less than profiler.HOST_BOUND_BELOW of the step (`gpu_busy_share`, from
+                  a few profiled steps, workbench.measure.timing): launches and Python set the pace, not the GPU.
                   The fix is one CUDA graph for the whole step; where the bench measured that student so
                   (results/reference/<machine>/bench/<preset>/bench.csv, same GPU), its step time is quoted.
   unfused         TE ran its unfused attention (the row's `attention_backend`), the slowest of TE's three.
@@ -24,9 +24,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from workbench import crosscheck
+from workbench.measure import profiler
 
-REFERENCE = Path(__file__).resolve().parent.parent / "results" / "reference"
+REFERENCE = Path(__file__).resolve().parents[2] / "results" / "reference"
 """The committed measurements of a checkout (absent from a wheel: then no bench figure is quoted)."""
 CPU_NOTE = ("CPU timings are a smoke test: they show the run works, not how the students compare on a GPU "
             "(no TE, no FP8, no CUDA graphs here)")
@@ -65,7 +65,7 @@ def graph_fix(row: dict) -> str:
 
 def host_bound(row: dict, bench_ms: float | None = None) -> str | None:
     share = _num(row.get("gpu_busy_share"))
-    if not crosscheck.host_bound(share):
+    if not profiler.host_bound(share):
         return None
     figure = f" (bench measured {bench_ms:.3g} ms)" if bench_ms is not None and not (
         _truthy(row.get("graphed")) and _text(row.get("graph_scope")) == "step") else ""

@@ -6,8 +6,8 @@ results/<run_id>/
   summary.json   the tutorial's summary keys and more (FP8/bf16 loss ratios, teacher time)
   students.csv   one row per student: schema version, config, env stamp, metrics with units in names
   losses.csv     step, student, loss
-  profile-<student>.json, profile-teacher.json   with bench.profile: the profiled block (workbench.crosscheck)
-  *.png / *.svg  plots (workbench.plots)
+  profile-<student>.json, profile-teacher.json   with bench.profile: the profiled block (workbench.measure.profiler)
+  *.png / *.svg  plots (workbench.results.plots)
   done.json      written last: the run is complete (loaders skip folders without it); it records the size
                  and hash of every CSV, so a file damaged later is named (read_csv) instead of read as half a row
 Every write goes to a temporary file in the same folder, then os.replace: a reader never sees half a file.

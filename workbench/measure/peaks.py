@@ -2,7 +2,7 @@
 
 MFU-style percentages are only honest against a stated ceiling. Two are reported side by side:
   * measured: `probe_matmul()` times one large square GEMM per precision (bf16, fp16, fp32 and FP8 via
-    `torch._scaled_mm`) with workbench.timing, in the same process as the students, so clocks, driver
+    `torch._scaled_mm`) with workbench.measure.timing, in the same process as the students, so clocks, driver
     and cuBLAS are the ones the students saw;
   * datasheet: `datasheet_peak(gpu_name)` -- dense (no 2:4 sparsity) tensor-core TFLOP/s from NVIDIA's
     product pages / datasheets, one source URL per number. A GPU not in the table, or whose variant
@@ -10,7 +10,7 @@ MFU-style percentages are only honest against a stated ceiling. Two are reported
     None, never a guessed neighbour. Cross-checked against torchao's `roofline_utils.gpu_name_to_specs`
     and nanochat's / torchtitan's `get_peak_flops`.
 
-    python -m workbench.hardware       # prints the peak probe of this machine as JSON
+    python -m workbench.measure.peaks       # prints the peak probe of this machine as JSON
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import torch
 
-from workbench import timing
+from workbench.measure import timing
 from workbench.backends import native_bf16
 
 PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
@@ -206,7 +206,7 @@ def probe_matmul(device: torch.device, settings: ProbeSettings | None = None) ->
         "datasheet": sheet.to_dict() if sheet else None,
         "datasheet_reason": "" if sheet else (
             "no GPU: datasheet peaks are for GPUs" if gpu is None
-            else f"{gpu!r} is not in workbench.hardware.DATASHEET (or its variant is ambiguous): unknown"),
+            else f"{gpu!r} is not in workbench.measure.peaks.DATASHEET (or its variant is ambiguous): unknown"),
     }
 
 

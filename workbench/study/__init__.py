@@ -45,7 +45,9 @@ from typing import Any
 
 import pandas as pd
 
-from workbench import config, quality_stats as qs, results
+from workbench import config, results
+
+from workbench.study import stats as qs
 from workbench.config import ConfigError
 
 DEFAULT_ROOT = Path("results") / "studies"
@@ -185,7 +187,7 @@ def point_overrides(study: Study) -> list[dict[str, Any]]:
 
 
 def sweep_spec(study: Study):
-    from workbench.sweep_plan import Spec
+    from workbench.sweep.plan import Spec
 
     return Spec(name=study.name, preset=study.preset, fixed=dict(study.fixed), grid={"point": point_overrides(study)})
 
@@ -229,7 +231,7 @@ def _cli_value(v: Any) -> str:
 def collect(study: Study, study_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(study rows: one per arm x seed, curves): from every planned point; an arm x seed whose point is not
     complete is a row with status 'missing' and the point's state as its reason."""
-    from workbench.sweep_plan import plan, read_index
+    from workbench.sweep.plan import plan, read_index
 
     try:
         index = read_index(study_dir).set_index("point")
@@ -409,7 +411,7 @@ def report(study_dir: str | Path, headline_arm: str | None = None, headline_metr
     head["teacher_cached_at"] = teacher.get("teacher_checkpoint")
     head["arms_not_flattened"] = [r["arm"] for r in arms.to_dict("records") if r["flattened"] is False]
     results.write_json(study_dir / "headline.json", head)
-    from workbench import plots
+    from workbench.results import plots
 
     fig = heldout_curves(study, curves)
     results.write_figure(fig, study_dir, "heldout_curves")
@@ -464,7 +466,7 @@ def readme(study: Study, head: dict, arms: pd.DataFrame, gaps: pd.DataFrame | No
 
 # ---- figures (read only the study's tables) -------------------------------------------------------
 def _arm_style(study: Study, name: str) -> dict[str, Any]:
-    from workbench import plots
+    from workbench.results import plots
 
     a = study.arm(name)
     color = plots.student_color(a.student if a and a.kd and not a.noise else name)
@@ -474,7 +476,7 @@ def _arm_style(study: Study, name: str) -> dict[str, Any]:
 def heldout_curves(study: Study, curves: pd.DataFrame):
     """Held-out KL to the teacher and perplexity against the training step: per arm the mean over seeds,
     the band its min and max."""
-    from workbench import plots
+    from workbench.results import plots
 
     fig, axes = plots.plt.subplots(1, 2, figsize=(11, 4.8))
     if curves.empty:
@@ -503,7 +505,7 @@ def heldout_curves(study: Study, curves: pd.DataFrame):
 def gap_vs_noise(study: Study, gaps: pd.DataFrame):
     """Each arm's paired gap to the reference (mean, 95% interval) against the bf16 noise floor (the grey
     band, +- the floor): an interval inside the band or across 0 is noise."""
-    from workbench import plots
+    from workbench.results import plots
 
     fig, axes = plots.plt.subplots(1, 2, figsize=(11, 0.6 * len(study.arms) + 2.2))
     for ax, m in zip(axes, ("kl_teacher_student_t1_nats", "heldout_ppl")):

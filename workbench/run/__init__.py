@@ -1,0 +1,1 @@
+"""One run: probe -> teacher targets -> every student -> files, on one process or several."""

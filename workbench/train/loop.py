@@ -42,7 +42,8 @@ class Data:
         checked = [(t, []) for t in streamed()] if streamed else []
         checked += [(tokens, targets.tensors()) for tokens, targets in (*(self.train if streamed is None else []),
                                                                          *self.bench, *self.eval)]
-        return torch.stack([_bit_sum(t) for tokens, tensors in checked for t in (tokens, *tensors)]).cpu()
+        # each sum to the host first: streamed batches keep their tokens on the host, the others are on the device
+        return torch.stack([_bit_sum(t).cpu() for tokens, tensors in checked for t in (tokens, *tensors)])
 
 
 _SAME_WIDTH_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

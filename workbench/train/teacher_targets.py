@@ -6,7 +6,7 @@ with train.steps.
   online       OnlineBatches: the teacher's forward when a batch is fetched, before the student's step (never
                inside its timed or graphed step). Holds the token windows only (int32), nothing per vocabulary.
   topk         TopKStore: the teacher's k largest logits, their ids and the log-sum-exp of the rest per token,
-               computed once into memmapped files in the cache folder; TopKBatches streams them to the GPU a
+               computed once into files in the cache folder; TopKBatches streams them to the GPU a
                step ahead. steps x tokens x k on disk, a few pinned buffers in memory.
 
 Every student of a run still sees the same batches and the same targets: the online teacher's forward is a
@@ -44,6 +44,9 @@ FORMAT = 1  # of the store's files; a store of another format is rebuilt
 FILES = ("values", "indices", "rest_lse", "windows")
 _NUMPY = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: np.uint16}  # bf16 as its bits
 _TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# a stored array's buffer dtype (same width; bf16 bits read into int16, then viewed as bf16)
+_TORCH_OF_NUMPY = {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16,
+                   np.dtype(np.uint16): torch.int16, np.dtype(np.int16): torch.int16, np.dtype(np.int32): torch.int32}
 
 
 class DamagedStore(Exception):
@@ -85,7 +88,9 @@ class Layout:
 
 
 class TopKStore:
-    """An opened, verified store: read-only memmaps of its arrays (nothing is read into memory up front)."""
+    """An opened, verified store. Steps are read from its files with positioned reads (os.preadv) into the
+    caller's buffers, never memory-mapped: mapped pages count in the process's resident memory and stay there,
+    so a memmapped store's RSS grew with train.steps; read pages stay in the kernel's page cache only."""
 
     def __init__(self, folder: Path, recipe: dict):
         self.folder = Path(folder)
@@ -97,7 +102,7 @@ class TopKStore:
         if meta.get("format") != FORMAT or meta.get("recipe") != recipe:
             raise DamagedStore(f"{meta_path} was written for another recipe or format")
         self.layout = layout_of(recipe)
-        self.arrays = {}
+        self.files: dict[str, tuple[Path, tuple[int, ...], np.dtype]] = {}
         for name, (shape, dtype) in self.layout.arrays().items():
             path, want = self.folder / f"{name}.bin", meta["files"].get(name, {})
             size = path.stat().st_size if path.exists() else None
@@ -105,18 +110,36 @@ class TopKStore:
                 raise DamagedStore(f"{path} has {size} bytes, meta.json says {want.get('bytes')}")
             if sha256(path) != want.get("sha256"):
                 raise DamagedStore(f"{path} does not match its sha256 in meta.json")
-            # copy-on-write: torch wants writable arrays; a write would stay private, never reach the file
-            self.arrays[name] = np.memmap(path, dtype=dtype, mode="c", shape=shape)
+            self.files[name] = (path, shape[1:], dtype)
 
     def __len__(self) -> int:
         return self.layout.steps
 
-    def host(self, i: int) -> dict[str, torch.Tensor]:
-        """Step i's arrays as CPU tensors over the memmapped pages (no copy)."""
-        out = {name: torch.from_numpy(np.asarray(a[i])) for name, a in self.arrays.items()}
+    def empty(self, pin_memory: bool = False) -> dict[str, torch.Tensor]:
+        """One step's CPU buffers (bf16 values as bf16), to be filled by `read`."""
+        out = {name: torch.empty(shape, dtype=_TORCH_OF_NUMPY[dtype], pin_memory=pin_memory)
+               for name, (_, shape, dtype) in self.files.items()}
         if self.layout.value_dtype == torch.bfloat16:
             out["values"] = out["values"].view(torch.bfloat16)
         return out
+
+    def read(self, i: int, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Step i's arrays read from the files into `out` (from `empty`)."""
+        for name, (path, shape, dtype) in self.files.items():
+            buf = out[name].view(_TORCH_OF_NUMPY[dtype]).numpy()
+            nbytes = buf.nbytes
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                got = os.preadv(fd, [memoryview(buf).cast("B")], i * nbytes)
+            finally:
+                os.close(fd)
+            if got != nbytes:
+                raise DamagedStore(f"{path}: step {i} is cut short ({got} of {nbytes} bytes)")
+        return out
+
+    def host(self, i: int) -> dict[str, torch.Tensor]:
+        """Step i's arrays as fresh CPU tensors."""
+        return self.read(i, self.empty())
 
 
 def layout_of(recipe: dict) -> Layout:
@@ -140,34 +163,39 @@ def build_store(folder: Path, recipe: dict, windows: collections.abc.Iterable[to
     tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     tmp.mkdir(parents=True)
     try:
-        arrays = {name: np.memmap(tmp / f"{name}.bin", dtype=dt, mode="w+", shape=shape)
-                  for name, (shape, dt) in layout.arrays().items()}
+        # appended step by step with plain writes (no memmap: its dirty pages would count in this process's
+        # resident memory and grow with the number of steps)
+        specs = layout.arrays()
+        handles = {name: open(tmp / f"{name}.bin", "wb") for name in specs}
         n = 0
-        for i, window in enumerate(windows):
-            logits = teacher_logits(window)
-            values, indices, rest = topk_targets(logits, layout.k, recipe["temperature"])
-            if values.dtype != layout.value_dtype:
-                raise ValueError(f"the teacher's logits are {values.dtype}, the store's recipe says {layout.value_dtype}")
-            if values.dtype == torch.bfloat16:
-                values = values.view(torch.uint16)
-            arrays["values"][i] = values.cpu().numpy()
-            arrays["indices"][i] = indices.cpu().numpy()  # < vocab: fits the index dtype
-            arrays["rest_lse"][i] = rest.cpu().numpy()
-            arrays["windows"][i] = window.cpu().numpy()
-            n = i + 1
-            if on_step:
-                on_step(i)
+        try:
+            for i, window in enumerate(windows):
+                logits = teacher_logits(window)
+                values, indices, rest = topk_targets(logits, layout.k, recipe["temperature"])
+                if values.dtype != layout.value_dtype:
+                    raise ValueError(f"the teacher's logits are {values.dtype}, the store's recipe says "
+                                     f"{layout.value_dtype}")
+                if values.dtype == torch.bfloat16:
+                    values = values.view(torch.uint16)
+                step = {"values": values, "indices": indices, "rest_lse": rest, "windows": window}
+                for name, (shape, dt) in specs.items():
+                    a = np.ascontiguousarray(step[name].cpu().numpy(), dtype=dt)  # indices < vocab fit the dtype
+                    if a.shape != shape[1:]:
+                        raise ValueError(f"the top-k store's {name} of step {i} is {a.shape}, expected {shape[1:]}")
+                    handles[name].write(a.tobytes())
+                n = i + 1
+                if on_step:
+                    on_step(i)
+            for f in handles.values():
+                f.flush()
+                os.fsync(f.fileno())
+        finally:
+            for f in handles.values():
+                f.close()
         if n != layout.steps:
             raise ValueError(f"the top-k store expected {layout.steps} steps, got {n}")
-        files = {}
-        for name, a in arrays.items():
-            a.flush()
-            del a
-            path = tmp / f"{name}.bin"
-            with open(path, "rb+") as f:
-                os.fsync(f.fileno())
-            files[name] = {"bytes": path.stat().st_size, "sha256": sha256(path)}
-        arrays.clear()
+        files = {name: {"bytes": (tmp / f"{name}.bin").stat().st_size, "sha256": sha256(tmp / f"{name}.bin")}
+                 for name in specs}
         results.write_json(tmp / "meta.json", {"format": FORMAT, "recipe": recipe, "files": files})
         try:
             tmp.rename(folder)  # atomic; fails if another process finished the same store first
@@ -215,7 +243,7 @@ def ensure_store(folder: Path, recipe: dict, build: Callable[[], None]) -> tuple
 
 class TopKBatches(collections.abc.Sequence):
     """Training batches from a top-k store: (tokens, Targets(values, next_tokens, indices, rest_lse)) on the
-    device. Iterating (the training loop) copies step i+1 from the memmap into one of two pinned buffers and
+    device. Iterating (the training loop) reads step i+1 from the files into one of two pinned buffers and
     on to the GPU on a side stream, non-blocking, while step i runs; indexing copies at once. What stays in
     memory is those two buffers, whatever the number of steps."""
 
@@ -235,7 +263,7 @@ class TopKBatches(collections.abc.Sequence):
     def __getitem__(self, i: int):
         if not 0 <= i < len(self):
             raise IndexError(i)
-        return self._batch({k: v.clone() for k, v in self.store.host(i).items()})
+        return self._batch(self.store.host(i))
 
     def shared_tensors(self) -> list[torch.Tensor]:
         return []  # a student only ever gets fresh device copies: nothing it could write back into
@@ -245,8 +273,7 @@ class TopKBatches(collections.abc.Sequence):
             yield from (self[i] for i in range(len(self)))
             return
         if not self._pinned:
-            self._pinned = [{k: torch.empty(v.shape, dtype=v.dtype, pin_memory=True) for k, v in self.store.host(0).items()}
-                            for _ in range(2)]
+            self._pinned = [self.store.empty(pin_memory=True) for _ in range(2)]
         main, side = torch.cuda.current_stream(self.device), torch.cuda.Stream(self.device)
         copied: list[torch.cuda.Event | None] = [None, None]
 
@@ -254,8 +281,7 @@ class TopKBatches(collections.abc.Sequence):
             buf = self._pinned[i % 2]
             if copied[i % 2] is not None:
                 copied[i % 2].synchronize()  # the copy out of this buffer (two steps ago) is done before it is refilled
-            for k, v in self.store.host(i).items():
-                buf[k].copy_(v)
+            self.store.read(i, buf)
             with torch.cuda.stream(side):
                 batch = self._batch(buf, non_blocking=True)
                 copied[i % 2] = torch.cuda.Event()

@@ -50,7 +50,7 @@ lab: setup
 	$(BIN)/python -m jupyter lab notebooks/
 
 # Every variant (eager / compile / graphs x layout x param dtype) of a preset, the matmul peak probe, the
-# profiler cross-check and the noise repeats: $(OUT)/bench/<timestamp>-bench-<preset>/ (workbench/bench.py).
+# profiler cross-check and the noise repeats: $(OUT)/bench/<timestamp>-bench-<preset>/ (workbench/bench/).
 # Example: make bench PRESET=large SET="--variants eager,graphs-fused-bf16"
 bench: setup
 	$(BIN)/python -m workbench bench --preset $(PRESET) --out $(OUT)/bench $(SET)

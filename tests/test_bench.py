@@ -2,7 +2,10 @@
 the committed H200 benches read back, and a real `workbench bench --preset cpu-smoke` writing its files. No timing assertions: only that
 numbers exist where they can and are null, with a reason, where they cannot."""
 import json
+import os
 import shutil
+import subprocess
+import sys
 import types
 from pathlib import Path
 
@@ -10,7 +13,11 @@ import pandas as pd
 import pytest
 import torch
 
-from workbench import bench, config, results
+from workbench import config, results
+from workbench.bench import cells, crosscheck, tables, variants
+from workbench.bench import rows as rows_module
+from workbench.bench.rows import COLUMNS, _with_tutorial_ratios, bench_rows, host_bound
+from workbench.bench.targets import TARGETS, evaluate_targets
 
 from workbench.measure import profiler, flops, peaks, timing
 from workbench.cli import main as cli_main
@@ -83,8 +90,8 @@ def test_profiled_block_degrades_on_cpu():
     out = profiler.profiled_block(lambda: timing.measure(lambda: sum(range(1000)), 0, 3, timing.CpuClock()))
     assert out["profiled_step_ms_median"] is not None
     assert out["kernel_ms_per_step"] is None and out["profiler_reason"]
-    assert bench._div(9.5, 10.0) == pytest.approx(0.95) and profiler.agrees(0.95)
-    assert bench._div(float("nan"), 10.0) is None and bench._div(1.0, 0) is None
+    assert cells.div(9.5, 10.0) == pytest.approx(0.95) and profiler.agrees(0.95)
+    assert cells.div(float("nan"), 10.0) is None and cells.div(1.0, 0) is None
     assert profiler.agrees(0.8) is False and profiler.agrees(None) is None
     assert profiler._union_us([("a", 0, 10), ("b", 5, 15), ("c", 20, 30)]) == 25
 
@@ -128,15 +135,15 @@ def test_kernel_breakdown_skips_annotations_and_names_what_takes_the_time():
 
 # ---- variants, targets, Markdown ------------------------------------------------------------------
 def test_variant_config_rejects_unknown_students_as_rows():
-    v = bench.Variant("t", {"layout": "fused"}, ("torch_bf16", "no_such_backend:x"))
-    cfg, rejected = bench.variant_config("cpu-smoke", {}, v)
+    v = variants.Variant("t", {"layout": "fused"}, ("torch_bf16", "no_such_backend:x"))
+    cfg, rejected = variants.variant_config("cpu-smoke", {}, v)
     assert cfg.backends == ["torch_bf16"] and cfg.baseline == "torch_bf16" and cfg.model.layout == "fused"
     assert [r["student"] for r in rejected] == ["no_such_backend:x"]
     assert rejected[0]["status"] == "error" and "config rejected" in rejected[0]["reason"]
     with pytest.raises(config.ConfigError):
-        bench.resolve_variants("seed", ["nope"])
-    for preset, names in bench.DEFAULT_VARIANTS.items():
-        assert all(n in bench.VARIANTS for n in names), preset
+        variants.resolve_variants("seed", ["nope"])
+    for preset, names in variants.DEFAULT_VARIANTS.items():
+        assert all(n in variants.VARIANTS for n in names), preset
 
 
 def _rows(preset: str) -> pd.DataFrame:
@@ -166,7 +173,7 @@ def _rows(preset: str) -> pd.DataFrame:
 
 
 def test_targets_at_large_and_not_evaluated_elsewhere():
-    t = {r["id"]: r for r in bench.evaluate_targets(_rows("large"), "large")}
+    t = {r["id"]: r for r in evaluate_targets(_rows("large"), "large")}
     assert t["P2"]["achieved"] == 17.0 and t["P2"]["met"] is True and t["P2"]["by"] == "graphs / te_fp8:delayed"
     assert t["P2-vs-tutorial"]["achieved"] == pytest.approx(30 / 17) and t["P2-vs-tutorial"]["met"] is False
     assert t["P2-bf16-mfu"]["achieved"] == 82.0 and t["P2-bf16-mfu"]["met"] is True
@@ -179,23 +186,23 @@ def test_targets_at_large_and_not_evaluated_elsewhere():
     assert t["P5"]["achieved"] == pytest.approx(1.1) and t["P5"]["by"] == "graphs / te_fp8:delayed"
     assert t["P1"]["met"] is None and "seed" in t["P1"]["note"]  # the seed target is not judged at large
     assert t["P6"]["met"] is None and t["P6"]["target"] == "<= 20 ms"
-    s = {r["id"]: r for r in bench.evaluate_targets(_rows("seed"), "seed")}
+    s = {r["id"]: r for r in evaluate_targets(_rows("seed"), "seed")}
     assert s["P1"]["achieved"] == 17.0 and s["P1"]["met"] is False
     assert s["P1-te-fp8"]["achieved"] == 17.0 and s["P2"]["met"] is None
     assert s["P4"]["achieved"] == 2.5  # at seed only graphed rows count; the host-bound eager row reports apart
-    a = {r["id"]: r for r in bench.evaluate_targets(_rows("lm-a"), "lm-a")}
+    a = {r["id"]: r for r in evaluate_targets(_rows("lm-a"), "lm-a")}
     assert a["P6"]["achieved"] == 17.0 and a["P6"]["met"] is True and a["P6"]["target"] == "<= 20 ms"
     assert a["P6-vs-bf16"]["achieved"] == pytest.approx(25 / 17) and a["P6-vs-bf16"]["met"] is False
     assert a["P6-vs-torchao"]["achieved"] == pytest.approx(17 / 20) and a["P6-vs-torchao"]["met"] is True
-    b = {r["id"]: r for r in bench.evaluate_targets(_rows("lm-b"), "lm-b")}
+    b = {r["id"]: r for r in evaluate_targets(_rows("lm-b"), "lm-b")}
     assert b["P6"]["target"] == "<= 33.5 ms" and b["P6"]["met"] is True
 
 
 def test_a_missed_target_carries_the_profilers_split_of_its_row(tmp_path, monkeypatch):
     cats = {"gemm": 15.2, "optimizer": 4.7, "fp8 cast/amax/transpose": 3.0}
-    monkeypatch.setattr(bench, "_kernel_breakdown", lambda d, row: {"kernel_categories_ms_per_step": cats}
+    monkeypatch.setattr(crosscheck, "kernel_breakdown", lambda d, row: {"kernel_categories_ms_per_step": cats}
                         if row["student"] == "te_fp8:delayed" else {})
-    t = {r["id"]: r for r in bench.evaluate_targets(_rows("large").assign(step_ms_median=lambda d: d.step_ms_median * 2),
+    t = {r["id"]: r for r in evaluate_targets(_rows("large").assign(step_ms_median=lambda d: d.step_ms_median * 2),
                                                      "large", tmp_path)}
     assert t["P2"]["met"] is False and t["P2"]["breakdown"] == cats
     # a met target decided by the same row needs no breakdown
@@ -221,19 +228,19 @@ def test_tutorial_ratios_divide_by_the_tutorial_student_of_the_same_bench():
         _row("eager", "te_fp8:delayed", 8.0),
         _row("tutorial", "te_fp8:delayed_e4m3", 10.0),  # the tutorial's own recipe wins over delayed HYBRID
     ]
-    bench._with_tutorial_ratios(rows)
+    _with_tutorial_ratios(rows)
     assert {r["tutorial_bf16_ms"] for r in rows} == {4.0}
     assert rows[0]["speedup_vs_tutorial"] == 2.0 and rows[0]["tutorial_same_path_ms"] == 4.0
     assert rows[5]["tutorial_same_path_ms"] == 10.0 and rows[5]["speedup_vs_tutorial_same_path"] == 10 / 8
     assert rows[0]["tutorial_rows"] == "eager / torch_bf16; tutorial / te_fp8:delayed_e4m3"
     alone = [_row("compile", "torch_bf16", 2.0, compiled=True)]
-    bench._with_tutorial_ratios(alone)  # no tutorial-equivalent student ran: no ratio, never a constant
+    _with_tutorial_ratios(alone)  # no tutorial-equivalent student ran: no ratio, never a constant
     assert alone[0]["tutorial_bf16_ms"] is None and alone[0]["speedup_vs_tutorial"] is None
-    assert not hasattr(bench, "TUTORIAL_MS")
+    assert not hasattr(rows_module, "TUTORIAL_MS")
 
 
 def test_host_bound_rows_are_marked_from_the_profilers_gpu_busy_share():
-    assert bench._host_bound(0.3) is True and bench._host_bound(0.95) is False and bench._host_bound(None) is None
+    assert host_bound(0.3) is True and host_bound(0.95) is False and host_bound(None) is None
 
 
 def test_markdown_and_readme_from_files(tmp_path):
@@ -243,8 +250,8 @@ def test_markdown_and_readme_from_files(tmp_path):
                                compile_ms=None, gpu_name="NVIDIA H200", torch="2.11", te_version="2.20.2",
                                tutorial_rows="eager / torch_bf16")
     df.to_csv(d / "bench.csv", index=False)
-    (d / "targets.json").write_text(json.dumps({"preset": "large", "targets": bench.evaluate_targets(df, "large")}))
-    md = bench.markdown(tmp_path)
+    (d / "targets.json").write_text(json.dumps({"preset": "large", "targets": evaluate_targets(df, "large")}))
+    md = tables.markdown(tmp_path)
     assert "### `large` preset — NVIDIA H200" in md
     assert "| graphs | `te_fp8:delayed` | 17 |" in md
     assert md.index("te_fp8:delayed") < md.index("| eager | `torch_bf16`")  # fastest first
@@ -253,12 +260,12 @@ def test_markdown_and_readme_from_files(tmp_path):
     assert "| P2 | TE FP8 student step | <= 18 ms | 17 | graphs / te_fp8:delayed | yes |" in md
     assert "| P1 |" not in md  # another preset's target is left out
     readme = tmp_path / "README.md"
-    readme.write_text(f"# x\n\n## Benchmarks\n{bench.README_BEGIN}\nold\n{bench.README_END}\nafter\n")
-    assert bench.update_readme(readme, md)
+    readme.write_text(f"# x\n\n## Benchmarks\n{tables.README_BEGIN}\nold\n{tables.README_END}\nafter\n")
+    assert tables.update_readme(readme, md)
     text = readme.read_text()
     assert "old" not in text and "| graphs | `te_fp8:delayed`" in text and text.endswith("after\n")
     (tmp_path / "plain.md").write_text("no markers")
-    assert not bench.update_readme(tmp_path / "plain.md", md)
+    assert not tables.update_readme(tmp_path / "plain.md", md)
 
 
 def test_the_readme_table_is_generated_from_targets_json(tmp_path, capsys):
@@ -268,7 +275,7 @@ def test_the_readme_table_is_generated_from_targets_json(tmp_path, capsys):
         d.mkdir()
         df = _rows(preset).assign(preset=preset, tflops=1.0, pct_of_datasheet_peak=1.0, capture_ms=None, compile_ms=None)
         df.to_csv(d / "bench.csv", index=False)
-        targets = bench.evaluate_targets(df, preset)
+        targets = evaluate_targets(df, preset)
         for t in targets:  # every target carries one here: the table shows it only where the target is missed
             t["breakdown"] = {"gemm": 15.2, "optimizer": 4.7}
         (d / "targets.json").write_text(json.dumps({"preset": preset, "targets": targets}))
@@ -305,8 +312,8 @@ def test_bench_cpu_smoke_writes_its_files(tmp_path, capsys):
     assert peak["datasheet"] is None and peak["datasheet_reason"]
 
     df = pd.read_csv(d / "bench.csv")
-    assert list(df.columns[: len(bench.COLUMNS)]) == bench.COLUMNS
-    assert set(df["student"]) == set(bench.VARIANTS["smoke"].backends) and set(df["variant"]) == {"smoke"}
+    assert list(df.columns[: len(COLUMNS)]) == COLUMNS
+    assert set(df["student"]) == set(variants.VARIANTS["smoke"].backends) and set(df["variant"]) == {"smoke"}
     ran = df[df["status"].isin(["ok", "fallback"])]
     assert len(ran) and ran["step_ms_median"].notna().all() and ran["median_spread_pct"].notna().all()
     assert (ran["repeats"] == 3).all() and ran["profiled_step_ms_median"].notna().all()
@@ -323,7 +330,7 @@ def test_bench_cpu_smoke_writes_its_files(tmp_path, capsys):
     assert cc["tolerance"] == 0.1 and len(cc["rows"]) == len(ran)
     assert all(r["kernel_to_event_ratio"] is None and r["profiler_reason"] for r in cc["rows"])
     tg = {t["id"]: t for t in json.loads((d / "targets.json").read_text())["targets"]}
-    assert set(tg) == {t.id for t in bench.TARGETS}
+    assert set(tg) == {t.id for t in TARGETS}
     assert tg["P2"]["met"] is None and tg["P4"]["achieved"] is not None
 
     # each student's own row carries its repeats and profiler sums; bench.csv and observations.json are read
@@ -379,14 +386,14 @@ def test_committed_benches_read_back_the_same(bench_dir, tmp_path):
     d = shutil.copytree(REFERENCE / bench_dir, tmp_path / "b")
     before = pd.read_csv(d / "bench.csv")
     cc = json.loads((d / "crosscheck.json").read_text())
-    df = bench.bench_rows(d)
+    df = bench_rows(d)
     cols = ["repeats", "median_spread_pct", "teacher_median_spread_pct", "profiled_step_ms_median",
             "kernel_ms_per_step", "gpu_busy_ms_per_step", "kernels_per_step", "kernel_to_event_ratio"]
     pd.testing.assert_frame_equal(df[["variant", "student"] + cols].astype({c: float for c in cols}),
                                   before[["variant", "student"] + cols].astype({c: float for c in cols}))
     assert df["repeats"].notna().any() and df["kernel_ms_per_step"].notna().any()
     # to 12 significant digits: the GPU machine's float sums may differ from this one's in the last bit
-    assert _rounded(bench.crosscheck_report(df, cc["preset"], d)["headline"]) == _rounded(cc["headline"])
+    assert _rounded(crosscheck.crosscheck_report(df, cc["preset"], d)["headline"]) == _rounded(cc["headline"])
     if bench_dir.startswith("bench-profile"):  # benches with the per-kernel breakdown: it is found too
         assert cc["headline"]["top_kernels"] and cc["headline"]["kernel_categories_ms_per_step"]
 
@@ -395,19 +402,19 @@ def test_lm_bench_rows_say_which_logit_loss_ran(tmp_path):
     """The H200 lm-a bench (its rows from before students.csv had the cell): no column is made up; a run
     whose rows carry `loss_impl` (every LM run now) passes it to bench.csv beside the requested cfg_loss_impl."""
     d = shutil.copytree(REFERENCE / "bench" / "lm-a", tmp_path / "lm-a")
-    assert "loss_impl" not in bench.bench_rows(d).columns
+    assert "loss_impl" not in bench_rows(d).columns
     students = d / "runs" / "lm-te" / "students.csv"
     pd.read_csv(students).assign(loss_impl="fused").to_csv(students, index=False)
     done = json.loads((students.parent / "done.json").read_text())  # it guards the file's size: rewritten here
     (students.parent / "done.json").write_text(json.dumps({**done, "students_csv_bytes": students.stat().st_size}))
-    df = bench.bench_rows(d).set_index(["variant", "student"])
+    df = bench_rows(d).set_index(["variant", "student"])
     assert df.loc[("lm-te", "te_fp8:delayed"), ["loss_impl", "cfg_loss_impl"]].tolist() == ["fused", "auto"]
     assert df.loc[("lm-checkpointed-loss", "te_fp8:delayed"), "cfg_loss_impl"] == "checkpointed"
 
 
 def test_generated_markdown_tables_escape_pipes():
     """The P2-crosscheck target's text holds |...|: unescaped it split its row into extra cells."""
-    from workbench.bench import md_cell
+    from workbench.bench.tables import md_cell
 
     assert md_cell("|a - 1|, b") == "\\|a - 1\\|, b"
     readme = (Path(__file__).resolve().parent.parent / "results/reference/h200/bench/README.md").read_text()
@@ -417,3 +424,44 @@ def test_generated_markdown_tables_escape_pipes():
             break
     else:
         raise AssertionError("no P2-crosscheck row")
+
+
+# every committed README / bench.md the current code writes, regenerated from its own folder's files; left
+# out: bench.md files written before the table had its peak MB column or escaped '|' (bench/large,
+# bench-profile/*, hf/*: the README above them is the generated view), and bench-lm-pair/lm-b/README.md,
+# whose folder holds no targets.json to rebuild its targets table from
+@pytest.mark.parametrize("folder", ["bench", "bench-lm-pair"])
+def test_committed_bench_readmes_regenerate_byte_identical(folder):
+    d = REFERENCE / folder
+    assert tables.readme(d).encode() == (d / "README.md").read_bytes()
+
+
+@pytest.mark.parametrize("folder", ["bench/seed", "bench/lm-a", "bench/lm-b", "bench-lm-pair/lm-a"])
+def test_committed_bench_md_regenerates_byte_identical(folder):
+    d = REFERENCE / folder
+    assert tables.markdown(d).encode() == (d / "bench.md").read_bytes()
+
+
+def test_a_new_variant_is_one_entry_in_the_catalogue(tmp_path):
+    """The seam: a variant added to bench/variants.py alone (in a copy of the package) is listed and runs."""
+    pkg = Path(variants.__file__).resolve().parents[1]
+    copy = shutil.copytree(pkg, tmp_path / "src" / "workbench", ignore=shutil.ignore_patterns("__pycache__"))
+    with open(copy / "bench" / "variants.py", "a") as f:
+        f.write('\nVARIANTS["seam-probe"] = Variant("seam-probe", {"layout": "fused"}, ("torch_fp32",), '
+                '"a variant added in this file alone")\n')
+    assert "seam-probe" not in variants.VARIANTS
+
+    def wb(*args):
+        return subprocess.run([sys.executable, "-m", "workbench", "bench", *args], capture_output=True, text=True,
+                              cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(copy.parent)}, timeout=600)
+
+    listed = wb("--list")
+    assert listed.returncode == 0, listed.stderr
+    assert any(line.startswith("seam-probe ") for line in listed.stdout.splitlines())
+    ran = wb("--preset", "cpu-smoke", "--variants", "seam-probe", "--set", "steps=2", "--set", "warmup=1",
+             "--set", "iters=2", "--set", "eval_batches=1", "--repeats", "2", "--no-crosscheck",
+             "--out", str(tmp_path / "out"), "--run-id", "b")
+    assert ran.returncode == 0, ran.stderr
+    df = pd.read_csv(tmp_path / "out" / "b" / "bench.csv")
+    assert df[["variant", "student", "status", "layout"]].values.tolist() == [["seam-probe", "torch_fp32", "ok", "fused"]]
+    assert df["step_ms_median"].notna().all()

@@ -194,14 +194,14 @@ def test_fp8_attention_without_a_backend_is_an_error_that_names_the_option():
 
 
 def test_the_benchs_hf_variants_are_valid_configs_that_set_the_levers():
-    from workbench import bench
+    from workbench.bench import variants
 
-    names = [n for n in bench.VARIANTS if n.startswith("hf-")]
+    names = [n for n in variants.VARIANTS if n.startswith("hf-")]
     assert names == ["hf-compile", "hf-te-linear", "hf-te-layer", "hf-te-layer-step", "hf-te-layer-fp8-dpa",
                      "hf-te-layer-fp8-head"]
     for name in names:
-        c, rejected = bench.variant_config("gpt-cpu", {}, bench.VARIANTS[name])
+        c, rejected = variants.variant_config("gpt-cpu", {}, variants.VARIANTS[name])
         assert rejected == [] and c is not None, (name, rejected)
-    assert bench.variant_config("gpt-cpu", {}, bench.VARIANTS["hf-te-layer-fp8-dpa"])[0].options.te_fp8_dpa is True
-    head = bench.variant_config("gpt-cpu", {}, bench.VARIANTS["hf-te-layer-fp8-head"])[0]
+    assert variants.variant_config("gpt-cpu", {}, variants.VARIANTS["hf-te-layer-fp8-dpa"])[0].options.te_fp8_dpa is True
+    head = variants.variant_config("gpt-cpu", {}, variants.VARIANTS["hf-te-layer-fp8-head"])[0]
     assert (head.options.te_head_precision, head.options.te_conversion, head.options.te_graph) == ("fp8", "layer", "step")

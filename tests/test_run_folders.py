@@ -5,7 +5,8 @@ import shutil
 
 import pytest
 
-from workbench import bench, cli, config, notebook, results, sweep
+from workbench import cli, config, notebook, results, sweep
+from workbench.bench.run import BenchOptions, run_bench
 
 
 from workbench.run import runner
@@ -130,7 +131,7 @@ def test_a_damaged_students_csv_is_named(smoke_run, tmp_path, damage):
 def test_bench_ids_are_created_exclusively(tmp_path):
     (tmp_path / "b").mkdir()
     with pytest.raises(results.OutputError, match="exists already"):
-        bench.run_bench(bench.BenchOptions(preset="cpu-smoke", variants=["smoke"]), out=tmp_path, run_id="b")
+        run_bench(BenchOptions(preset="cpu-smoke", variants=["smoke"]), out=tmp_path, run_id="b")
 
 
 def test_sweep_names_from_spec_files_are_checked_too():

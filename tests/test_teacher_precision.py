@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from fake_te import FakeRecipes, FakeTEModules
-from workbench import bench, cli, config, results
+from workbench import cli, config, results
+from workbench.bench import rows as bench_rows
 from workbench.run import runner
 from workbench.backends.te_bf16 import TEAttention
 from workbench.env import te as _te
@@ -163,10 +164,10 @@ def test_the_bench_compares_a_teacher_with_the_peak_of_the_precision_it_ran_in()
     peak = {"measured": {"bf16": {"status": "ok", "tflops": 800.0}, "fp8": {"status": "ok", "tflops": 1600.0}}}
     row = {"cfg_kind": "mlp", "train_gflop_per_step": 3000.0, "teacher_ms_median": 2.0, "gpu_name": "NVIDIA H200",
            "cfg_teacher_precision": "fp8"}
-    fp8 = bench._teacher_cells({**row, "teacher_precision_used": "fp8"}, 8.0, peak)
+    fp8 = bench_rows._teacher_cells({**row, "teacher_precision_used": "fp8"}, 8.0, peak)
     assert fp8["teacher_precision"] == "fp8" and fp8["teacher_tflops"] == pytest.approx(500.0)
     assert fp8["teacher_pct_of_measured_peak"] == pytest.approx(31.25) and fp8["teacher_share_pct"] == pytest.approx(20.0)
-    fell_back = bench._teacher_cells({**row, "teacher_precision_used": "bf16"}, 8.0, peak)
+    fell_back = bench_rows._teacher_cells({**row, "teacher_precision_used": "bf16"}, 8.0, peak)
     assert fell_back["teacher_precision"] == "bf16" and fell_back["teacher_pct_of_measured_peak"] == pytest.approx(62.5)
 
 

@@ -32,7 +32,7 @@ COMMANDS = {
     "teacher": ("workbench.teacher", "train (or find) the language-model teacher of a config, cached for later runs"),
     "scaling": ("workbench.results.scaling", "the scaling curve (tokens/s, efficiency, memory per GPU vs GPUs) of distributed runs"),
     "hf-init": ("workbench.models.hf_init", "write a randomly initialised Hugging Face model of a real shape, with a tokenizer trained here"),
-    "bench": ("workbench.bench", "benchmark variants (eager/compile/graphs, layouts) vs measured + datasheet peaks, + profiler cross-check"),
+    "bench": ("workbench.bench.cli", "benchmark variants (eager/compile/graphs, layouts) vs measured + datasheet peaks, + profiler cross-check"),
 }
 
 

@@ -1,17 +1,17 @@
 #!/bin/bash
 # The distillation-quality study on one H200: every arm (torch bf16, TE bf16, TE FP8 delayed / current,
 # torchao float8, the no-KD student, the second bf16 arm of the noise floor) x 3 seeds, one teacher trained
-# once, each student on its fastest path (compiled, whole step in one CUDA graph). Sized for ~8 minutes in
+# once, each student on its fastest path (compiled, whole step in one CUDA graph). About 9-10 minutes in
 # all, the teacher included. After `bash .gpu/install.sh`. Resumable: a second call on a warm machine
 # finishes what a timed-out first one left (the study folder stays in $STUDY_ROOT).
-# Knobs: SET (extra --set arguments, e.g. "--set lm.student=DIR"), BUDGET_S (default 470).
+# Knobs: SET (extra --set arguments, e.g. "--set lm.student=DIR"), BUDGET_S (default 570; one device call is 600 s).
 # Writes $OUT/quality/ README.md and headline.json, and $OUT/quality.tar.gz: the study's small files
 # (CSV / JSON / PNG / README, the executed report notebook), no checkpoints, no point folders' runs.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 ROOT=${STUDY_ROOT:-/tmp/workbench-quality}
 mkdir -p "$ROOT" "$OUT/quality"
-timeout "${BUDGET_S:-470}" python3 -m workbench study --preset distill-quality --out "$ROOT" ${SET:-} \
+timeout "${BUDGET_S:-570}" python3 -m workbench study --preset distill-quality --out "$ROOT" ${SET:-} \
   > "$ROOT/study.log" 2>&1
 echo "== study: exit $?"
 S="$ROOT/distill-quality"

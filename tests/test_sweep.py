@@ -213,10 +213,10 @@ def test_points_go_to_a_running_cluster_at_scheduler_address(tmp_path, capsys):
     args = ["sweep", "--name", "remote", "--preset", "cpu-smoke", "--grid", "hidden=32", "--out", str(tmp_path),
             "--no-report", "--set", "backends=torch_fp32", "--set", "baseline=torch_fp32"]
     args += [a for k, v in TINY.items() for a in ("--set", f"{k}={v}")]
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
-        assert cli.main([*args, "--scheduler", cluster.scheduler_address]) == 0
-        worker = next(iter(cluster.scheduler.workers))
-        assert cluster.status.name == "running"  # the driver left the cluster it did not start running
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as local:
+        assert cli.main([*args, "--scheduler", local.scheduler_address]) == 0
+        worker = next(iter(local.scheduler.workers))
+        assert local.status.name == "running"  # the driver left the cluster it did not start running
     row = index.read_index(tmp_path / "remote").iloc[0]
     assert (row["status"], row["worker"]) == ("done", worker)
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["done"] == 1
@@ -513,10 +513,10 @@ def test_a_scheduler_address_where_nothing_listens_is_one_line():
 def test_a_scheduler_without_workers_is_a_clear_line_after_the_wait(capsys):
     from distributed import LocalCluster
 
-    with LocalCluster(n_workers=0, processes=False, dashboard_address=None) as cluster:
-        cluster.probe_scheduler(cluster.scheduler_address)  # a real scheduler passes the probe
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=None) as local:
+        cluster.probe_scheduler(local.scheduler_address)  # a real scheduler passes the probe
         with pytest.raises(cluster.SchedulerError, match="has no workers after 1 s.*--wait-workers"):
-            with cluster.dask_client(cluster.scheduler_address, "auto", [1], wait_workers=1):
+            with cluster.dask_client(local.scheduler_address, "auto", [1], wait_workers=1):
                 pass
     assert "has no workers yet; waiting up to 1 s" in capsys.readouterr().err
 

@@ -12,9 +12,9 @@ import pandas as pd
 
 from workbench import results
 from workbench.sweep.plan import Point, planned_ids, recorded_id
-from workbench.sweep.point import done_fields, now
+from workbench.sweep.point import DONE_FILE, done_fields, now
 
-INDEX_FILE, DONE_FILE = "index.csv", results.DONE_FILE
+INDEX_FILE = "index.csv"
 INDEX_COLUMNS = ["point", "status", "error_kind", "error", "problems", "wall_s", "started_at",
                  "finished_at", "worker", "overrides"]
 STATUSES = ("running", "done", "failed", "interrupted")

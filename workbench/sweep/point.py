@@ -13,7 +13,7 @@ from typing import Any
 
 from workbench import results
 
-DONE_FILE = results.DONE_FILE
+DONE_FILE = results.DONE_FILE  # written last by a run: a point is complete once it is there
 
 
 def now() -> str:

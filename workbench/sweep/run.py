@@ -21,6 +21,7 @@ from workbench.sweep.point import now
 LOCK_FILE = "sweep.lock"
 DEFAULT_CACHE = Path("results") / "cache"  # the cache `workbench run` uses with its default --out
 
+
 # ---- the sweep -------------------------------------------------------------------------------------
 def sweep_folder(root: str | Path, name: str) -> Path:
     """<root>/<name>: a sweep name is one folder name (results.check_name), never a path."""

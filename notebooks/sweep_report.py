@@ -38,9 +38,9 @@ out_dir: Optional[str] = None  # Where the report files go (None: <sweep_dir>/re
 # %%
 from IPython.display import Markdown
 
-from workbench.sweep import report
+from workbench.sweep import analysis, figures, report
 
-df = report.load_sweep(sweep_dir, reference=reference)
+df = analysis.load_sweep(sweep_dir, reference=reference)
 written = report.write_files(df, out_dir or report.default_out(sweep_dir), sweep_dir=sweep_dir)
 Markdown(report.intro(df))
 
@@ -50,49 +50,49 @@ Markdown(report.intro(df))
 # Hollow markers: the student or the reference was unstable there, so that size is not counted.
 
 # %%
-report.table(report.crossover(df))
+report.table(analysis.crossover(df))
 
 # %%
-report.speedup_vs_size(df);
+figures.speedup_vs_size(df);
 
 # %% [markdown]
 # ## Step time, peak memory and the FP8-vs-bf16 loss band
 
 # %%
-report.step_time_vs_size(df);
+figures.step_time_vs_size(df);
 
 # %%
-report.peak_memory_vs_size(df);
+figures.peak_memory_vs_size(df);
 
 # %%
-report.loss_band_vs_size(df);
+figures.loss_band_vs_size(df);
 
 # %%
-report.table(report.loss_band(df))
+report.table(analysis.loss_band(df))
 
 # %% [markdown]
 # ## Points: size, tokens and each student's status
 
 # %%
-report.table(report.overview(df))
+report.table(analysis.overview(df))
 
 # %% [markdown]
 # ## Scaling over GPUs (points that ran over several GPUs; their one-GPU point is timed in the same run)
 
 # %%
-report.table(report.multi_gpu(df), "none: no point ran over several GPUs")
+report.table(analysis.multi_gpu(df), "none: no point ran over several GPUs")
 
 # %% [markdown]
 # ## Points that did not finish (their error; a restart of the sweep retries them)
 
 # %%
-report.table(report.failed_points(sweep_dir))
+report.table(analysis.failed_points(sweep_dir))
 
 # %% [markdown]
 # ## About this report
 # It reads one sweep folder written by `workbench sweep` (`results/sweeps/<name>/`): every student of
 # every complete point, compared with the reference student at the same config. Every number comes
-# from the result files; `workbench.sweep.report` does the joins, this notebook only shows them. It writes
+# from the result files; `workbench.sweep.analysis` does the joins, this notebook only shows them. It writes
 # `sweep.csv` (every row, with `unstable` / `comparable` flags), `crossover.csv`, `loss_band.csv`,
 # `failed_points.csv` and the plots into `<sweep>/report/`; `workbench.sweep.report.run` (called at the end
 # of every sweep) executes it with papermill and adds `report.html`:

@@ -30,10 +30,10 @@ echo "sweep exit: ${PIPESTATUS[0]} (124: stopped by the time budget; rerun to re
 python3 -m workbench sweep --name "$NAME" --out "$ROOT" --report-only 2>&1 | grep -v IPKernelApp | tee -a "$LOG"
 python3 - "$ROOT/$NAME" <<'PY' 2>&1 | tee -a "$LOG"
 import os, sys, pandas as pd
-from workbench import sweep
+from workbench.sweep import index
 d = sys.argv[1]
 pd.set_option("display.width", 250); pd.set_option("display.max_colwidth", 80)
-idx = sweep.read_index(d)
+idx = index.read_index(d)
 print(idx.reindex(columns=["point", "status", "error_kind", "wall_s", "grid_hidden", "grid_seq_len", "problems", "error"]).to_string())
 if os.path.exists(f"{d}/report/crossover.csv"):
     print(pd.read_csv(f"{d}/report/crossover.csv").to_string())

@@ -26,10 +26,11 @@ python3 - "$ROOT/$NAME" "$OUT" <<'PY' 2>&1 | tee -a "$OUT/sweep.log"
 import itertools, json, sys
 from pathlib import Path
 import pandas as pd
-from workbench import results, sweep
+from workbench import results
+from workbench.sweep import index
 d, out = sys.argv[1], sys.argv[2]
 pd.set_option("display.width", 250)
-idx = sweep.read_index(d)
+idx = index.read_index(d)
 idx.to_csv(f"{out}/index.csv", index=False)
 print(idx.reindex(columns=["point", "status", "error_kind", "wall_s", "started_at", "finished_at", "worker",
                            "grid_hidden", "grid_seq_len", "error"]).to_string())

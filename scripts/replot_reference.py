@@ -40,7 +40,7 @@ def replot(root: Path) -> list[Path]:
         elif (folder / "bench.csv").exists():
             drawers = plots.BENCH_PLOTS
         else:
-            continue  # a sweep report's figures: workbench.sweep.report redraws those
+            continue  # a sweep report's figures: workbench.sweep.figures redraws those
         for old in sorted(folder.glob("*.png")):
             fn = drawers.get(old.stem)
             if fn is None:

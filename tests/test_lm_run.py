@@ -125,15 +125,15 @@ def test_a_language_model_sweep_through_papermill_with_its_plots_and_report(tmp_
     trained once for the sweep, each executed notebook shows the held-out plots, the report reads both."""
     import nbformat
 
-    from workbench import sweep
+    from workbench.sweep import index, plan, run
 
     fixed = {"corpus_mb": 0.2, "steps": 6, "eval_every": 3, "teacher_steps": 5, "iters": 2, "warmup": 1,
              "teacher_intermediate": 512, "teacher_heads": 4,  # one teacher, whatever the student's size
              "eval_batches": 2, "backends": "torch_fp32", "baseline": "torch_fp32", "no_kd_student": False}
-    spec = sweep.Spec("lm", "gpt-cpu", fixed, {"hidden": [32, 64]})
-    summary = sweep.run_sweep(spec, root=tmp_path, progress=False)
+    spec = plan.Spec("lm", "gpt-cpu", fixed, {"hidden": [32, 64]})
+    summary = run.run_sweep(spec, root=tmp_path, progress=False)
     assert (summary["done"], summary["failed"]) == (2, 0)
-    points = sweep.complete_points(tmp_path / "lm")
+    points = index.complete_points(tmp_path / "lm")
     checkpoints = {results.read_json(p / "task.json")["teacher_checkpoint"] for p in points}
     assert len(checkpoints) == 1  # one teacher for the whole sweep
     for p in points:
@@ -141,7 +141,7 @@ def test_a_language_model_sweep_through_papermill_with_its_plots_and_report(tmp_
         cell = next(c for c in nb.cells if "language_model_plots" in c.source)
         images = [o for o in cell.outputs if "image/png" in o.get("data", {})]
         assert len(images) == 2, p  # held-out quality, and its curve during training
-    report_dir = sweep.report_only(tmp_path / "lm", reference="torch_fp32")
+    report_dir = run.report_only(tmp_path / "lm", reference="torch_fp32")
     report = pd.read_csv(report_dir / "sweep.csv")
     assert sorted(report["cfg_hidden"]) == [32, 64] and report["heldout_ppl"].notna().all()
 

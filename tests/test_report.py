@@ -1,15 +1,13 @@
-"""workbench.sweep.report on a synthetic sweep with known answers, and the main notebook's widget panel."""
+"""workbench.sweep's analysis, figures and report on a synthetic sweep with known answers, and the widget panel."""
 import matplotlib.colors as mcolors
 import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
-from workbench import config, results, sweep
-
-
+from workbench import config, results
 from workbench.results import plots
+from workbench.sweep import analysis, figures, index, plan, report
 
-from workbench.sweep import report
 SIZES = (512, 1024, 2048, 4096)
 
 
@@ -40,7 +38,7 @@ def _rows():
 
 @pytest.fixture
 def df():
-    return report.add_derived(_rows())
+    return analysis.add_derived(_rows())
 
 
 def test_speedup_is_reference_time_over_student_time(df):
@@ -52,7 +50,7 @@ def test_speedup_is_reference_time_over_student_time(df):
 
 
 def test_crossover_is_the_smallest_size_where_fp8_wins(df):
-    c = report.crossover(df).set_index(["tokens", "student"])
+    c = analysis.crossover(df).set_index(["tokens", "student"])
     assert c.loc[(8192, "te_fp8:delayed"), "crossover_hidden"] == 2048
     assert c.loc[(1024, "te_fp8:delayed"), "crossover_hidden"] == 4096
     assert c.loc[(8192, "te_fp8:delayed"), "faster_at_all_larger_sizes"]
@@ -69,13 +67,13 @@ def test_fp8_students_are_told_by_the_precision_they_ran():
     rows = _rows()
     cur = rows["student"] == "te_fp8:current"
     rows.loc[cur, ["status", "gemm_precision"]] = ["fallback", "bf16"]
-    assert "te_fp8:current" not in set(report.crossover(report.add_derived(rows))["student"])
-    old = report.crossover(report.add_derived(rows.drop(columns="gemm_precision")))
+    assert "te_fp8:current" not in set(analysis.crossover(analysis.add_derived(rows))["student"])
+    old = analysis.crossover(analysis.add_derived(rows.drop(columns="gemm_precision")))
     assert "te_fp8:current" in set(old["student"])
 
 
 def test_loss_band_spans_the_fp8_students(df):
-    band = report.loss_band(df)
+    band = analysis.loss_band(df)
     assert band["loss_ratio_min"].tolist() == pytest.approx([1.1] * len(band)) and (band["students"] == 2).all()
 
 
@@ -84,7 +82,7 @@ def test_another_swept_axis_gets_its_own_crossover():
     two = _rows()
     three = two.assign(cfg_layers=2)  # with 2 blocks te_fp8:current wins everywhere
     three.loc[three["student"] == "te_fp8:current", "step_ms_median"] *= 0.5
-    cross = report.crossover(report.add_derived(pd.concat([two, three], ignore_index=True)))
+    cross = analysis.crossover(analysis.add_derived(pd.concat([two, three], ignore_index=True)))
     cur = cross[(cross["student"] == "te_fp8:current") & (cross["tokens"] == 1024)].set_index("cfg_layers")
     assert pd.isna(cur.loc[3, "crossover_hidden"]) and cur.loc[2, "crossover_hidden"] == min(SIZES)
 
@@ -94,23 +92,23 @@ def test_write_files_and_load_sweep_reads_only_complete_points(tmp_path):
     sweep_dir = tmp_path / "s"
     for point, g in rows.groupby("point"):
         results.write_csv(sweep_dir / point / "students.csv", g.drop(columns="point"))
-        results.write_json(sweep_dir / point / sweep.DONE_FILE, {"point": point, "finished_at": "2026-01-02T03:04:05"})
-    (sweep_dir / "p4096-128" / sweep.DONE_FILE).unlink()  # a point killed before it finished
+        results.write_json(sweep_dir / point / index.DONE_FILE, {"point": point, "finished_at": "2026-01-02T03:04:05"})
+    (sweep_dir / "p4096-128" / index.DONE_FILE).unlink()  # a point killed before it finished
     points = sorted(rows["point"].unique())
-    results.write_csv(sweep_dir / sweep.INDEX_FILE, pd.DataFrame({"point": points, "status": "done", "error_kind": None, "error": None}))
+    results.write_csv(sweep_dir / index.INDEX_FILE, pd.DataFrame({"point": points, "status": "done", "error_kind": None, "error": None}))
     # a spike (5 x the initial loss) that the student recovers from is only in losses.csv
     results.write_csv(sweep_dir / "p512-128" / "losses.csv", pd.DataFrame(
         {"step": [1, 2, 3], "student": "te_fp8:current", "loss": [0.7, 3.5, 0.55]}))
-    df = report.load_sweep(sweep_dir)
+    df = analysis.load_sweep(sweep_dir)
     spiked = df[(df["point"] == "p512-128") & (df["student"] == "te_fp8:current")].iloc[0]
     assert spiked["unstable"] and spiked["max_train_loss"] == 3.5
     assert not df[df["point"] != "p512-128"]["unstable"].any()
     assert "p4096-128" not in set(df["point"]) and df["point"].nunique() == 7
     written = report.write_files(df, tmp_path / "out", sweep_dir=sweep_dir)
     for name in ("sweep.csv", "crossover.csv", "loss_band.csv", "failed_points.csv",
-                 *(f"{f}.{e}" for f in report.FIGURES for e in ("png", "svg"))):
+                 *(f"{f}.{e}" for f in figures.FIGURES for e in ("png", "svg"))):
         assert written[name].stat().st_size > 0, name
-    assert "scaling.csv" not in written and report.multi_gpu(df).empty  # no point ran over several GPUs
+    assert "scaling.csv" not in written and analysis.multi_gpu(df).empty  # no point ran over several GPUs
     assert "| date | 2026-01-02 03:04:05 – 2026-01-02 03:04:05 |" in report.intro(df)
     assert pd.read_csv(written["sweep.csv"])["unstable"].sum() == 1
     cross = pd.read_csv(written["crossover.csv"]).set_index(["tokens", "student"])
@@ -119,19 +117,19 @@ def test_write_files_and_load_sweep_reads_only_complete_points(tmp_path):
 
 
 def test_points_of_an_earlier_spec_are_not_mixed_into_the_report(tmp_path):
-    spec = sweep.Spec(name="s", preset="cpu-smoke", grid={"hidden": [64, 128]})
-    planned = [p.id for p in sweep.plan(spec)]
+    spec = plan.Spec(name="s", preset="cpu-smoke", grid={"hidden": [64, 128]})
+    planned = [p.id for p in plan.plan(spec)]
     sweep_dir = tmp_path / "s"
     for pid in planned[:1] + ["stale00000"]:  # one current point, one left by a changed spec
         results.write_csv(sweep_dir / pid / "students.csv", pd.DataFrame({"student": ["torch_bf16"], "status": "ok"}))
-        results.write_json(sweep_dir / pid / sweep.DONE_FILE, {"point": pid})
-    results.write_json(sweep_dir / sweep.SPEC_FILE, spec.to_dict())
-    assert [d.name for d in sweep.complete_points(sweep_dir)] == planned[:1]
+        results.write_json(sweep_dir / pid / index.DONE_FILE, {"point": pid})
+    results.write_json(sweep_dir / plan.SPEC_FILE, spec.to_dict())
+    assert [d.name for d in index.complete_points(sweep_dir)] == planned[:1]
     # index rows: the current spec's second point failed; an earlier spec's point was left 'running'
-    results.write_csv(sweep_dir / sweep.INDEX_FILE, pd.DataFrame(
+    results.write_csv(sweep_dir / index.INDEX_FILE, pd.DataFrame(
         [{"point": planned[0], "status": "done"}, {"point": planned[1], "status": "failed", "error": "boom"},
          {"point": "stale11111", "status": "running"}]))
-    assert report.failed_points(sweep_dir)["point"].tolist() == [planned[1]]
+    assert analysis.failed_points(sweep_dir)["point"].tolist() == [planned[1]]
 
 
 def _unstable_reference_rows():
@@ -139,7 +137,7 @@ def _unstable_reference_rows():
     rows = _rows()
     bad = (rows["student"] == "torch_bf16") & (rows["cfg_seq_len"] == 128) & (rows["cfg_hidden"] == 4096)
     rows.loc[bad, "final_train_loss"] = 2.0
-    return report.add_derived(rows)
+    return analysis.add_derived(rows)
 
 
 def test_a_reference_whose_loss_rose_is_unstable_and_no_fp8_win_counts_against_it():
@@ -148,19 +146,19 @@ def test_a_reference_whose_loss_rose_is_unstable_and_no_fp8_win_counts_against_i
     assert len(ref) == 1 and "final loss 2.00 > initial 0.700" in ref["unstable_reason"].iloc[0]
     fake_win = df[(df["student"] == "te_fp8:delayed") & (df["tokens"] == 1024) & (df["cfg_hidden"] == 4096)].iloc[0]
     assert fake_win["ref_unstable"] and not fake_win["comparable"] and fake_win["speedup_vs_ref"] > 1
-    c = report.crossover(df).set_index(["tokens", "student"])
+    c = analysis.crossover(df).set_index(["tokens", "student"])
     assert pd.isna(c.loc[(1024, "te_fp8:delayed"), "crossover_hidden"])  # the only "win" is not counted
     assert c.loc[(1024, "te_fp8:delayed"), "not_counted_hidden"] == "4096"
     assert "reference rose" in c.loc[(1024, "te_fp8:delayed"), "note"]
     assert c.loc[(8192, "te_fp8:delayed"), "crossover_hidden"] == 2048  # a stable reference still counts
-    band = report.loss_band(df)
+    band = analysis.loss_band(df)
     assert 4096 not in set(band[band["tokens"] == 1024]["cfg_hidden"])
 
 
 def test_a_loss_spike_makes_a_student_unstable_even_if_it_ends_lower():
     rows = _rows().assign(max_train_loss=0.9)
     rows.loc[rows["student"] == "te_fp8:current", "max_train_loss"] = 1.5  # > 2 x 0.7
-    df = report.add_derived(rows)
+    df = analysis.add_derived(rows)
     cur = df[df["student"] == "te_fp8:current"]
     assert cur["unstable"].all() and cur["unstable_reason"].str.contains("step loss 1.50 > 2x initial").all()
     assert not df[df["student"] == "torch_bf16"]["unstable"].any()
@@ -168,7 +166,7 @@ def test_a_loss_spike_makes_a_student_unstable_even_if_it_ends_lower():
 
 def test_plots_draw_unstable_points_hollow_and_each_student_in_its_colour():
     df = _unstable_reference_rows()
-    for name, fn in report.FIGURES.items():
+    for name, fn in figures.FIGURES.items():
         fig = fn(df)
         for ax in fig.axes:
             for line in ax.get_lines():
@@ -178,7 +176,7 @@ def test_plots_draw_unstable_points_hollow_and_each_student_in_its_colour():
         assert hollow, f"{name}: the unstable size is not drawn hollow"
         assert any("unstable" in t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()), name
         plt.close(fig)
-    mem = report.peak_memory_vs_size(df).axes[0]
+    mem = figures.peak_memory_vs_size(df).axes[0]
     fig = mem.figure
     fig.canvas.draw()
     assert "GiB" in mem.get_ylabel() and not any("$" in t.get_text() for t in mem.get_yticklabels())
@@ -186,11 +184,11 @@ def test_plots_draw_unstable_points_hollow_and_each_student_in_its_colour():
 
 
 def test_crossover_csv_has_its_header_when_no_fp8_student_ran(tmp_path):
-    df = report.add_derived(_rows().query("student == 'torch_bf16'"))
+    df = analysis.add_derived(_rows().query("student == 'torch_bf16'"))
     written = report.write_files(df, tmp_path)
     cross = pd.read_csv(written["crossover.csv"])
     assert cross.empty and {"tokens", "student", "crossover_hidden", "note"} <= set(cross.columns)
-    assert "no FP8 student ran" in report.headline(report.crossover(df), "FakeGPU")
+    assert "no FP8 student ran" in report.headline(analysis.crossover(df), "FakeGPU")
 
 
 def test_headline_environment_and_definitions_open_the_report(df):
@@ -203,7 +201,7 @@ def test_headline_environment_and_definitions_open_the_report(df):
                  "| Transformer Engine | 2.20.2 |", "| git sha | abc1234 |", "| date |",
                  "**speedup**", "**crossover**", "**loss band**", "**unstable**"):
         assert want in text, want
-    never = report.crossover(df[~((df["tokens"] == 1024) & (df["cfg_hidden"] == 4096))])
+    never = analysis.crossover(df[~((df["tokens"] == 1024) & (df["cfg_hidden"] == 4096))])
     assert "but at no size measured at 1,024 tokens/step" in report.headline(never, "FakeGPU")
 
 
@@ -252,7 +250,7 @@ def test_points_over_several_gpus_get_their_scaling_table_and_plot(tmp_path):
     two = _rows().query("student != 'torchao_float8:tensorwise'").assign(world_size=2, cfg_nproc=2)
     two = two.assign(run_id=two["point"])
     alone = two.assign(student=two["student"] + "@1gpu", world_size=1, step_ms_median=two["step_ms_median"] * 0.9)
-    df = report.add_derived(pd.concat([two, alone], ignore_index=True))
+    df = analysis.add_derived(pd.concat([two, alone], ignore_index=True))
     written = report.write_files(df, tmp_path)
     table = pd.read_csv(written["scaling.csv"])
     assert set(table["gpus"]) == {1, 2} and written["scaling.png"].stat().st_size > 0

@@ -5,11 +5,12 @@ import shutil
 
 import pytest
 
-from workbench import cli, config, notebook, results, sweep
+from workbench import cli, config, notebook, results
 from workbench.bench.run import BenchOptions, run_bench
 
 
 from workbench.run import runner
+from workbench.sweep import plan
 TINY = {"steps": 2, "iters": 1, "warmup": 0, "eval_batches": 1, "backends": "torch_fp32", "baseline": "torch_fp32"}
 BAD_NAMES = ["../x", "../../x", "/tmp/abs", ".", "..", "grp/r1", "", "-x", "a" * 129, "sp ace"]
 
@@ -136,4 +137,4 @@ def test_bench_ids_are_created_exclusively(tmp_path):
 
 def test_sweep_names_from_spec_files_are_checked_too():
     with pytest.raises(results.OutputError, match="sweep name '../x'"):
-        sweep.Spec.from_dict({"name": "../x", "preset": "cpu-smoke", "grid": {"hidden": [32]}})
+        plan.Spec.from_dict({"name": "../x", "preset": "cpu-smoke", "grid": {"hidden": [32]}})

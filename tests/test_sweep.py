@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from workbench import cli, results, sweep
+from workbench import cli, results
 
-from workbench.sweep import report, plan
+from workbench.sweep import analysis, cluster, index, plan, point, run
 from workbench.config import ConfigError
 
 # Tiny points: a sweep point is a papermill kernel start plus a few milliseconds of training.
@@ -23,60 +23,60 @@ OOM_VOCAB = 2**31 - 1  # the largest vocab config allows: its embedding (256 GiB
 
 
 def test_grid_args_multiply_and_link():
-    grid = sweep.parse_grid_args(["hidden=512,1024", "intermediate=2048,4096", "seq_len=128,1024"],
+    grid = plan.parse_grid_args(["hidden=512,1024", "intermediate=2048,4096", "seq_len=128,1024"],
                                  ["hidden,intermediate"])
     assert grid == {"hidden+intermediate": [{"hidden": "512", "intermediate": "2048"},
                                             {"hidden": "1024", "intermediate": "4096"}],
                     "seq_len": ["128", "1024"]}
     assert list(grid) == ["hidden+intermediate", "seq_len"]  # axis order = loop order, sizes outermost
-    points = sweep.plan(sweep.Spec("t", "cpu-smoke", {}, grid))
+    points = plan.plan(plan.Spec("t", "cpu-smoke", {}, grid))
     assert len(points) == 4  # 2 linked sizes x 2 sequence lengths, not 2 x 2 x 2
     assert [(p.grid["hidden"], p.grid["intermediate"], p.grid["seq_len"]) for p in points] == [
         (512, 2048, 128), (512, 2048, 1024), (1024, 4096, 128), (1024, 4096, 1024)]
-    list_axis = sweep.parse_grid_args(['backends=[[torch_fp32, torch_bf16], [torch_fp32]]'], [])
+    list_axis = plan.parse_grid_args(['backends=[[torch_fp32, torch_bf16], [torch_fp32]]'], [])
     assert list_axis == {"backends": [["torch_fp32", "torch_bf16"], ["torch_fp32"]]}
 
 
 def test_bad_grids_fail_before_anything_runs(tmp_path):
     with pytest.raises(ConfigError, match="same number of values"):
-        sweep.parse_grid_args(["hidden=512,1024", "intermediate=2048"], ["hidden,intermediate"])
+        plan.parse_grid_args(["hidden=512,1024", "intermediate=2048"], ["hidden,intermediate"])
     with pytest.raises(ConfigError, match="unknown config field"):
-        sweep.parse_grid_args(["hiddn=512"], [])
+        plan.parse_grid_args(["hiddn=512"], [])
     with pytest.raises(ConfigError, match="model.hidden"):  # config validation, per point, up front
-        sweep.run_sweep(sweep.Spec("bad", "cpu-smoke", {}, {"hidden": [64, 0]}), root=tmp_path)
+        run.run_sweep(plan.Spec("bad", "cpu-smoke", {}, {"hidden": [64, 0]}), root=tmp_path)
     assert not (tmp_path / "bad").exists()
 
 
 def test_point_id_is_a_hash_of_the_spec_not_of_the_whole_config(monkeypatch):
-    a = sweep.plan(sweep.Spec("t", "cpu-smoke", {"steps": "3"}, {"hidden": ["64"]}))[0]
-    b = sweep.plan(sweep.Spec("u", "cpu-smoke", {"steps": 3}, {"model.hidden": [64]}))[0]
-    c = sweep.plan(sweep.Spec("t", "cpu-smoke", {"steps": 4}, {"hidden": [64]}))[0]
+    a = plan.plan(plan.Spec("t", "cpu-smoke", {"steps": "3"}, {"hidden": ["64"]}))[0]
+    b = plan.plan(plan.Spec("u", "cpu-smoke", {"steps": 3}, {"model.hidden": [64]}))[0]
+    c = plan.plan(plan.Spec("t", "cpu-smoke", {"steps": 4}, {"hidden": [64]}))[0]
     assert a.id == b.id != c.id and len(a.id) == 10
     # two grid entries that resolve to one config are one point
-    assert len(sweep.plan(sweep.Spec("t", "cpu-smoke", {}, {"hidden": [64, "64"]}))) == 1
+    assert len(plan.plan(plan.Spec("t", "cpu-smoke", {}, {"hidden": [64, "64"]}))) == 1
     # what the spec does not name (a field the config gains later, a preset default) leaves every id as it was
     from workbench import config
 
     preset = config.PRESETS["cpu-smoke"]
     monkeypatch.setitem(config.PRESETS, "cpu-smoke", lambda: preset().replace(warmup=7, eval_batches=3))
-    assert sweep.plan(sweep.Spec("t", "cpu-smoke", {"steps": "3"}, {"hidden": ["64"]}))[0].id == a.id
+    assert plan.plan(plan.Spec("t", "cpu-smoke", {"steps": "3"}, {"hidden": ["64"]}))[0].id == a.id
 
 
 def test_a_second_driver_of_the_same_sweep_is_refused(tmp_path):
     """A live driver (another process) holds the lock: refused. Once that process is killed, its lock
     is gone with it and the sweep can be restarted."""
-    hold = ("import sys, time; from pathlib import Path; from workbench import sweep\n"
-            "with sweep.sweep_lock(Path(sys.argv[1])):\n    print('locked', flush=True); time.sleep(60)")
+    hold = ("import sys, time; from pathlib import Path; from workbench.sweep import run\n"
+            "with run.sweep_lock(Path(sys.argv[1])):\n    print('locked', flush=True); time.sleep(60)")
     proc = subprocess.Popen([sys.executable, "-c", hold, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "locked"
         with pytest.raises(ConfigError, match="being run by another process"):
-            with sweep.sweep_lock(tmp_path):
+            with run.sweep_lock(tmp_path):
                 pass
     finally:
         proc.kill()
         proc.wait()
-    with sweep.sweep_lock(tmp_path):  # the killed driver left no stale lock
+    with run.sweep_lock(tmp_path):  # the killed driver left no stale lock
         pass
 
 
@@ -91,7 +91,7 @@ def test_a_second_driver_of_the_same_sweep_is_refused(tmp_path):
     (["0", "1"], "auto", [4, 1], (["0,1"], 2)),                             # capped: the 4-GPU point will fail
 ])
 def test_cluster_plan(gpus, workers, nprocs, plan):
-    assert sweep.cluster_plan(gpus, workers, nprocs) == sweep.ClusterPlan(*plan)
+    assert cluster.cluster_plan(gpus, workers, nprocs) == cluster.ClusterPlan(*plan)
 
 
 @pytest.mark.parametrize("bad", ["0", "-1", "two", "1.5"])
@@ -111,7 +111,7 @@ def test_visible_gpus(monkeypatch, count, visible, ids):
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     else:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-    assert sweep.visible_gpus() == ids
+    assert cluster.visible_gpus() == ids
 
 
 @pytest.mark.slow
@@ -122,41 +122,41 @@ def test_sweep_with_a_failing_point_then_resume_runs_only_what_is_missing(tmp_pa
         "grid": {"case": [{"hidden": 32}, {"hidden": 48}, {"hidden": 64}, {"hidden": 32, "vocab": OOM_VOCAB}]},
     }))
     root = tmp_path / "sweeps"
-    first = sweep.run_sweep(sweep.Spec.from_dict(yaml.safe_load(spec_file.read_text())), root=root, progress=False,
+    first = run.run_sweep(plan.Spec.from_dict(yaml.safe_load(spec_file.read_text())), root=root, progress=False,
                             workers=2)  # a local Dask cluster of two worker processes
     assert (first["points"], first["done"], first["failed"], first["skipped"]) == (4, 3, 1, 0)
     sweep_dir = root / "tiny"
-    idx = sweep.read_index(sweep_dir).set_index("point")
+    idx = index.read_index(sweep_dir).set_index("point")
     assert sorted(idx["status"]) == ["done", "done", "done", "failed"]
     assert idx["worker"].str.startswith("tcp://127.0.0.1:").all() and (idx["started_at"] <= idx["finished_at"]).all()
     failed = idx[idx["status"] == "failed"].iloc[0]
     assert failed["error_kind"] == "oom" and "allocate" in failed["error"] and failed["grid_vocab"] == OOM_VOCAB
     assert (sweep_dir / failed.name / "distill_benchmark.ipynb").exists()  # how far it got
-    assert not (sweep_dir / failed.name / sweep.DONE_FILE).exists()
+    assert not (sweep_dir / failed.name / index.DONE_FILE).exists()
 
     # Simulate a kill in the middle of one point: its done marker never got written, partial files remain.
     done = sorted(idx[idx["status"] == "done"].index)
     killed, kept = done[0], done[1:]
-    (sweep_dir / killed / sweep.DONE_FILE).unlink()
+    (sweep_dir / killed / index.DONE_FILE).unlink()
     (sweep_dir / killed / "partial.tmp").write_text("half a file")
-    kept_marks = {p: (sweep_dir / p / sweep.DONE_FILE).stat().st_mtime_ns for p in kept}
+    kept_marks = {p: (sweep_dir / p / index.DONE_FILE).stat().st_mtime_ns for p in kept}
     # ... and one killed after its done.json but before the index said so: complete, not rerun.
-    index = sweep.read_index(sweep_dir)
-    index.loc[index["point"] == kept[0], "status"] = "running"
-    index.to_csv(sweep_dir / sweep.INDEX_FILE, index=False)
+    table = index.read_index(sweep_dir)
+    table.loc[table["point"] == kept[0], "status"] = "running"
+    table.to_csv(sweep_dir / index.INDEX_FILE, index=False)
 
     # A bare restart by name resumes the stored spec; it reruns the failed and the killed point only.
     rc = cli.main(["sweep", "--name", "tiny", "--out", str(root), "--workers", "2"])
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rc == 1  # the OOM point fails again, and says so
     assert (summary["skipped"], summary["done"], summary["failed"], summary["complete"]) == (2, 1, 1, 3)
-    assert {p: (sweep_dir / p / sweep.DONE_FILE).stat().st_mtime_ns for p in kept} == kept_marks
+    assert {p: (sweep_dir / p / index.DONE_FILE).stat().st_mtime_ns for p in kept} == kept_marks
     assert not (sweep_dir / killed / "partial.tmp").exists()  # rerun from an empty folder
-    after = sweep.read_index(sweep_dir).set_index("point")
+    after = index.read_index(sweep_dir).set_index("point")
     assert len(after) == 4 and after.loc[kept[0], "status"] == "done"
 
     # Nothing duplicated: one row per student per complete point.
-    df = report.load_sweep(sweep_dir)
+    df = analysis.load_sweep(sweep_dir)
     assert len(df) == 3 * 3 and not df.duplicated(["point", "student"]).any()
     assert sorted(df["cfg_hidden"].unique()) == [32, 48, 64] and (df["cfg_steps"] == 2).all()
 
@@ -181,13 +181,13 @@ def test_problems_of_a_finished_point_are_summarised(tmp_path):
             {"student": "te_fp8:mxfp8", "status": "skipped", "reason": "needs CC 10.0"},
             {"student": "te_fp8:current", "status": "diverged", "reason": "loss nan at step 3"}]
     results.write_csv(tmp_path / "students.csv", pd.DataFrame(rows))
-    text, kind = sweep.student_problems(tmp_path)
+    text, kind = point.student_problems(tmp_path)
     assert kind == "diverged" and "te_fp8:current diverged: loss nan" in text and "mxfp8 skipped" in text
     rows[2] = {"student": "te_fp8:current", "status": "error", "reason": "OutOfMemoryError: CUDA out of memory."}
     results.write_csv(tmp_path / "students.csv", pd.DataFrame(rows))
-    assert sweep.student_problems(tmp_path)[1] == "oom"
+    assert point.student_problems(tmp_path)[1] == "oom"
     results.write_csv(tmp_path / "students.csv", pd.DataFrame(rows[:2]))
-    assert sweep.student_problems(tmp_path)[1] is None  # a skipped student is not an error
+    assert point.student_problems(tmp_path)[1] is None  # a skipped student is not an error
 
 
 @pytest.mark.slow
@@ -195,12 +195,12 @@ def test_gpu_workers_get_their_devices_and_a_point_wanting_more_fails_alone(tmp_
     """The GPU path on a CPU (its devices are only environment values here): two visible GPUs and a point
     asking for 3 make one worker of two GPUs; the 3-GPU point fails up front, the other runs there and its
     kernel sees one of them."""
-    monkeypatch.setattr(sweep, "visible_gpus", lambda: ["0", "1"])
+    monkeypatch.setattr(cluster, "visible_gpus", lambda: ["0", "1"])
     monkeypatch.setattr(plan, "point_nproc", lambda cfg: 3 if cfg.flat()["hidden"] == 48 else 1)
-    spec = sweep.Spec("gpus", "cpu-smoke", {**TINY, "backends": "torch_fp32", "baseline": "torch_fp32"}, {"hidden": [32, 48]})
-    summary = sweep.run_sweep(spec, root=tmp_path, progress=False)
+    spec = plan.Spec("gpus", "cpu-smoke", {**TINY, "backends": "torch_fp32", "baseline": "torch_fp32"}, {"hidden": [32, 48]})
+    summary = run.run_sweep(spec, root=tmp_path, progress=False)
     assert (summary["done"], summary["failed"]) == (1, 1)
-    idx = sweep.read_index(tmp_path / "gpus").set_index("grid_hidden")
+    idx = index.read_index(tmp_path / "gpus").set_index("grid_hidden")
     assert idx.loc[32, "status"] == "done" and idx.loc[32, "worker"].endswith(" GPU 0")
     assert (idx.loc[48, "status"], idx.loc[48, "error_kind"]) == ("failed", "resources")
     assert "asks for 3 GPUs (parallel.nproc) but the largest Dask worker has 2" in idx.loc[48, "error"]
@@ -213,11 +213,11 @@ def test_points_go_to_a_running_cluster_at_scheduler_address(tmp_path, capsys):
     args = ["sweep", "--name", "remote", "--preset", "cpu-smoke", "--grid", "hidden=32", "--out", str(tmp_path),
             "--no-report", "--set", "backends=torch_fp32", "--set", "baseline=torch_fp32"]
     args += [a for k, v in TINY.items() for a in ("--set", f"{k}={v}")]
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
-        assert cli.main([*args, "--scheduler", cluster.scheduler_address]) == 0
-        worker = next(iter(cluster.scheduler.workers))
-        assert cluster.status.name == "running"  # the driver left the cluster it did not start running
-    row = sweep.read_index(tmp_path / "remote").iloc[0]
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as local:
+        assert cli.main([*args, "--scheduler", local.scheduler_address]) == 0
+        worker = next(iter(local.scheduler.workers))
+        assert local.status.name == "running"  # the driver left the cluster it did not start running
+    row = index.read_index(tmp_path / "remote").iloc[0]
     assert (row["status"], row["worker"]) == ("done", worker)
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["done"] == 1
 
@@ -229,8 +229,8 @@ LONG = {"steps": 20000, "iters": 1, "warmup": 0, "eval_batches": 1, "seq_len": 8
 
 def hold_lock(sweep_dir):
     """A real second process that holds the sweep lock (a live driver) until killed."""
-    hold = ("import sys, time; from pathlib import Path; from workbench import sweep\n"
-            "with sweep.sweep_lock(Path(sys.argv[1])):\n    print('locked', flush=True); time.sleep(60)")
+    hold = ("import sys, time; from pathlib import Path; from workbench.sweep import run\n"
+            "with run.sweep_lock(Path(sys.argv[1])):\n    print('locked', flush=True); time.sleep(60)")
     proc = subprocess.Popen([sys.executable, "-c", hold, str(sweep_dir)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "locked"
     return proc
@@ -240,14 +240,14 @@ def test_the_lock_is_a_file_lock_on_sweep_lock(tmp_path):
     """filelock on a file (not flock on the folder: that fails on NFS and does not exist on Windows)."""
     proc = hold_lock(tmp_path)
     try:
-        assert (tmp_path / sweep.LOCK_FILE).is_file()
+        assert (tmp_path / run.LOCK_FILE).is_file()
         with pytest.raises(ConfigError, match="being run by another process"):
-            with sweep.sweep_lock(tmp_path):
+            with run.sweep_lock(tmp_path):
                 pass
     finally:
         proc.kill()
         proc.wait()
-    with sweep.sweep_lock(tmp_path):  # the file the killed driver left behind locks nothing
+    with run.sweep_lock(tmp_path):  # the file the killed driver left behind locks nothing
         pass
 
 
@@ -270,11 +270,11 @@ def finished_sweep(tmp_path_factory):
 
     from workbench.run import runner
     root = tmp_path_factory.mktemp("sweeps")
-    spec = sweep.Spec("fin", "cpu-smoke", {**TINY, "backends": "torch_fp32,torch_bf16", "baseline": "torch_fp32"},
+    spec = plan.Spec("fin", "cpu-smoke", {**TINY, "backends": "torch_fp32,torch_bf16", "baseline": "torch_fp32"},
                       {"hidden": [32, 48]})
-    for p in sweep.plan(spec):
+    for p in plan.plan(spec):
         runner.run(config.from_preset(spec.preset, **p.overrides), out=root / "fin", run_id=p.id, progress=False)
-    assert sweep.run_sweep(spec, root=root, progress=False)["skipped"] == 2
+    assert run.run_sweep(spec, root=root, progress=False)["skipped"] == 2
     return spec, root
 
 
@@ -288,11 +288,11 @@ def damage_index(path, how):
 def test_a_damaged_index_is_rebuilt_from_the_points_on_resume(finished_sweep, tmp_path, capsys, how):
     spec, root = finished_sweep
     root = shutil.copytree(root, tmp_path / "sweeps")
-    damage_index(root / "fin" / sweep.INDEX_FILE, how)
-    summary = sweep.run_sweep(spec, root=root, progress=False)
+    damage_index(root / "fin" / index.INDEX_FILE, how)
+    summary = run.run_sweep(spec, root=root, progress=False)
     assert (summary["skipped"], summary["done"], summary["complete"]) == (2, 0, 2)
     assert "rebuilt it from the points' done.json" in capsys.readouterr().err
-    idx = sweep.read_index(root / "fin")
+    idx = index.read_index(root / "fin")
     assert sorted(idx["status"]) == ["done", "done"] and sorted(idx["grid_hidden"]) == [32, 48]
 
 
@@ -300,25 +300,25 @@ def test_a_damaged_index_is_rebuilt_from_the_points_on_resume(finished_sweep, tm
 def test_report_only_leaves_a_damaged_index_as_it_is(finished_sweep, tmp_path, capsys):
     _, root = finished_sweep
     root = shutil.copytree(root, tmp_path / "sweeps")
-    damage_index(root / "fin" / sweep.INDEX_FILE, "garbage")
-    damaged = (root / "fin" / sweep.INDEX_FILE).read_bytes()
+    damage_index(root / "fin" / index.INDEX_FILE, "garbage")
+    damaged = (root / "fin" / index.INDEX_FILE).read_bytes()
     rc = cli.main(["sweep", "--name", "fin", "--out", str(root), "--report-only", "--reference", "torch_fp32"])
     assert rc == 0
     assert (root / "fin" / "report" / "report.html").stat().st_size > 0
-    assert (root / "fin" / sweep.INDEX_FILE).read_bytes() == damaged  # read-only: the next sweep run rebuilds it
+    assert (root / "fin" / index.INDEX_FILE).read_bytes() == damaged  # read-only: the next sweep run rebuilds it
 
 
 def test_a_dead_drivers_running_rows_become_interrupted(finished_sweep, tmp_path):
     spec, root = finished_sweep
     sweep_dir = shutil.copytree(root / "fin", tmp_path / "fin")
-    points = sweep.plan(spec)
-    (sweep_dir / points[0].id / sweep.DONE_FILE).unlink()  # its driver was killed while it ran
-    index = sweep.read_index(sweep_dir)
-    index.loc[index["point"] == points[0].id, "status"] = "running"
-    index.to_csv(sweep_dir / sweep.INDEX_FILE, index=False)
-    with sweep.sweep_lock(sweep_dir):
-        sweep.Index(sweep_dir, points)
-    after = sweep.read_index(sweep_dir).set_index("point")["status"]
+    points = plan.plan(spec)
+    (sweep_dir / points[0].id / index.DONE_FILE).unlink()  # its driver was killed while it ran
+    table = index.read_index(sweep_dir)
+    table.loc[table["point"] == points[0].id, "status"] = "running"
+    table.to_csv(sweep_dir / index.INDEX_FILE, index=False)
+    with run.sweep_lock(sweep_dir):
+        index.Index(sweep_dir, points)
+    after = index.read_index(sweep_dir).set_index("point")["status"]
     assert (after[points[0].id], after[points[1].id]) == ("interrupted", "done")
 
 
@@ -328,10 +328,10 @@ def test_sigterm_marks_the_running_point_interrupted_and_progress_names_its_grid
     args += [a for k, v in LONG.items() for a in ("--set", f"{k}={v}")]
     proc = subprocess.Popen([sys.executable, "-m", "workbench", "sweep", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    index = tmp_path / "term" / sweep.INDEX_FILE
+    index_csv = tmp_path / "term" / index.INDEX_FILE
     try:
         for _ in range(600):  # until the point is running (or the driver ended early: the asserts say why)
-            if index.exists() and "running" in index.read_text() or proc.poll() is not None:
+            if index_csv.exists() and "running" in index_csv.read_text() or proc.poll() is not None:
                 break
             time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)
@@ -339,8 +339,8 @@ def test_sigterm_marks_the_running_point_interrupted_and_progress_names_its_grid
     finally:
         proc.kill()
     assert proc.returncode == 130, err
-    row = sweep.read_index(tmp_path / "term").iloc[0]
-    assert row["status"] == "interrupted" and not (tmp_path / "term" / row["point"] / sweep.DONE_FILE).exists()
+    row = index.read_index(tmp_path / "term").iloc[0]
+    assert row["status"] == "interrupted" and not (tmp_path / "term" / row["point"] / index.DONE_FILE).exists()
     assert f"point 1/1 hidden=16 [{row['point']}] started" in err
 
 
@@ -350,8 +350,8 @@ def test_a_cell_past_the_cell_timeout_fails_its_point_and_the_timeout_is_in_the_
             "--no-report", "--cell-timeout", "1"]
     args += [a for k, v in LONG.items() for a in ("--set", f"{k}={v}")]
     assert cli.main(args) == 1
-    assert results.read_json(tmp_path / "slow" / sweep.SPEC_FILE)["cell_timeout"] == 1
-    row = sweep.read_index(tmp_path / "slow").iloc[0]
+    assert results.read_json(tmp_path / "slow" / plan.SPEC_FILE)["cell_timeout"] == 1
+    row = index.read_index(tmp_path / "slow").iloc[0]
     assert (row["status"], row["error_kind"]) == ("failed", "timeout")
     assert "point 1/1 hidden=16" in capsys.readouterr().err
 
@@ -366,42 +366,42 @@ def damage(path, how):
 def test_a_damaged_students_csv_is_named_and_never_half_a_row(finished_sweep, tmp_path, capsys, how):
     spec, root = finished_sweep
     sweep_dir = shutil.copytree(root / "fin", tmp_path / "fin")
-    bad, good = sweep.plan(spec)
+    bad, good = plan.plan(spec)
     damage(sweep_dir / bad.id / "students.csv", how)
-    assert [d.name for d in sweep.complete_points(sweep_dir)] == [good.id]
-    df = report.load_sweep(sweep_dir, reference="torch_fp32")
+    assert [d.name for d in index.complete_points(sweep_dir)] == [good.id]
+    df = analysis.load_sweep(sweep_dir, reference="torch_fp32")
     assert set(df["point"]) == {good.id} and len(df) == 2 and df["status"].notna().all()
-    failed = report.failed_points(sweep_dir).set_index("point")
+    failed = analysis.failed_points(sweep_dir).set_index("point")
     assert failed.loc[bad.id, "status"] == "damaged"
     assert str(sweep_dir / bad.id / "students.csv") in failed.loc[bad.id, "error"]
     # the resume's index no longer calls it done: it is rerun (the index says why until then)
-    with sweep.sweep_lock(sweep_dir):
-        index = sweep.Index(sweep_dir, [bad, good])
-    assert index.rows[bad.id]["status"] == "failed" and index.rows[bad.id]["error_kind"] == "damaged"
-    assert index.rows[good.id]["status"] == "done"
+    with run.sweep_lock(sweep_dir):
+        opened = index.Index(sweep_dir, [bad, good])
+    assert opened.rows[bad.id]["status"] == "failed" and opened.rows[bad.id]["error_kind"] == "damaged"
+    assert opened.rows[good.id]["status"] == "done"
 
 
 def test_a_changed_losses_csv_is_named_too(finished_sweep, tmp_path):
     spec, root = finished_sweep
     sweep_dir = shutil.copytree(root / "fin", tmp_path / "fin")
-    bad = sweep.plan(spec)[0]
+    bad = plan.plan(spec)[0]
     losses = sweep_dir / bad.id / "losses.csv"
     losses.write_text(losses.read_text().replace(",", ";", 3))  # same size, other bytes: the hash tells
-    assert "losses.csv is damaged" in sweep.damaged_points(sweep_dir)[sweep_dir / bad.id]
+    assert "losses.csv is damaged" in index.damaged_points(sweep_dir)[sweep_dir / bad.id]
 
 
 @pytest.mark.slow
 def test_a_damaged_point_is_rerun_on_resume_and_report_only_names_the_file(finished_sweep, tmp_path, capsys):
     spec, root = finished_sweep
     root = shutil.copytree(root, tmp_path / "sweeps")
-    bad = sweep.plan(spec)[0]
+    bad = plan.plan(spec)[0]
     damage(root / "fin" / bad.id / "students.csv", "random")
     rc = cli.main(["sweep", "--name", "fin", "--out", str(root), "--report-only", "--reference", "torch_fp32"])
     err = capsys.readouterr().err
     assert rc == 1 and f"point {bad.id} left out of the report: {root / 'fin' / bad.id / 'students.csv'}" in err
     assert "PapermillExecutionError" not in err
     assert bad.id in (root / "fin" / "report" / "failed_points.csv").read_text()
-    summary = sweep.run_sweep(spec, root=root, progress=False)
+    summary = run.run_sweep(spec, root=root, progress=False)
     assert (summary["skipped"], summary["done"], summary["complete"]) == (1, 1, 2)
     assert "running it again" in capsys.readouterr().err
     assert len(results.read_students(root / "fin" / bad.id)) == 2
@@ -412,11 +412,11 @@ def test_a_damaged_point_is_rerun_on_resume_and_report_only_names_the_file(finis
 def test_report_only_with_a_damaged_spec_is_one_line(finished_sweep, tmp_path, capsys, content):
     _, root = finished_sweep
     root = shutil.copytree(root, tmp_path / "sweeps")
-    (root / "fin" / sweep.SPEC_FILE).write_bytes(content)
+    (root / "fin" / plan.SPEC_FILE).write_bytes(content)
     rc = cli.main(["sweep", "--name", "fin", "--out", str(root), "--report-only"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1
-    assert str(root / "fin" / sweep.SPEC_FILE) in err and "restore it" in err
+    assert str(root / "fin" / plan.SPEC_FILE) in err and "restore it" in err
     assert not (root / "fin" / "report").exists()
 
 
@@ -426,10 +426,10 @@ REFERENCE_SWEEP = results.Path(__file__).parent.parent / "results" / "reference"
 def test_published_points_with_old_ids_are_found_and_skipped_on_resume(tmp_path):
     """The reference sweep's folders carry ids of the whole-config hash: found by their recorded overrides."""
     sweep_dir = shutil.copytree(REFERENCE_SWEEP, tmp_path / "size_crossover")
-    found = sweep.complete_points(sweep_dir)
+    found = index.complete_points(sweep_dir)
     assert len(found) == 10 and all(results.read_json(d / "config.json")["requested"]["steps"] == 10 for d in found)
-    spec = sweep.Spec.from_dict(results.read_json(sweep_dir / sweep.SPEC_FILE))
-    summary = sweep.run_sweep(spec, root=tmp_path, progress=False)  # every point complete: no cluster, no run
+    spec = plan.Spec.from_dict(results.read_json(sweep_dir / plan.SPEC_FILE))
+    summary = run.run_sweep(spec, root=tmp_path, progress=False)  # every point complete: no cluster, no run
     assert (summary["points"], summary["skipped"], summary["complete"]) == (10, 10, 10)
 
 
@@ -483,7 +483,7 @@ def http_server():
     try:
         for _ in range(100):
             try:
-                sweep.socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                cluster.socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
             except OSError:
                 time.sleep(0.1)
@@ -504,19 +504,19 @@ def test_a_scheduler_address_that_is_an_http_server_is_one_line_not_a_hang(http_
 
 
 def test_a_scheduler_address_where_nothing_listens_is_one_line():
-    with pytest.raises(sweep.SchedulerError, match="nothing answers there"):
-        sweep.probe_scheduler(f"tcp://127.0.0.1:{_free_port()}")
-    with pytest.raises(sweep.SchedulerError, match="expected tcp://HOST:PORT"):
-        sweep.probe_scheduler("tcp://127.0.0.1")
+    with pytest.raises(cluster.SchedulerError, match="nothing answers there"):
+        cluster.probe_scheduler(f"tcp://127.0.0.1:{_free_port()}")
+    with pytest.raises(cluster.SchedulerError, match="expected tcp://HOST:PORT"):
+        cluster.probe_scheduler("tcp://127.0.0.1")
 
 
 def test_a_scheduler_without_workers_is_a_clear_line_after_the_wait(capsys):
     from distributed import LocalCluster
 
-    with LocalCluster(n_workers=0, processes=False, dashboard_address=None) as cluster:
-        sweep.probe_scheduler(cluster.scheduler_address)  # a real scheduler passes the probe
-        with pytest.raises(sweep.SchedulerError, match="has no workers after 1 s.*--wait-workers"):
-            with sweep.dask_client(cluster.scheduler_address, "auto", [1], wait_workers=1):
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=None) as local:
+        cluster.probe_scheduler(local.scheduler_address)  # a real scheduler passes the probe
+        with pytest.raises(cluster.SchedulerError, match="has no workers after 1 s.*--wait-workers"):
+            with cluster.dask_client(local.scheduler_address, "auto", [1], wait_workers=1):
                 pass
     assert "has no workers yet; waiting up to 1 s" in capsys.readouterr().err
 
@@ -525,8 +525,8 @@ def test_runs_of_a_sweep_share_the_cache_named_for_them(tmp_path, monkeypatch):
     import argparse
 
     p = argparse.ArgumentParser()
-    sweep.add_arguments(p)
-    assert p.parse_args([]).cache == str(sweep.DEFAULT_CACHE)  # the cache `workbench run` uses, not <sweep>/cache
+    run.add_arguments(p)
+    assert p.parse_args([]).cache == str(run.DEFAULT_CACHE)  # the cache `workbench run` uses, not <sweep>/cache
     monkeypatch.delenv(results.CACHE_ENV, raising=False)
     assert results.cache_dir(tmp_path) == tmp_path / "cache"
     monkeypatch.setenv(results.CACHE_ENV, str(tmp_path / "shared"))

@@ -7,7 +7,7 @@ Built only in an interactive session: when the notebook's `show_panel` parameter
 is None and the notebook is not being executed by papermill (headless runs skip it). Each size is one
 `workbench.notebook.run_cell(...)`, the very call the papermill path makes, into
 results/panel/<timestamp>/hidden<h>/; a tqdm.auto bar counts the sizes while the runner's per-student
-lines stream below it. On completion: the run's plots (one size), or workbench.sweep.report's speedup, step
+lines stream below it. On completion: the run's plots (one size), or workbench.sweep.figures' speedup, step
 time and memory against size (several sizes).
 """
 from __future__ import annotations
@@ -107,12 +107,12 @@ class Panel:
         from workbench.results import plots
 
 
-        from workbench.sweep import report
+        from workbench.sweep import analysis, figures
         if len(run_dirs) == 1:
             figs = [fn(run_dirs[0]) for fn in plots.run_plots(run_dirs[0]).values()]  # none with nothing to draw
         else:
-            df = report.load_sweep(run_dirs[0].parent)
-            figs = [report.speedup_vs_size(df), report.step_time_vs_size(df), report.peak_memory_vs_size(df)]
+            df = analysis.load_sweep(run_dirs[0].parent)
+            figs = [figures.speedup_vs_size(df), figures.step_time_vs_size(df), figures.peak_memory_vs_size(df)]
         for fig in figs:
             plt.close(fig)  # displayed once, explicitly; not again by the inline backend
         return figs

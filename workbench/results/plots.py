@@ -1,7 +1,7 @@
 """Plots of a run, read only from its result files (students.csv, losses.csv).
 
 Each function returns a matplotlib Figure; `plot_run` saves all of them as PNG and SVG next to the data.
-Every figure here and in workbench.sweep.report draws a student in `student_color(spec)`, so a student keeps
+Every figure here and in workbench.sweep.figures draws a student in `student_color(spec)`, so a student keeps
 its colour from one plot to the next and from one run to the next; axes use `plain_log_axis` and GiB.
 They read a run before its done.json too: the runner plots a run before it marks it complete.
 """

@@ -231,7 +231,8 @@ def _cli_value(v: Any) -> str:
 def collect(study: Study, study_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(study rows: one per arm x seed, curves): from every planned point; an arm x seed whose point is not
     complete is a row with status 'missing' and the point's state as its reason."""
-    from workbench.sweep.plan import plan, read_index
+    from workbench.sweep.index import read_index
+    from workbench.sweep.plan import plan
 
     try:
         index = read_index(study_dir).set_index("point")
@@ -576,7 +577,7 @@ def study_from_args(args) -> Study:
 
 
 def main(args) -> int:
-    from workbench import sweep
+    from workbench.sweep import run as sweep
 
     study = study_from_args(args)
     study_dir = sweep.sweep_folder(results.output_root(args.out), study.name)
@@ -590,7 +591,7 @@ def main(args) -> int:
     spec = sweep_spec(study)
     study_dir.mkdir(parents=True, exist_ok=True)
     results.write_json(study_dir / STUDY_FILE, study.to_dict())
-    signal.signal(signal.SIGTERM, sweep._interrupt)  # a kill stops the study like Ctrl-C: a rerun resumes
+    signal.signal(signal.SIGTERM, sweep.interrupt)  # a kill stops the study like Ctrl-C: a rerun resumes
     try:
         ensure_teacher(study, study_dir)
         summary = sweep.run_sweep(spec, root=args.out, workers=args.workers)

@@ -1,6 +1,6 @@
-"""What a sweep is on disk, for the driver (workbench.sweep) and the report alike: its spec (sweep.json),
-the points it plans (one per grid combination, named by a hash of its spec: the preset and the point's
-overrides), its index (index.csv) and which point folders are complete and readable. Nothing here runs a point."""
+"""What a sweep asks for, for the driver and the report alike: its spec (a spec file, or sweep.json in the
+sweep folder) and the points it plans (one per grid combination, named by a hash of its spec: the preset
+and the point's overrides). Nothing here runs a point; workbench.sweep.index says which ran."""
 from __future__ import annotations
 
 import hashlib
@@ -10,17 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import yaml
 
 from workbench import config, results
 from workbench.config import ConfigError
 
 DEFAULT_ROOT = Path("results") / "sweeps"
-SPEC_FILE, INDEX_FILE, DONE_FILE = "sweep.json", "index.csv", results.DONE_FILE
-INDEX_COLUMNS = ["point", "status", "error_kind", "error", "problems", "wall_s", "started_at",
-                 "finished_at", "worker", "overrides"]
-STATUSES = ("running", "done", "failed", "interrupted")
+SPEC_FILE = "sweep.json"
 
 
 # ---- the spec ----------------------------------------------------------------------------------
@@ -216,27 +212,7 @@ def check_spec_shape(d: Any, where: str = "sweep spec") -> dict[str, Any]:
     return d
 
 
-# ---- the index ---------------------------------------------------------------------------------
-class DamagedIndex(results.DamagedResults):
-    """index.csv cut short, garbage or empty; `Index` rebuilds it from the point folders."""
-
-
-def read_index(sweep_dir: str | Path) -> pd.DataFrame:
-    path = Path(sweep_dir) / INDEX_FILE
-    if not path.exists():
-        return pd.DataFrame(columns=INDEX_COLUMNS)
-    data = path.read_bytes()
-    if not data.endswith(b"\n"):  # the writer always ends with a newline
-        raise DamagedIndex(f"{path} is {'empty' if not data else 'cut short'}")
-    try:
-        df = pd.read_csv(path, dtype={"point": str}, keep_default_na=False, na_values=[""])
-    except (ValueError, UnicodeDecodeError) as e:  # pandas' ParserError / EmptyDataError are ValueErrors
-        raise DamagedIndex(f"{path} is unreadable ({' '.join(str(e).split())[:200]})") from None
-    if not {"point", "status"} <= set(df.columns) or df["point"].isna().any() or not df["status"].isin(STATUSES).all():
-        raise DamagedIndex(f"{path} is garbage (no point/status columns, or rows without a point or a known status)")
-    return df
-
-
+# ---- the spec a sweep folder holds -------------------------------------------------------------
 def stored_spec(sweep_dir: str | Path) -> Spec | None:
     """The sweep's spec (sweep.json), None when there is none; a damaged one is a ConfigError naming the
     file and what to do."""
@@ -254,41 +230,3 @@ def planned_ids(sweep_dir: str | Path) -> set[str] | None:
     """Point ids the sweep's current spec (sweep.json) plans; None when there is no spec file."""
     spec = stored_spec(sweep_dir)
     return None if spec is None else {p.id for p in plan(spec)}
-
-
-def point_folders(sweep_dir: str | Path, ids: set[str]) -> dict[str, Path]:
-    """Each planned point id -> its folder: a complete <sweep>/<id>, else a complete folder from before
-    the current ids (POINT_ID_VERSION) whose config.json records this point's preset and overrides, else
-    <sweep>/<id> (where a run of it goes). Published sweeps keep their folders; nothing is renamed."""
-    sweep_dir = Path(sweep_dir)
-    found = {pid: sweep_dir / pid for pid in ids}
-    missing = {pid for pid, d in found.items() if not results.is_complete(d)}
-    if missing:
-        for d in sorted(sweep_dir.iterdir()):
-            if d.is_dir() and d.name not in ids and results.is_complete(d):
-                pid = recorded_id(d)
-                if pid in missing:
-                    found[pid] = d
-                    missing.discard(pid)
-    return found
-
-
-def _complete(sweep_dir: Path) -> list[Path]:
-    """The complete folders (by their done.json) of the current spec's points; without a spec, all of them."""
-    wanted = planned_ids(sweep_dir)
-    if wanted is None:
-        return sorted(d for d in sweep_dir.iterdir() if d.is_dir() and results.is_complete(d))
-    return sorted(d for d in point_folders(sweep_dir, wanted).values() if results.is_complete(d))
-
-
-def complete_points(sweep_dir: str | Path) -> list[Path]:
-    """The complete, readable point folders of the sweep's current spec (what the report reads). Folders
-    of points a changed spec no longer plans stay on disk but are not mixed into the report; a point whose
-    result files were damaged after it finished is left out and named by `damaged_points`."""
-    return [d for d in _complete(Path(sweep_dir)) if results.check_complete(d) is None]
-
-
-def damaged_points(sweep_dir: str | Path) -> dict[Path, str]:
-    """Complete points of the current spec whose result files cannot be read: folder -> why (naming the file)."""
-    found = {d: results.check_complete(d) for d in _complete(Path(sweep_dir))}
-    return {d: why for d, why in found.items() if why is not None}

@@ -41,9 +41,9 @@ from pathlib import Path
 import pandas as pd
 from IPython.display import Image, Markdown
 
-from workbench import study
+from workbench.study.report import report
 
-head = study.report(study_dir, headline_arm, headline_metric)  # writes study.csv, arms.csv, gaps.csv, headline.json, README.md and the figures
+head = report(study_dir, headline_arm, headline_metric)  # writes study.csv, arms.csv, gaps.csv, headline.json, README.md and the figures
 Markdown(f"**{head['sentence']}**")
 
 # %% [markdown]

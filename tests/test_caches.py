@@ -17,7 +17,7 @@ from workbench import cli, config
 from workbench.run import runner
 from workbench.data import TextSpec, TextDataError, cache, load_text
 from workbench.data.text import documents
-from workbench.train import Data, objectives, tasks
+from workbench.train import Data, lm_teacher, objectives
 
 TEACHER = ["--preset", "gpt-cpu", "--set", "corpus_mb=0.2", "--set", "teacher_steps=5"]
 
@@ -185,7 +185,7 @@ def test_an_unwritable_cache_is_found_before_any_training(built, tmp_path, capsy
     def no_training(*a, **k):
         raise AssertionError("trained although the cache cannot be written")
 
-    monkeypatch.setattr(tasks, "train_lm", no_training)
+    monkeypatch.setattr(lm_teacher, "train_lm", no_training)
     rc, _, _, err = teacher(capsys, tmp_path)
     assert rc == 2 and str(blocked) in err and "not writable" in err, err
     (tmp_path / "ro").mkdir()
@@ -222,7 +222,7 @@ def _no_teacher_training(monkeypatch):
     def no_training(*a, **k):
         raise AssertionError("the teacher trained before the refusal")
 
-    monkeypatch.setattr(tasks, "train_lm", no_training)
+    monkeypatch.setattr(lm_teacher, "train_lm", no_training)
 
 
 def test_a_missing_student_folder_is_refused_before_the_teacher_trains_and_leaves_no_run(tmp_path, monkeypatch, capsys):

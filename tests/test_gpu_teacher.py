@@ -6,7 +6,7 @@ import torch
 
 from workbench import backends, config
 from workbench.train import lm_objectives as lo
-from workbench.train import loop, tasks, teacher_targets as tt
+from workbench.train import lm_task, loop, teacher_targets as tt
 from workbench.train.head_loss import HeadFeatures, head_fused_loss
 
 pytestmark = pytest.mark.gpu
@@ -22,7 +22,7 @@ def _cfg(**over):
 
 def _train(tmp_path, spec="torch_bf16", **over):
     cfg = _cfg(**over)
-    task = tasks.LMTask(cfg, CUDA, torch.bfloat16, tmp_path / "cache")
+    task = lm_task.LMTask(cfg, CUDA, torch.bfloat16, tmp_path / "cache")
     data = task.make_data()
     metrics, losses = loop.run_student(backends.make(spec), cfg, task, data, CUDA)
     return task, data, metrics, losses
@@ -42,14 +42,14 @@ def test_online_and_topk_teachers_train_like_the_precomputed_one_on_cuda(tmp_pat
 
 
 def test_the_online_teacher_gives_the_same_targets_on_every_pass(tmp_path):
-    task = tasks.LMTask(_cfg(teacher_mode="online"), CUDA, torch.bfloat16, tmp_path / "cache")
+    task = lm_task.LMTask(_cfg(teacher_mode="online"), CUDA, torch.bfloat16, tmp_path / "cache")
     data = task.make_data()
     first = [t.out.clone() for _, t in data.train]
     assert all(torch.equal(a, t.out) for a, (_, t) in zip(first, data.train))
 
 
 def test_a_top_k_store_streams_a_step_ahead_to_the_gpu(tmp_path):
-    task = tasks.LMTask(_cfg(teacher_mode="topk", topk=16), CUDA, torch.bfloat16, tmp_path / "cache")
+    task = lm_task.LMTask(_cfg(teacher_mode="topk", topk=16), CUDA, torch.bfloat16, tmp_path / "cache")
     data = task.make_data()
     streamed = [(tokens.clone(), t.out.clone(), t.indices.clone()) for tokens, t in data.train]  # __iter__: pinned, async
     for i, (tokens, values, indices) in enumerate(streamed):

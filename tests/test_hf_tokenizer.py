@@ -23,7 +23,7 @@ from workbench.data import TextSpec, load_text, text  # noqa: E402
 from workbench.data.tokenizer import TOKENIZER_FILES, files_sha256  # noqa: E402
 from workbench.errors import ConfigError  # noqa: E402
 from workbench.models import hf_init  # noqa: E402
-from workbench.train import tasks  # noqa: E402
+from workbench.train import lm_task, task_setup  # noqa: E402
 
 CORPUS_MB = 0.2
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,8 +81,8 @@ def test_hf_init_folder_holds_model_tokenizer_and_its_record(folders):
 def test_the_text_is_tokenized_by_the_models_tokenizer(folders, tmp_path):
     """Every train-split token id is what the model's tokenizer gives for that text (each piece followed by its
     eos), and task.json names the tokenizer by its files' hash (a BPE trained by the run has other ids)."""
-    cfg = tasks.resolve_lm(lm_cfg(teacher="random", student=str(folders["llama"])))
-    task = tasks.LMTask(cfg, torch.device("cpu"), None, tmp_path, with_batches=False)
+    cfg = task_setup.resolve_lm(lm_cfg(teacher="random", student=str(folders["llama"])))
+    task = lm_task.LMTask(cfg, torch.device("cpu"), None, tmp_path, with_batches=False)
     tok = AutoTokenizer.from_pretrained(folders["llama"], local_files_only=True)
     spec = TextSpec(max_bytes=int(CORPUS_MB * 1e6))
     train = text.split_pieces(text.pieces(text.documents(spec)), spec.heldout_fraction)["train"]
@@ -146,8 +146,8 @@ def test_teacher_and_student_with_different_tokenizers_are_refused_up_front_nami
 
 def test_a_folder_without_a_tokenizer_trains_bpe_here_and_every_row_says_so(tmp_path):
     hf = tiny_llama(tmp_path / "no-tok", vocab=512, layers=1)
-    cfg = tasks.resolve_lm(lm_cfg(teacher="random", student=str(hf)))
-    task = tasks.LMTask(cfg, torch.device("cpu"), None, tmp_path, with_batches=False)
+    cfg = task_setup.resolve_lm(lm_cfg(teacher="random", student=str(hf)))
+    task = lm_task.LMTask(cfg, torch.device("cpu"), None, tmp_path, with_batches=False)
     assert task.info["tokenizer"] == "trained-here BPE" and "tokenizer_sha256" not in task.info
     assert f"lm.student ({hf}) has no tokenizer" in task.cells()["tokenizer_warning"]
     assert task.text.vocab_size == 512
@@ -161,22 +161,22 @@ def test_a_tokenizer_smaller_than_the_embedding_is_fine_a_larger_one_is_refused(
                 shutil.copy(folders["llama"] / name, hf / name)
         cfg = lm_cfg(teacher=str(hf), student=str(hf))
         if vocab > 512:
-            assert tasks.resolve_lm(cfg).model.vocab == 576  # a padded embedding
+            assert task_setup.resolve_lm(cfg).model.vocab == 576  # a padded embedding
             continue
         with pytest.raises(ConfigError, match=rf"tokenizer in {hf} has 512 tokens, more than the model's embedding "
                                               r"\(384 rows"):
-            tasks.resolve_lm(cfg)
+            task_setup.resolve_lm(cfg)
 
 
 def test_model_vocab_comes_from_the_model_and_teacher_and_student_must_agree(tmp_path):
     a, b = tiny_llama(tmp_path / "a", vocab=320, layers=1), tiny_llama(tmp_path / "b", vocab=384, layers=1)
-    assert tasks.resolve_lm(lm_cfg(vocab=256, tokenizer="bytes", teacher=str(a))).model.vocab == 320
+    assert task_setup.resolve_lm(lm_cfg(vocab=256, tokenizer="bytes", teacher=str(a))).model.vocab == 320
     with pytest.raises(ConfigError, match=rf"lm.teacher \({a}\) 320 tokens, lm.student \({b}\) 384 tokens"):
-        tasks.resolve_lm(lm_cfg(teacher=str(a), student=str(b)))
+        task_setup.resolve_lm(lm_cfg(teacher=str(a), student=str(b)))
 
 
 def test_an_explicit_tokenizer_over_a_models_own_is_warned(folders, tmp_path):
-    cfg = tasks.resolve_lm(lm_cfg(tokenizer="bytes", teacher=str(folders["llama"]), student=str(folders["llama"])))
-    task = tasks.LMTask(cfg, torch.device("cpu"), None, tmp_path, with_batches=False)
+    cfg = task_setup.resolve_lm(lm_cfg(tokenizer="bytes", teacher=str(folders["llama"]), student=str(folders["llama"])))
+    task = lm_task.LMTask(cfg, torch.device("cpu"), None, tmp_path, with_batches=False)
     assert task.info["tokenizer"] == "bytes"
     assert "lm.tokenizer='bytes': the text is not tokenized by the tokenizer of lm.teacher" in task.tokenizer_warning

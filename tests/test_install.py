@@ -7,6 +7,7 @@ import importlib.metadata
 import io
 import json
 import os
+import sys
 import tarfile
 from pathlib import Path
 
@@ -14,10 +15,10 @@ import pytest
 
 from te_fixtures import FAKE_VERSION, build_wheelhouses, fake_nvcc, machine
 from workbench import cli
-from workbench.env import facts, install, probe
+from workbench.env import facts, install, install_plan, probe
 
 
-def step(p: install.Plan, name: str) -> install.Step:
+def step(p: install_plan.Plan, name: str) -> install_plan.Step:
     return next(s for s in p.steps if s.name == name)
 
 
@@ -54,7 +55,7 @@ PLAN_TABLE = [  # (id, machine, plan kwargs, ok, core extra, build, expected wor
 @pytest.mark.parametrize("case", PLAN_TABLE, ids=[c[0] for c in PLAN_TABLE])
 def test_plan_for_simulated_machine(case):
     _, env, kwargs, ok, core_extra, build, words = case
-    p = install.plan(env, **kwargs)
+    p = install_plan.plan(env, **kwargs)
     assert p.ok is ok, p.render()
     assert p.core_extra == core_extra
     assert p.build == build
@@ -71,12 +72,12 @@ def test_plan_for_simulated_machine(case):
 
 
 def test_pypi_plan_uses_documented_spec_with_core_for_torch_cuda_major():
-    p = install.plan(CUDA13_FULL, version="2.20.2")
+    p = install_plan.plan(CUDA13_FULL, version="2.20.2")
     assert p.steps[-1].argv[-1] == "transformer_engine[pytorch,core_cu13]==2.20.2"
 
 
 def test_build_env_names_this_gpu_and_sizes_jobs_to_memory():
-    p = install.plan(CUDA13_FULL, build_from_source=True)
+    p = install_plan.plan(CUDA13_FULL, build_from_source=True)
     env = step(p, "transformer-engine").env
     assert env["NVTE_FRAMEWORK"] == "pytorch"
     assert env["NVTE_CUDA_ARCHS"] == "90"
@@ -89,26 +90,26 @@ def test_build_env_names_this_gpu_and_sizes_jobs_to_memory():
 
 
 def test_build_env_explicit_max_jobs_wins_and_cc_12_is_written_120():
-    env = install.build_env(machine(compute_capability="12.0"), max_jobs=3)
+    env = install_plan.build_env(machine(compute_capability="12.0"), max_jobs=3)
     assert env["MAX_JOBS"] == "3" and env["NVTE_CUDA_ARCHS"] == "120"
 
 
 def test_a100_build_targets_sm80():
-    assert install.build_env(A100)["NVTE_CUDA_ARCHS"] == "80"
+    assert install_plan.build_env(A100)["NVTE_CUDA_ARCHS"] == "80"
 
 
 def test_nvcc_major_mismatch_refuses_a_build():
-    p = install.plan(machine(torch="2.11.0+cu130", torch_cuda="13.0", torch_cuda_major=13), build_from_source=True)
+    p = install_plan.plan(machine(torch="2.11.0+cu130", torch_cuda="13.0", torch_cuda_major=13), build_from_source=True)
     assert not p.ok and any("nvcc 12.4" in r and "#553" in r for r in p.refusals)
 
 
 def test_missing_cudnn_headers_refuse_a_build():
-    p = install.plan(machine(cudnn_pip_root=None, cudnn_pip_header=None, cudnn_system_header=None), build_from_source=True)
+    p = install_plan.plan(machine(cudnn_pip_root=None, cudnn_pip_header=None, cudnn_system_header=None), build_from_source=True)
     assert not p.ok and any("cudnn.h" in r for r in p.refusals)
 
 
 def test_inconsistent_te_is_uninstalled_completely_before_one_pinned_install():
-    p = install.plan(INCONSISTENT, version="2.9.0")
+    p = install_plan.plan(INCONSISTENT, version="2.9.0")
     assert [s.name for s in p.steps] == ["uninstall", "transformer-engine"]
     assert sorted(p.steps[0].argv[-4:]) == sorted(INCONSISTENT["te_packages"])
     assert "inconsistent" in p.steps[0].why
@@ -118,13 +119,13 @@ def test_healthy_install_means_nothing_to_do_unless_reinstall():
     healthy = machine(te_available=True, te_consistent=True, te_version="2.9.0",
                       te_packages={"transformer-engine": "2.9.0", "transformer-engine-cu12": "2.9.0",
                                    "transformer-engine-torch": "2.9.0"})
-    assert install.plan(healthy).steps == [] and "nothing to do" in install.plan(healthy).notes[0]
-    assert [s.name for s in install.plan(healthy, reinstall=True).steps] == ["uninstall", "transformer-engine"]
-    assert install.plan(healthy, version="2.10.0").steps  # another version requested
+    assert install_plan.plan(healthy).steps == [] and "nothing to do" in install_plan.plan(healthy).notes[0]
+    assert [s.name for s in install_plan.plan(healthy, reinstall=True).steps] == ["uninstall", "transformer-engine"]
+    assert install_plan.plan(healthy, version="2.10.0").steps  # another version requested
 
 
 def test_force_turns_refusals_into_warnings():
-    p = install.plan(T4, force=True)
+    p = install_plan.plan(T4, force=True)
     assert p.ok and p.steps and any(w.startswith("(--force)") for w in p.warnings)
 
 
@@ -142,7 +143,7 @@ def test_offline_plan_pins_the_wheelhouse_version_and_uses_the_prebuilt_extensio
                 "transformer_engine_cu12-2.20.2-py3-none-manylinux_2_28_x86_64.whl",
                 f"transformer_engine_torch-2.20.2-{tag}-{tag}-linux_{H100['machine']}.whl",
                 "transformer_engine_torch-2.20.2.tar.gz")
-    p = install.plan(H100, find_links=str(wh), no_index=True)
+    p = install_plan.plan(H100, find_links=str(wh), no_index=True)
     assert p.ok and p.version == "2.20.2" and p.build == "no"
     argv = step(p, "transformer-engine").argv
     assert {"--no-index", "--no-deps", "--no-build-isolation"} <= set(argv)
@@ -153,7 +154,7 @@ def test_offline_plan_builds_when_only_the_extension_sdist_fits_this_python(tmp_
     wh = _touch(tmp_path / "wh", "transformer_engine-2.20.2-py3-none-any.whl",
                 "transformer_engine_cu12-2.20.2-py3-none-manylinux_2_28_x86_64.whl",
                 "transformer_engine_torch-2.20.2-cp39-cp39-linux_x86_64.whl", "transformer_engine_torch-2.20.2.tar.gz")
-    p = install.plan(H100, find_links=str(wh), no_index=True)
+    p = install_plan.plan(H100, find_links=str(wh), no_index=True)
     assert p.build == "yes" and "sdist" in p.build_reason
     assert step(p, "transformer-engine").env["NVTE_CUDA_ARCHS"] == "90"
 
@@ -161,19 +162,19 @@ def test_offline_plan_builds_when_only_the_extension_sdist_fits_this_python(tmp_
 def test_offline_plan_refuses_a_wheelhouse_without_the_extension(tmp_path):
     wh = _touch(tmp_path / "wh", "transformer_engine-2.20.2-py3-none-any.whl",
                 "transformer_engine_cu12-2.20.2-py3-none-manylinux_2_28_x86_64.whl")
-    p = install.plan(H100, find_links=str(wh), no_index=True)
+    p = install_plan.plan(H100, find_links=str(wh), no_index=True)
     assert not p.ok and any("transformer-engine-torch==2.20.2" in r for r in p.refusals)
 
 
 def test_offline_plan_refuses_a_core_for_the_wrong_cuda_major(tmp_path):
     wh = _touch(tmp_path / "wh", "transformer_engine-2.20.2-py3-none-any.whl",
                 "transformer_engine_cu13-2.20.2-py3-none-manylinux_2_28_x86_64.whl", "transformer_engine_torch-2.20.2.tar.gz")
-    p = install.plan(H100, find_links=str(wh), no_index=True)  # torch is CUDA 12
+    p = install_plan.plan(H100, find_links=str(wh), no_index=True)  # torch is CUDA 12
     assert any("transformer-engine-cu12==2.20.2" in r for r in p.refusals)
 
 
 def test_no_index_needs_a_wheelhouse():
-    assert any("--find-links" in r for r in install.plan(H100, no_index=True).refusals)
+    assert any("--find-links" in r for r in install_plan.plan(H100, no_index=True).refusals)
 
 
 # ----------------------------------------------------------- the real subprocess path, local wheelhouse
@@ -272,21 +273,21 @@ BROKEN_NVCC = machine(nvcc_version=None, nvcc_problem="`nvcc --version` exited 1
 
 
 def test_a_broken_nvcc_refuses_a_build_from_source():
-    p = install.plan(BROKEN_NVCC, build_from_source=True)
+    p = install_plan.plan(BROKEN_NVCC, build_from_source=True)
     assert not p.ok and p.steps == []
     assert any(r.startswith("nvcc present but unusable: `nvcc --version` exited 127: nvcc: error while loading")
                for r in p.refusals), p.refusals
 
 
 def test_a_broken_nvcc_is_a_warning_where_pip_may_not_compile():
-    p = install.plan(BROKEN_NVCC)
+    p = install_plan.plan(BROKEN_NVCC)
     assert p.ok and any(w.startswith("if it compiles: nvcc present but unusable") for w in p.warnings)
 
 
 def test_an_nvcc_printing_garbage_found_by_the_probe_refuses_the_build(tmp_path):
     nvcc = fake_nvcc(tmp_path, r"printf '\033[1m\377\376 segmentation fault\n'")
     path, version, problem = probe._nvcc(str(tmp_path))
-    p = install.plan(machine(nvcc_path=path, nvcc_version=version, nvcc_problem=problem, cuda_home=str(tmp_path)),
+    p = install_plan.plan(machine(nvcc_path=path, nvcc_version=version, nvcc_problem=problem, cuda_home=str(tmp_path)),
                      build_from_source=True)
     refusal = next(r for r in p.refusals if r.startswith("nvcc present but unusable"))
     assert str(nvcc) in refusal and "segmentation fault" in refusal and refusal.isprintable()
@@ -322,7 +323,7 @@ def test_cli_out_that_cannot_be_created_is_one_line(tmp_path, capsys, probed_as)
 
 
 def test_find_links_to_a_missing_folder_is_refused_with_its_name(tmp_path):
-    p = install.plan(H100, find_links=str(tmp_path / "missing"), no_index=True)
+    p = install_plan.plan(H100, find_links=str(tmp_path / "missing"), no_index=True)
     assert not p.ok and any(f"--find-links {tmp_path / 'missing'}: not a folder" == r for r in p.refusals)
 
 
@@ -330,8 +331,8 @@ def test_find_links_to_an_unreadable_folder_is_refused(tmp_path, monkeypatch):
     def unreadable(folder):  # a fake: this CI machine runs as root, for whom no folder is unreadable
         raise PermissionError(13, "Permission denied", str(folder))
 
-    monkeypatch.setattr(install, "scan_wheelhouse", unreadable)
-    p = install.plan(H100, find_links=str(tmp_path), no_index=True)
+    monkeypatch.setattr(install_plan, "scan_wheelhouse", unreadable)
+    p = install_plan.plan(H100, find_links=str(tmp_path), no_index=True)
     assert not p.ok and any("cannot read the folder (Permission denied)" in r for r in p.refusals)
 
 
@@ -347,7 +348,7 @@ def test_a_truncated_sdist_in_the_wheelhouse_does_not_stop_the_plan(tmp_path):
             info.size = len(payload)
             t.addfile(info, io.BytesIO(payload))
     (wh / "transformer_engine_torch-2.20.2.tar.gz").write_bytes(whole.read_bytes()[:100_000])  # a cut download
-    p = install.plan(H100, find_links=str(wh), no_index=True)
+    p = install_plan.plan(H100, find_links=str(wh), no_index=True)
     assert p.ok and p.build == "yes"
 
 
@@ -359,5 +360,16 @@ def test_last_outcome_passes_over_a_damaged_record(tmp_path):
 
 
 def test_build_env_points_cuda_home_at_a_pip_nvcc_when_the_system_has_none():
-    env = install.build_env(machine(cuda_home=None, nvcc_path="/venv/site-packages/nvidia/cu13/bin/nvcc"))
+    env = install_plan.build_env(machine(cuda_home=None, nvcc_path="/venv/site-packages/nvidia/cu13/bin/nvcc"))
     assert env["CUDA_HOME"] == env["CUDA_PATH"] == "/venv/site-packages/nvidia/cu13"
+
+
+def test_the_fp8_smoke_test_runs_as_a_module_and_says_why_without_te(tmp_path):
+    """fp8_smoke runs `python -m workbench.env.smoke` in the target interpreter; where TE does not import (here),
+    it fails with the loader's reason rather than a traceback about a missing module."""
+    from workbench.env import te as _te
+
+    _, _, why = _te.load()
+    found = install.fp8_smoke(sys.executable, log=io.StringIO())
+    assert found["ok"] is False and why and why.splitlines()[-1].strip() in found["error"]
+    assert "No module named workbench.env.smoke" not in found["error"]

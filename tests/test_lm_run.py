@@ -149,10 +149,10 @@ def test_a_language_model_sweep_through_papermill_with_its_plots_and_report(tmp_
 def test_a_random_teacher_of_the_students_shape_is_not_their_copy(tmp_path):
     import torch
 
-    from workbench.train import tasks
+    from workbench.train import lm_task
 
     cfg = config.from_preset("gpt-cpu", corpus_mb=0.2, teacher="random", teacher_hidden=0, teacher_layers=0)
-    task = tasks.LMTask(cfg, torch.device("cpu"), None, tmp_path)
+    task = lm_task.LMTask(cfg, torch.device("cpu"), None, tmp_path)
     t, s = task.teacher.state_dict(), task.reference.state_dict()
     assert t.keys() == s.keys() and not all(torch.equal(t[k], s[k]) for k in t)
 
@@ -168,7 +168,7 @@ GIB = 2**30
 
 
 def test_teacher_logits_go_to_the_gpu_when_they_fit_else_to_the_host_else_the_run_is_refused():
-    from workbench.train.tasks import place_teacher_logits as place
+    from workbench.train.logits_placement import place_teacher_logits as place
 
     # lm-a at 300 steps: 512 MiB of logits per batch, 150 GiB for training, 3 GiB for the timed and held-out ones
     train, kept = 300 * GIB // 2, 3 * GIB
@@ -204,20 +204,20 @@ def test_host_placed_logits_are_judged_for_every_rank_of_the_host(tmp_path, monk
     checks the memory for LOCAL_WORLD_SIZE of them, not one."""
     import torch
 
-    from workbench.train import tasks
+    from workbench.train import lm_task, logits_placement
 
     cfg = _tiny_gpt(teacher_logits="host", teacher_mode="precomputed")  # auto would turn to the online teacher
     need = cfg.train.steps * cfg.model.batch * cfg.model.seq_len * cfg.model.vocab * 4  # fp32 logits on a CPU
-    monkeypatch.setattr(tasks, "_memory_gb", lambda: (None, 1.5 * need / tasks.HOST_LOGITS_SHARE / 2**30))
+    monkeypatch.setattr(lm_task, "_memory_gb", lambda: (None, 1.5 * need / logits_placement.HOST_LOGITS_SHARE / 2**30))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
-    assert tasks.LMTask(cfg, torch.device("cpu"), None, tmp_path).info["teacher_logits"] == "host"
+    assert lm_task.LMTask(cfg, torch.device("cpu"), None, tmp_path).info["teacher_logits"] == "host"
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     with pytest.raises(config.ConfigError, match="on each of this host's 2 ranks"):
-        tasks.LMTask(cfg, torch.device("cpu"), None, tmp_path)
+        lm_task.LMTask(cfg, torch.device("cpu"), None, tmp_path)
     # a later rank of the host: rank 0 judged for all of them before anything was pinned; this one needs
     # its own share only (counting the others again against what they left would refuse what fits)
     monkeypatch.setenv("LOCAL_RANK", "1")
-    assert tasks.LMTask(cfg, torch.device("cpu"), None, tmp_path).info["teacher_logits"] == "host"
+    assert lm_task.LMTask(cfg, torch.device("cpu"), None, tmp_path).info["teacher_logits"] == "host"
 
 
 def test_training_on_host_placed_teacher_logits_gives_the_same_losses(tmp_path):
@@ -227,14 +227,14 @@ def test_training_on_host_placed_teacher_logits_gives_the_same_losses(tmp_path):
     import torch
 
     from workbench import backends
-    from workbench.train import loop, tasks
+    from workbench.train import lm_task, logits_placement, loop
 
     cfg = _tiny_gpt(eval_every=2)
     losses = {}
     for where in ("gpu", "host"):
-        task = tasks.LMTask(cfg.replace(teacher_logits=where), torch.device("cpu"), None, tmp_path)
+        task = lm_task.LMTask(cfg.replace(teacher_logits=where), torch.device("cpu"), None, tmp_path)
         data = task.make_data()
-        assert task.info["teacher_logits"] == where and isinstance(data.train, tasks.HostBatches) == (where == "host")
+        assert task.info["teacher_logits"] == where and isinstance(data.train, logits_placement.HostBatches) == (where == "host")
         assert len(data.train) == cfg.train.steps
         _, losses[where] = loop.run_student(backends.make("torch_fp32"), task.cfg, task, data, torch.device("cpu"))
     assert losses["host"] == losses["gpu"]
@@ -246,7 +246,7 @@ def test_the_fused_loss_trains_like_the_checkpointed_one(tmp_path, monkeypatch):
     import torch
 
     from workbench import backends
-    from workbench.train import lm_objectives, loop, tasks
+    from workbench.train import lm_objectives, lm_task, loop
 
     calls = []
     real = lm_objectives._FusedForwardKL.apply
@@ -255,7 +255,7 @@ def test_the_fused_loss_trains_like_the_checkpointed_one(tmp_path, monkeypatch):
     cfg = _tiny_gpt(steps=6, loss_chunk_tokens=24)
     curves = {}
     for impl in ("checkpointed", "fused"):
-        task = tasks.LMTask(cfg.replace(loss_impl=impl), torch.device("cpu"), None, tmp_path)
+        task = lm_task.LMTask(cfg.replace(loss_impl=impl), torch.device("cpu"), None, tmp_path)
         assert task.info["loss_impl"] == impl
         data = task.make_data()
         for name, t in (("kd", task), ("no-kd", task.no_kd())):
@@ -268,13 +268,13 @@ def test_the_fused_loss_trains_like_the_checkpointed_one(tmp_path, monkeypatch):
     assert curves["fused", "kd"][-1] < curves["fused", "kd"][0]
     # the default, 'auto': fused for forward_kl, checkpointed for a loss it cannot fuse; task.json says which
     for loss, ran in (("forward_kl", "fused"), ("jsd", "checkpointed")):
-        info = tasks.LMTask(cfg.replace(loss=loss), torch.device("cpu"), None, tmp_path).info
+        info = lm_task.LMTask(cfg.replace(loss=loss), torch.device("cpu"), None, tmp_path).info
         assert (info["loss_impl"], info["loss_impl_requested"]) == (ran, "auto")
     # where it could not run compiled (CUDA without Triton), auto falls back and an explicit 'fused' is refused
     monkeypatch.setattr(lm_objectives, "can_fuse", lambda device: False)
-    assert tasks.LMTask(cfg, torch.device("cpu"), None, tmp_path).info["loss_impl"] == "checkpointed"
+    assert lm_task.LMTask(cfg, torch.device("cpu"), None, tmp_path).info["loss_impl"] == "checkpointed"
     with pytest.raises(config.ConfigError, match="distill.loss_impl='fused' runs compiled .* Triton"):
-        tasks.LMTask(cfg.replace(loss_impl="fused"), torch.device("cpu"), None, tmp_path)
+        lm_task.LMTask(cfg.replace(loss_impl="fused"), torch.device("cpu"), None, tmp_path)
 
 
 def test_a_hugging_face_models_vocabulary_sets_model_vocab(tmp_path):

@@ -13,7 +13,7 @@ from workbench import backends, config
 from workbench.backends.te_bf16 import AttentionUnavailable
 from workbench.env import te as _te
 from workbench.models import CausalLM, LMShape
-from workbench.train import loop, tasks
+from workbench.train import lm_task, loop
 
 SHAPE = dict(kind="gpt", vocab=96, hidden=32, intermediate=64, layers=2, heads=4, seq_len=16)
 
@@ -110,7 +110,7 @@ def test_training_is_the_same_with_and_without_held_out_evaluation_in_between(fa
     cfg = config.from_preset("gpt-cpu", vocab=256, tokenizer="bytes", corpus_mb=0.1, teacher="random", hidden=32,
                              heads=4, intermediate=64, layers=1, seq_len=16, batch=4, steps=6, eval_batches=2,
                              warmup=0, iters=1, te_amax_compute_algo="most_recent")
-    task = tasks.LMTask(cfg, torch.device("cpu"), None, tmp_path)
+    task = lm_task.LMTask(cfg, torch.device("cpu"), None, tmp_path)
     data = task.make_data()
     losses = {}
     for every in (0, 1):

@@ -101,11 +101,11 @@ def test_an_ampere_or_newer_gpu_keeps_bf16(monkeypatch):
 
 
 def test_the_checksum_copies_no_host_held_teacher_logits(monkeypatch):
-    """Host-placed teacher logits (tasks.HostBatches) reach students only as fresh device copies: the shared
-    batches' checksum sums their tokens and token targets and copies none of the logits over."""
+    """Host-placed teacher logits (logits_placement.HostBatches) reach students only as fresh device copies:
+    the shared batches' checksum sums their tokens and token targets and copies none of the logits over."""
     from workbench.train import objectives
     from workbench.train.loop import Data
-    from workbench.train.tasks import HostBatches
+    from workbench.train.logits_placement import HostBatches
 
     tokens, nxt = torch.arange(6).view(2, 3), torch.arange(1, 7).view(2, 3)
     batch = (tokens, objectives.Targets(torch.ones(2, 3, 5), next_tokens=nxt))

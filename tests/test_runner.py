@@ -243,15 +243,15 @@ def test_a_run_leaves_tes_attention_switches_as_the_process_started(tmp_path, mo
 
 
 def test_training_prints_a_progress_line_every_few_steps(capsys):
-    """gpt-cpu trains 80 steps per student and its teacher 200: a line every tasks.progress_every steps."""
-    from workbench.train import tasks
+    """gpt-cpu trains 80 steps per student and its teacher 200: a line every lm_teacher.progress_every steps."""
+    from workbench.train import lm_teacher
 
     seen = []
     step = runner._with_progress(lambda i, loss: seen.append(i), True, "te_fp8:delayed", 80)
     for i in range(1, 81):
         step(i, 1.0 / i)
     lines = capsys.readouterr().out.splitlines()
-    assert tasks.progress_every(80) == 20 and seen == list(range(1, 81))
+    assert lm_teacher.progress_every(80) == 20 and seen == list(range(1, 81))
     assert lines == [f"[te_fp8:delayed] step {i}/80, loss {1.0 / i:.4g}" for i in (20, 40, 60)]
     assert runner._with_progress(None, True, "s", 8) is None  # short runs: the start and end lines suffice
     assert runner._with_progress(None, False, "s", 80) is None

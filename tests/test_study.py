@@ -11,7 +11,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from workbench import config, results, study
+from workbench import config, results
+from workbench.study import spec
+from workbench.study.report import report
 from workbench.config import ConfigError
 from workbench.sweep.plan import plan
 
@@ -20,56 +22,56 @@ TEACHER_PPL = 50.0
 
 
 def test_points_pair_arms_by_seed_and_shift_the_noise_arm():
-    s = study.from_preset("distill-quality")
-    grid = study.point_overrides(s)
+    s = spec.from_preset("distill-quality")
+    grid = spec.point_overrides(s)
     assert [g["seed"] for g in grid] == [1, 1001, 2, 1002, 3, 1003]
     main = grid[0]
     assert main["backends"] == ["torch_bf16", "te_bf16", "te_fp8:delayed", "te_fp8:current", "torchao_float8:tensorwise"]
     assert main["no_kd_student"] is True and main["baseline"] == "torch_bf16"
     assert grid[1] == {"seed": 1001, "backends": ["torch_bf16"], "baseline": "torch_bf16", "no_kd_student": False}
-    assert study.arm_of(s, "torch_bf16:no_kd", 2)[0].name == "no_kd_bf16"
-    assert study.arm_of(s, "torch_bf16", 1002) == (s.arm("torch_bf16_b"), 2)
-    assert study.arm_of(s, "torch_bf16", 2) == (s.arm("torch_bf16"), 2)
+    assert spec.arm_of(s, "torch_bf16:no_kd", 2)[0].name == "no_kd_bf16"
+    assert spec.arm_of(s, "torch_bf16", 1002) == (s.arm("torch_bf16_b"), 2)
+    assert spec.arm_of(s, "torch_bf16", 2) == (s.arm("torch_bf16"), 2)
 
 
 def test_every_point_shares_one_teacher_and_held_out_set():
     """The teacher's cache key and the held-out batches follow lm.teacher_seed, never the students' seed."""
-    from workbench.train import tasks
+    from workbench.train import task_setup
 
-    s = study.from_preset("distill-quality")
-    cfgs = [config.from_preset(s.preset, **{**s.fixed, **g}) for g in study.point_overrides(s)]
-    assert {tasks.teacher_seed(c) for c in cfgs} == {0}
+    s = spec.from_preset("distill-quality")
+    cfgs = [config.from_preset(s.preset, **{**s.fixed, **g}) for g in spec.point_overrides(s)]
+    assert {task_setup.teacher_seed(c) for c in cfgs} == {0}
     assert len({c.train.seed for c in cfgs}) == 6
-    assert tasks.teacher_seed(config.from_preset("gpt-cpu", seed=7)) == 7  # default: train.seed, as before
+    assert task_setup.teacher_seed(config.from_preset("gpt-cpu", seed=7)) == 7  # default: train.seed, as before
     with pytest.raises(ConfigError, match="lm.teacher_seed"):
         config.from_preset("gpt-cpu", teacher_seed=-2)
 
 
 def test_set_passes_through_to_every_point_and_per_point_fields_are_refused():
-    s = study.from_preset("distill-quality", {"lm.student": "/models/mine", "lm.teacher": "/models/big"})
-    for p in plan(study.sweep_spec(s)):
+    s = spec.from_preset("distill-quality", {"lm.student": "/models/mine", "lm.teacher": "/models/big"})
+    for p in plan(spec.sweep_spec(s)):
         assert p.overrides["lm.student"] == "/models/mine" and p.overrides["lm.teacher"] == "/models/big"
     with pytest.raises(ConfigError, match="--seeds"):
-        study.from_preset("distill-quality", {"seed": "4"})
+        spec.from_preset("distill-quality", {"seed": "4"})
     with pytest.raises(ConfigError, match="allowed"):
-        study.from_preset("no-such-study")
+        spec.from_preset("no-such-study")
     with pytest.raises(ConfigError, match="--seeds"):
-        study.from_preset("distill-quality", seeds=[1])
+        spec.from_preset("distill-quality", seeds=[1])
 
 
 def _fake_study(tmp_path, ppl: dict[str, list[float]], status: dict[str, str] | None = None) -> Path:
     """A study folder whose points hold students.csv / eval_curve.csv with the given held-out perplexities
     per arm (one per seed; KL = ppl / 100), as a finished run writes them."""
-    s = study.from_preset("distill-quality", seeds=[1, 2, 3], study_name="fake")
+    s = spec.from_preset("distill-quality", seeds=[1, 2, 3], study_name="fake")
     folder = tmp_path / "fake"
     folder.mkdir()
-    results.write_json(folder / study.STUDY_FILE, s.to_dict())
-    for p in plan(study.sweep_spec(s)):
+    results.write_json(folder / spec.STUDY_FILE, s.to_dict())
+    for p in plan(spec.sweep_spec(s)):
         point_seed = int(p.grid["seed"])
-        seed = point_seed % study.NOISE_SEED_OFFSET
+        seed = point_seed % spec.NOISE_SEED_OFFSET
         rows, curve = [], []
         for a in s.arms:
-            if a.noise != (point_seed >= study.NOISE_SEED_OFFSET):
+            if a.noise != (point_seed >= spec.NOISE_SEED_OFFSET):
                 continue
             name = a.student if a.kd else f"{a.student}:no_kd"
             v = ppl[a.name][seed - 1]
@@ -94,7 +96,7 @@ BASE = {"torch_bf16": [60.0, 62.0, 64.0], "te_bf16": [60.0, 62.0, 64.0], "te_fp8
 
 def test_report_gaps_noise_floor_and_headline(tmp_path):
     folder = _fake_study(tmp_path, BASE)
-    head = study.report(folder)
+    head = report(folder)
     gaps = pd.read_csv(folder / "gaps.csv")
     kl = gaps[gaps["metric"] == "kl_teacher_student_t1_nats"].set_index("arm")
     floor = (((2**2 + 1 + 1) / 3) ** 0.5)  # the b arm's gaps 2, -1, 1 %
@@ -122,7 +124,7 @@ def test_report_gaps_noise_floor_and_headline(tmp_path):
 def test_report_refuses_when_a_kd_student_beats_its_teacher(tmp_path):
     folder = _fake_study(tmp_path, {**BASE, "te_fp8_current": [40.0, 61.0, 65.0]})  # 40 < the teacher's 50
     (folder / "gaps.csv").write_text("stale answer\n")
-    head = study.report(folder)
+    head = report(folder)
     assert head["refused"] is True
     assert head["teacher_beaten_by"] == [{"arm": "te_fp8_current", "seed": 1, "heldout_ppl": 40.0,
                                           "teacher_heldout_ppl": TEACHER_PPL}]
@@ -133,12 +135,12 @@ def test_report_refuses_when_a_kd_student_beats_its_teacher(tmp_path):
 
 def test_no_kd_student_beating_the_teacher_is_no_refusal(tmp_path):
     folder = _fake_study(tmp_path, {**BASE, "no_kd_bf16": [40.0, 40.0, 40.0]})
-    assert study.report(folder)["refused"] is False
+    assert report(folder)["refused"] is False
 
 
 def test_an_arm_that_fell_back_is_not_counted(tmp_path):
     folder = _fake_study(tmp_path, BASE, status={"te_fp8_delayed": "fallback"})
-    head = study.report(folder)
+    head = report(folder)
     assert head["sentence"].startswith("FP8 delayed did not run here")
     arms = pd.read_csv(folder / "arms.csv").set_index("arm")
     assert arms.loc["te_fp8_delayed", "seeds_run"] == 0

@@ -13,7 +13,7 @@ from workbench.run import runner
 from workbench.backends.te_bf16 import TEAttention
 from workbench.env import te as _te
 from workbench.models import Teacher
-from workbench.train import tasks, teacher_precision
+from workbench.train import lm_task, tasks, teacher_precision
 
 CPU = torch.device("cpu")
 NO_FP8 = (False, "Device compute capability 8.9 or higher required for FP8 execution.")
@@ -84,8 +84,8 @@ def test_a_language_model_teacher_runs_in_fp8_with_tes_attention_and_its_own_wei
     cfg = config.from_preset("gpt-cpu", vocab=256, tokenizer="bytes", corpus_mb=0.1, teacher="random", hidden=32,
                              heads=4, intermediate=64, layers=1, seq_len=16, batch=4, steps=2, eval_batches=2,
                              warmup=0, iters=1)
-    fp8 = tasks.LMTask(cfg.replace(teacher_precision="fp8"), CPU, None, tmp_path)
-    bf16 = tasks.LMTask(cfg.replace(teacher_precision="bf16"), CPU, torch.bfloat16, tmp_path)
+    fp8 = lm_task.LMTask(cfg.replace(teacher_precision="fp8"), CPU, None, tmp_path)
+    bf16 = lm_task.LMTask(cfg.replace(teacher_precision="bf16"), CPU, torch.bfloat16, tmp_path)
     assert fp8.teacher_precision.used == "fp8" and isinstance(fp8.teacher.head, FakeTEModules.Linear)
     assert any(isinstance(m, TEAttention) for m in fp8.teacher.modules())  # bf16 attention: not run in FP8
     for k, v in bf16.teacher.state_dict().items():

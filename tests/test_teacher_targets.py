@@ -16,7 +16,7 @@ from workbench import backends, config
 from workbench.errors import ConfigError
 from workbench.models import CausalLM, LMShape
 from workbench.train import lm_objectives as lo
-from workbench.train import loop, tasks, teacher_targets as tt
+from workbench.train import lm_task, loop, teacher_targets as tt
 from workbench.train.head_loss import HeadFeatures, head_fused_loss
 
 CPU = torch.device("cpu")
@@ -37,7 +37,7 @@ def three_modes(tmp_path_factory):
     out = {}
     for mode in ("precomputed", "online", "topk"):
         cfg = tiny(teacher_mode=mode).validate()
-        task = tasks.LMTask(cfg, CPU, None, cache)
+        task = lm_task.LMTask(cfg, CPU, None, cache)
         data = task.make_data()
         metrics, losses = loop.run_student(backends.make("torch_fp32"), cfg, task, data, CPU)
         out[mode] = task, data, metrics, losses
@@ -71,7 +71,7 @@ def test_a_top_k_run_reuses_its_store(three_modes):
     task = three_modes["topk"][0]
     folder = Path(task.info["teacher_topk_store"])
     stamp = (folder / "values.bin").stat().st_mtime_ns
-    again = tasks.LMTask(task.cfg, CPU, None, task.cache_dir)
+    again = lm_task.LMTask(task.cfg, CPU, None, task.cache_dir)
     again.make_data()
     assert again.info["teacher_topk_store"] == str(folder) and again.info["teacher_topk_rebuilt"] is None
     assert (folder / "values.bin").stat().st_mtime_ns == stamp
@@ -328,7 +328,7 @@ def test_a_run_with_the_head_fused_loss_trains_like_the_fused_one(tmp_path):
     runs = {}
     for impl in ("fused", "fused_head"):
         cfg = tiny(loss_impl=impl).validate()
-        task = tasks.LMTask(cfg, CPU, None, tmp_path)
+        task = lm_task.LMTask(cfg, CPU, None, tmp_path)
         metrics, losses = loop.run_student(backends.make("torch_fp32"), cfg, task, task.make_data(), CPU)
         runs[impl] = losses, task.cells()["loss_impl"]
     np.testing.assert_allclose(runs["fused_head"][0], runs["fused"][0], rtol=1e-5)

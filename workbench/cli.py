@@ -28,7 +28,7 @@ COMMANDS = {
     "install-te": ("workbench.env.install", "plan and run the Transformer Engine install"),
     "doctor": ("workbench.env.doctor", "diagnose the TE install or an install/import log"),
     "sweep": ("workbench.sweep.run", "papermill sweep over a config grid into results/sweeps/<name>/, resumable, + report"),
-    "study": ("workbench.study", "distillation-quality study: arms x seeds, one teacher, gaps vs the bf16 noise floor"),
+    "study": ("workbench.study.run", "distillation-quality study: arms x seeds, one teacher, gaps vs the bf16 noise floor"),
     "teacher": ("workbench.teacher", "train (or find) the language-model teacher of a config, cached for later runs"),
     "scaling": ("workbench.results.scaling", "the scaling curve (tokens/s, efficiency, memory per GPU vs GPUs) of distributed runs"),
     "hf-init": ("workbench.models.hf_init", "write a randomly initialised Hugging Face model of a real shape, with a tokenizer trained here"),

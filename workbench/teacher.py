@@ -25,7 +25,7 @@ def add_arguments(p) -> None:
 
 def main(args) -> int:
     from workbench.run import runner
-    from workbench.train import lm_metrics, tasks
+    from workbench.train import lm_metrics, lm_task, task_setup
 
     cfg = config.from_preset(args.preset, **config.parse_set(args.overrides))
     if cfg.model.kind == "mlp" or cfg.lm.teacher != "train":
@@ -33,10 +33,10 @@ def main(args) -> int:
                           f"and lm.teacher to 'train' (got kind {cfg.model.kind!r}, teacher {cfg.lm.teacher!r})")
     device = runner.resolve_device(cfg)
     tdtype = runner.teacher_dtype(cfg, device)
-    task = tasks.LMTask(cfg, device, tdtype, Path(args.out) / "cache", with_batches=False)
+    task = lm_task.LMTask(cfg, device, tdtype, Path(args.out) / "cache", with_batches=False)
     acc = lm_metrics.LMMetrics(cfg.distill.loss_chunk_tokens)
     for window in task.text.batches("heldout", cfg.model.batch, cfg.model.seq_len, cfg.train.eval_batches,
-                                    tasks.teacher_seed(cfg) + 3):
+                                    task_setup.teacher_seed(cfg) + 3):
         w = window.to(device)
         with task.teacher_precision.forward():
             acc.add(task.teacher(w[:, :-1]), None, w[:, 1:])

@@ -1,7 +1,7 @@
 """Environment probe: what this machine has (GPU, driver, CUDA, nvcc, cuDNN, TE packages) and what TE can do.
 
 `probe()` returns a flat JSON-able dict; every run stores it as env.json and stamps result rows with it,
-and `workbench.install.plan()` decides the Transformer Engine install from it alone (so a plan for any
+and `workbench.env.install_plan.plan()` decides the Transformer Engine install from it alone (so a plan for any
 machine can be simulated with a plain dict). Unknown values are None, never a guess.
 
     python -m workbench probe            # grouped human table

@@ -31,7 +31,7 @@ from workbench.run import parallel, slow_path
 from workbench.env import probe
 from workbench.env import te as _te
 from workbench.config import Config
-from workbench.train import Data, Diverged, run_student, tasks, teacher_targets
+from workbench.train import Data, Diverged, lm_teacher, run_student, task_setup, tasks, teacher_targets
 
 BF16_REFERENCES = ("te_bf16", "torch_bf16")  # the "bf16 student" FP8 losses are compared with
 
@@ -101,7 +101,7 @@ def run(cfg: Config, out: str | Path = "results", run_id: str | None = None, req
         progress: bool = True) -> Path:
     """Run every student in `cfg.backends`; return the run folder. `out` is the parent folder.
     With parallel.nproc > 1 outside torchrun, the run is launched under torchrun (workbench.run.parallel)."""
-    cfg = tasks.resolve_lm(cfg.validate())  # model.vocab from a Hugging Face teacher / student, tokenizers checked
+    cfg = task_setup.resolve_lm(cfg.validate())  # model.vocab from a Hugging Face teacher / student, tokenizers checked
     device = resolve_device(cfg)
     if parallel.should_launch(cfg):
         return parallel.launch(cfg, out, run_id, new_run_id(cfg), progress)
@@ -292,8 +292,8 @@ def _try_student(row: dict, spec: str, cfg: Config, ctx, task, data: Data, devic
 
 
 def _with_progress(on_step, progress: bool, who: str, steps: int):
-    """`on_step` (or nothing), preceded by a line every tasks.progress_every steps of training."""
-    every = tasks.progress_every(steps)
+    """`on_step` (or nothing), preceded by a line every lm_teacher.progress_every steps of training."""
+    every = lm_teacher.progress_every(steps)
     if not progress or steps <= every:
         return on_step
 

@@ -35,7 +35,7 @@ class Data:
         writes into them (e.g. a graph keeping a batch as its static input) silently changes what the
         next students train and are measured on; the runner compares this before and after each."""
         # Training batches that are streamed (host-placed logits, an online teacher, a top-k store: see
-        # tasks.HostBatches, teacher_targets) hand a student only fresh device copies of their targets, which it
+        # logits_placement.HostBatches, teacher_targets) hand a student only fresh device copies of their targets, which it
         # cannot write back: only what they keep and share (`shared_tensors`) is checked, and nothing is copied
         # to the device for this check.
         streamed = getattr(self.train, "shared_tensors", None)

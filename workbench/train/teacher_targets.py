@@ -2,7 +2,7 @@
 with train.steps.
 
   precomputed  the teacher's full logits for every batch, computed once (on the GPU or pinned host memory:
-               tasks.place_teacher_logits). steps x tokens x vocab: 2.1 GB a step at vocab 128256, 8192 tokens.
+               logits_placement.place_teacher_logits). steps x tokens x vocab: 2.1 GB a step at vocab 128256, 8192 tokens.
   online       OnlineBatches: the teacher's forward when a batch is fetched, before the student's step (never
                inside its timed or graphed step). Holds the token windows only (int32), nothing per vocabulary.
   topk         TopKStore: the teacher's k largest logits, their ids and the log-sum-exp of the rest per token,
@@ -323,7 +323,7 @@ class OnlineBatches(collections.abc.Sequence):
 
 def choose_mode(requested: str, place: Callable[[int], str]) -> tuple[str, str, str | None]:
     """(mode, why, placement of precomputed logits or None). `place(train_steps_factor)` is the precomputed
-    placement check (tasks.place_teacher_logits): called with 1 for the training batches' logits, 0 for the
+    placement check (logits_placement.place_teacher_logits): called with 1 for the training batches' logits, 0 for the
     timed and held-out batches' alone; it raises ConfigError when they do not fit."""
     if requested == "precomputed":
         return "precomputed", "requested", place(1)

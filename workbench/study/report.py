@@ -1,0 +1,338 @@
+"""A study's report: its points collected into arm x seed rows, the arms and gaps tables, the headline,
+README.md and the figures, all from the result files; and the execution of the report notebook that
+writes them. The file list is in `workbench.study`."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from workbench import results
+from workbench.config import ConfigError
+from workbench.study import stats as qs
+from workbench.study.spec import (METRIC_NAMES, METRICS, NOISE_ARM, NOISE_SEED_OFFSET, REFERENCE_ARM,
+                                  REPORT_NOTEBOOK_NAME, STUDY_FILE, TEACHER_FILE, Study, arm_of, sweep_spec)
+
+
+# ---- collecting the points -----------------------------------------------------------------------
+def collect(study: Study, study_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(study rows: one per arm x seed, curves): from every planned point; an arm x seed whose point is not
+    complete is a row with status 'missing' and the point's state as its reason."""
+    from workbench.sweep.index import read_index
+    from workbench.sweep.plan import plan
+
+    try:
+        index = read_index(study_dir).set_index("point")
+    except results.DamagedResults:
+        index = pd.DataFrame()
+    rows, curves = [], []
+    for point in plan(sweep_spec(study)):
+        point_seed = int(point.grid["seed"])
+        folder = study_dir / point.id
+        expected = [a for a in study.arms if a.noise == (point_seed >= NOISE_SEED_OFFSET)]
+        if not results.is_complete(folder):
+            state = index.loc[point.id].to_dict() if point.id in index.index else {}
+            why = f"point {point.id} not complete ({state.get('status') or 'not run'}"
+            why += f": {state['error']})" if isinstance(state.get("error"), str) else ")"
+            seed = point_seed % NOISE_SEED_OFFSET
+            rows += [{"arm": a.name, "seed": seed, "student": a.student, "kd": a.kd, "point": point.id,
+                      "status": "missing", "reason": why} for a in expected]
+            continue
+        df = results.read_students(folder)
+        for r in df.to_dict("records"):
+            found = arm_of(study, r["student"], point_seed)
+            if found is None:
+                continue
+            arm, seed = found
+            rows.append({"arm": arm.name, "seed": seed, "student": arm.student, "kd": arm.kd, "point": point.id,
+                         "status": r.get("status"), "reason": r.get("reason") or None,
+                         **{m: r.get(m) for m in METRICS}, "teacher_heldout_ppl": r.get("teacher_heldout_ppl"),
+                         "step_ms_median": r.get("step_ms_median"), "compiled": r.get("compiled"),
+                         "graph_scope": r.get("graph_scope"), "train_seed": point_seed})
+        curve_file = folder / "eval_curve.csv"
+        if curve_file.exists():
+            for r in pd.read_csv(curve_file).to_dict("records"):
+                found = arm_of(study, r["student"], point_seed)
+                if found:
+                    curves.append({"arm": found[0].name, "seed": found[1], "step": r["step"],
+                                   **{m: r.get(m) for m in METRICS[:3]}})
+    study_df = pd.DataFrame(rows)
+    study_df = study_df.where(study_df.notna(), None) if len(study_df) else study_df
+    ran = {(r["arm"], r["seed"]) for r in _ran(study_df).to_dict("records")} if len(study_df) else set()
+    curves = [c for c in curves if (c["arm"], c["seed"]) in ran]  # a fallback's curve is not its arm's
+    return study_df, pd.DataFrame(curves, columns=["arm", "seed", "step", *METRICS[:3]])
+
+
+def _ran(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows of students that ran as themselves: a fallback (TE FP8 run as PyTorch autocast) is not its arm."""
+    return df[df["status"] == "ok"] if len(df) else df
+
+
+def _by_seed(df: pd.DataFrame, arm: str, metric: str) -> dict[int, Any]:
+    part = _ran(df)
+    part = part[part["arm"] == arm] if len(part) else part
+    return {int(r["seed"]): r[metric] for _, r in part.iterrows()}
+
+
+def arms_table(study: Study, df: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
+    """Per arm: seeds run, each metric's mean / sd / 95% interval over seeds, the path it ran, whether its mean
+    held-out curves (KL, perplexity) moved less than qs.FLAT_THRESHOLD_PCT over their last interval."""
+    out = []
+    for a in study.arms:
+        mine = df[df["arm"] == a.name] if len(df) else df
+        ran = _ran(mine)
+        row: dict[str, Any] = {"arm": a.name, "student": a.student, "kd": a.kd, "seeds_run": len(ran),
+                               "seeds_planned": len(study.seeds),
+                               "not_run": "; ".join(sorted({f"{r.status}: {r.reason}" for r in mine.itertuples()
+                                                            if r.status != "ok"})) or None}
+        for m in METRICS:
+            s = qs.summary(ran[m] if len(ran) else [])
+            row.update({f"{m}_{k}": s[k] for k in ("mean", "sd", "ci_low", "ci_high")})
+        row["step_ms_median_mean"] = qs.summary(ran["step_ms_median"] if len(ran) else [])["mean"]
+        row["path"] = ", ".join(sorted({_path(r) for r in ran.to_dict("records")})) or None
+        c = curves[curves["arm"] == a.name] if len(curves) else curves
+        flat = []
+        for m, key in (("kl_teacher_student_t1_nats", "kl"), ("heldout_ppl", "ppl")):
+            mean_curve = c.groupby("step")[m].mean().sort_index().tolist() if len(c) else []
+            change, ok = qs.flattened(mean_curve)
+            row[f"{key}_last_change_pct"] = change
+            flat.append(ok)
+        row["flattened"] = None if None in flat else all(flat)
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def _path(r: dict[str, Any]) -> str:
+    compiled = r.get("compiled") is True or str(r.get("compiled")).lower() == "true"
+    scope = r.get("graph_scope") if isinstance(r.get("graph_scope"), str) else None
+    return " + ".join([p for p in ("compiled" if compiled else "eager", f"graph:{scope}" if scope else None) if p])
+
+
+def gaps_table(study: Study, df: pd.DataFrame) -> pd.DataFrame:
+    """Per arm (but the reference) and metric: the gap to the reference in %, paired by seed, its mean, sd and
+    95% interval, the metric's noise floor and the within-noise verdict."""
+    out = []
+    for m in METRICS:
+        ref = _by_seed(df, REFERENCE_ARM, m)
+        floor = qs.noise_floor_pct(ref, _by_seed(df, NOISE_ARM, m))
+        for a in study.arms:
+            if a.name == REFERENCE_ARM:
+                continue
+            gaps = qs.paired_gaps_pct(ref, _by_seed(df, a.name, m))
+            s = qs.summary(gaps.values())
+            out.append({"arm": a.name, "metric": m, "n_seeds": s["n"], "gap_pct_mean": s["mean"], "gap_pct_sd": s["sd"],
+                        "gap_pct_ci_low": s["ci_low"], "gap_pct_ci_high": s["ci_high"], "noise_floor_pct": floor,
+                        "within_noise": qs.within_noise(s, floor),
+                        "gap_pct_by_seed": json.dumps({str(k): v for k, v in gaps.items()})})
+    return pd.DataFrame(out)
+
+
+# ---- the report ----------------------------------------------------------------------------------
+def _pct(v: float | None, sign: bool = True) -> str:
+    return "unknown" if v is None or (isinstance(v, float) and math.isnan(v)) else (f"{v:+.1f}%" if sign else f"{v:.1f}%")
+
+
+def headline(study: Study, df: pd.DataFrame, gaps: pd.DataFrame | None, beaten: list[dict]) -> dict[str, Any]:
+    """The headline's numbers and its sentence, from the tables above."""
+    metric, arm = study.headline_metric, study.headline_arm
+    out: dict[str, Any] = {"study": study.name, "arm": arm, "reference": REFERENCE_ARM, "metric": metric,
+                           "refused": bool(beaten), "teacher_beaten_by": beaten}
+    if beaten:
+        who = "; ".join(f"{b['arm']} seed {b['seed']}: {b['heldout_ppl']:.2f} < teacher {b['teacher_heldout_ppl']:.2f}"
+                        for b in beaten[:5])
+        out["sentence"] = (f"Refused: no distillation-quality answer, because {len(beaten)} KD student(s) ended better "
+                           f"than their teacher on held-out perplexity ({who}); they learned past the teacher from the "
+                           "text, so the gaps would measure the cross-entropy term, not distillation. Train a stronger "
+                           "teacher (lm.teacher_steps, lm.teacher_hidden, lm.teacher_layers).")
+        return out
+    label = arm.replace("te_fp8_", "FP8 ").replace("_", " ") if arm.startswith("te_fp8_") else arm
+    row = gaps[(gaps["arm"] == arm) & (gaps["metric"] == metric)] if gaps is not None and len(gaps) else pd.DataFrame()
+    ref = gaps[gaps["metric"] == metric]["noise_floor_pct"] if gaps is not None and len(gaps) else pd.Series(dtype=float)
+    floor = None if ref.empty or pd.isna(ref.iloc[0]) else float(ref.iloc[0])
+    out["noise_floor_pct"] = floor
+    floor_text = f"the bf16 noise floor is {_pct(floor, sign=False)}"
+    if row.empty or not row.iloc[0]["n_seeds"]:
+        mine = df[df["arm"] == arm] if len(df) else df
+        reasons = sorted({str(r) for r in mine["reason"].dropna()}) if len(mine) else []
+        why = reasons[0] if reasons else "no seed of it ran"
+        out["sentence"] = f"{label} did not run here ({why}); {floor_text}."
+        return out
+    g = {k: (None if pd.isna(v) else v) for k, v in row.iloc[0].to_dict().items()}
+    out.update(gap_pct=g["gap_pct_mean"], ci_low_pct=g["gap_pct_ci_low"], ci_high_pct=g["gap_pct_ci_high"],
+               n_seeds=int(g["n_seeds"]), within_noise=g["within_noise"])
+    verdict = {True: "within noise", False: "outside the noise", None: "noise unknown"}[g["within_noise"]]
+    out["sentence"] = (f"{label} changes {METRIC_NAMES[metric]} by {_pct(g['gap_pct_mean'])} (95% interval "
+                       f"[{_pct(g['gap_pct_ci_low'])}, {_pct(g['gap_pct_ci_high'])}], {int(g['n_seeds'])} seeds); "
+                       f"{floor_text}: {verdict}.")
+    return out
+
+
+def report(study_dir: str | Path, headline_arm: str | None = None, headline_metric: str | None = None) -> dict[str, Any]:
+    """Write the study's tables, headline, README and figures from its points; return the headline (about
+    `headline_arm` and `headline_metric`; None: the study's). The quality_report notebook calls this; so can
+    anyone, on a study no driver is running."""
+    study_dir = Path(study_dir)
+    study = Study.from_dict(results.read_json(study_dir / STUDY_FILE))
+    if headline_arm is not None and study.arm(headline_arm) is None:
+        raise ConfigError(f"headline_arm {headline_arm!r} is no arm of the study; allowed: {[a.name for a in study.arms]}")
+    if headline_metric is not None and headline_metric not in METRICS:
+        raise ConfigError(f"headline_metric {headline_metric!r}: allowed {list(METRICS)}")
+    study.headline_arm = headline_arm or study.headline_arm
+    study.headline_metric = headline_metric or study.headline_metric
+    df, curves = collect(study, study_dir)
+    results.write_csv(study_dir / "study.csv", df)
+    results.write_csv(study_dir / "curves.csv", curves)
+    arms = arms_table(study, df, curves)
+    results.write_csv(study_dir / "arms.csv", arms)
+    beaten = qs.teacher_beaten(_ran(df).to_dict("records")) if len(df) else []
+    gaps = None
+    for stale in ("gaps.csv", "gap_vs_noise.png", "gap_vs_noise.svg"):
+        (study_dir / stale).unlink(missing_ok=True)  # a refusal must not leave an earlier answer behind
+    if not beaten:
+        gaps = gaps_table(study, df)
+        results.write_csv(study_dir / "gaps.csv", gaps)
+    head = headline(study, df, gaps, beaten)
+    teacher = results.read_json(study_dir / TEACHER_FILE) if (study_dir / TEACHER_FILE).exists() else {}
+    ran = _ran(df)
+    head["teacher_heldout_ppl"] = (float(ran["teacher_heldout_ppl"].dropna().iloc[0])
+                                   if len(ran) and ran["teacher_heldout_ppl"].notna().any() else None)
+    head["teacher_cached_at"] = teacher.get("teacher_checkpoint")
+    head["arms_not_flattened"] = [r["arm"] for r in arms.to_dict("records") if r["flattened"] is False]
+    results.write_json(study_dir / "headline.json", head)
+    from workbench.results import plots
+
+    fig = heldout_curves(study, curves)
+    results.write_figure(fig, study_dir, "heldout_curves")
+    plots.plt.close(fig)
+    if gaps is not None:
+        fig = gap_vs_noise(study, gaps)
+        results.write_figure(fig, study_dir, "gap_vs_noise")
+        plots.plt.close(fig)
+    (study_dir / "README.md").write_text(readme(study, head, arms, gaps), encoding="utf-8")
+    return head
+
+
+def _md(df: pd.DataFrame) -> str:
+    def cell(v):
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return ""
+        return f"{v:.4g}" if isinstance(v, float) else str(v).replace("|", "/")
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in df.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def readme(study: Study, head: dict, arms: pd.DataFrame, gaps: pd.DataFrame | None) -> str:
+    """README.md: the headline, the teacher, the arms and the gaps, every number from the files beside it."""
+    cols = ["arm", "seeds_run", "heldout_ppl_mean", "heldout_ppl_sd", "kl_teacher_student_t1_nats_mean",
+            "kl_teacher_student_t1_nats_sd", "top1_agreement_mean", "final_train_loss_mean", "step_ms_median_mean",
+            "path", "kl_last_change_pct", "flattened", "not_run"]
+    parts = [f"# Distillation-quality study `{study.name}`", "", f"**{head['sentence']}**", "",
+             f"Teacher held-out perplexity: {head.get('teacher_heldout_ppl') or 'unknown'} (one teacher, "
+             f"lm.teacher_seed, reused by every seed); seeds {study.seeds}; config preset `{study.preset}` with "
+             f"`{json.dumps(study.fixed, sort_keys=True)}`.", "", "## Arms (arms.csv: mean, sd, 95% interval over seeds)", "",
+             _md(arms.reindex(columns=cols))]
+    if head.get("arms_not_flattened"):
+        parts += ["", f"Held-out curves still moving by more than {qs.FLAT_THRESHOLD_PCT}% over their last interval: "
+                      f"{', '.join(head['arms_not_flattened'])} (train longer: train.steps)."]
+    if gaps is not None:
+        g = gaps[gaps["metric"].isin(["kl_teacher_student_t1_nats", "heldout_ppl"])]
+        parts += ["", f"## Gaps to `{REFERENCE_ARM}` in % (gaps.csv: paired by seed)", "",
+                  _md(g.drop(columns=["gap_pct_by_seed"]))]
+    parts += ["", "## Rules", "",
+              f"- Noise floor of a metric: the root mean square over seeds of 100 (b_s - r_s) / r_s, r = `{REFERENCE_ARM}`, "
+              f"b = `{NOISE_ARM}` (the same student from another init and batch order, train.seed + {NOISE_SEED_OFFSET}).",
+              "- A gap (100 (arm_s - r_s) / r_s, paired by seed: same init, batches and teacher) is within noise when its "
+              "95% Student-t interval contains 0 or |mean gap| is below the noise floor.",
+              "- The study refuses an answer when a KD student ends with a lower held-out perplexity than its teacher.",
+              f"- A curve has flattened when its last interval moved its mean by less than {qs.FLAT_THRESHOLD_PCT}%.",
+              "", "Figures: `heldout_curves.png`" + (", `gap_vs_noise.png`" if gaps is not None else "") +
+              "; rows: `study.csv`; curves: `curves.csv`.", ""]
+    return "\n".join(parts)
+
+
+# ---- figures (read only the study's tables) -------------------------------------------------------
+def _arm_style(study: Study, name: str) -> dict[str, Any]:
+    from workbench.results import plots
+
+    a = study.arm(name)
+    color = plots.student_color(a.student if a and a.kd and not a.noise else name)
+    return {"color": color, "ls": "--" if a and (a.noise or not a.kd) else "-"}
+
+
+def heldout_curves(study: Study, curves: pd.DataFrame):
+    """Held-out KL to the teacher and perplexity against the training step: per arm the mean over seeds,
+    the band its min and max."""
+    from workbench.results import plots
+
+    fig, axes = plots.plt.subplots(1, 2, figsize=(11, 4.8))
+    if curves.empty:
+        for ax in axes:
+            plots.nothing_to_plot(ax, "no held-out curve (train.eval_every 0, or no point complete)")
+        return fig
+    for arm, c in curves.groupby("arm", sort=False):
+        style = _arm_style(study, arm)
+        for ax, m in zip(axes, ("kl_teacher_student_t1_nats", "heldout_ppl")):
+            g = c.groupby("step")[m]
+            mean, lo, hi = g.mean(), g.min(), g.max()
+            ax.plot(mean.index, mean.values, marker=".", label=f"{arm} ({c['seed'].nunique()} seeds)", **style)
+            ax.fill_between(mean.index, lo.values, hi.values, color=style["color"], alpha=0.15, lw=0)
+    axes[0].set(xlabel="training step", ylabel="nats per token", title="KL(teacher ‖ student), T=1, held out")
+    axes[1].set(xlabel="training step", ylabel="perplexity", title="held-out perplexity")
+    axes[1].set_yscale("log")
+    plots.plain_log_axis(axes[1].yaxis)
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Study {study.name}: mean over seeds, band min to max", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def gap_vs_noise(study: Study, gaps: pd.DataFrame):
+    """Each arm's paired gap to the reference (mean, 95% interval) against the bf16 noise floor (the grey
+    band, +- the floor): an interval inside the band or across 0 is noise."""
+    from workbench.results import plots
+
+    fig, axes = plots.plt.subplots(1, 2, figsize=(11, 0.6 * len(study.arms) + 2.2))
+    for ax, m in zip(axes, ("kl_teacher_student_t1_nats", "heldout_ppl")):
+        g = gaps[(gaps["metric"] == m) & gaps["gap_pct_mean"].notna()].reset_index(drop=True)
+        floor = gaps[gaps["metric"] == m]["noise_floor_pct"].dropna()
+        if len(floor):
+            ax.axvspan(-floor.iloc[0], floor.iloc[0], color="#bbbbbb", alpha=0.4,
+                       label=f"bf16 noise floor ±{floor.iloc[0]:.2f}%")
+        ax.axvline(0, color="black", lw=0.8)
+        for i, r in g.iterrows():
+            lo = r["gap_pct_mean"] - r["gap_pct_ci_low"] if pd.notna(r["gap_pct_ci_low"]) else 0
+            hi = r["gap_pct_ci_high"] - r["gap_pct_mean"] if pd.notna(r["gap_pct_ci_high"]) else 0
+            ax.errorbar(r["gap_pct_mean"], i, xerr=[[lo], [hi]], fmt="o", capsize=4, color=_arm_style(study, r["arm"])["color"])
+        ax.set_yticks(range(len(g)), [f"{r.arm}{' (noise)' if r.within_noise is True else ''}" for r in g.itertuples()])
+        ax.invert_yaxis()
+        ax.set(xlabel=f"gap to {REFERENCE_ARM}, % (95% interval over seeds)", title=METRIC_NAMES[m])
+        ax.grid(True, axis="x", alpha=0.3)
+        if len(floor):
+            ax.legend(fontsize=8, loc="lower right")
+    fig.suptitle(f"Study {study.name}: paired gaps vs the bf16 noise floor", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def run_report_notebook(study_dir: Path, progress: bool = False) -> Path:
+    """Execute the quality_report notebook on the study (it writes the files above); returns the executed copy."""
+    import papermill as pm
+
+    from workbench.notebook import NOTEBOOKS, kernel_uses_this_python
+
+    study_dir = Path(study_dir).resolve()
+    kernel_uses_this_python()
+    executed = study_dir / REPORT_NOTEBOOK_NAME
+    from importlib import resources
+
+    with resources.as_file(NOTEBOOKS / REPORT_NOTEBOOK_NAME) as source:
+        pm.execute_notebook(str(source), str(executed), parameters={"study_dir": str(study_dir)},
+                            kernel_name="python3", language="python", progress_bar=progress, cwd=str(study_dir))
+    return executed

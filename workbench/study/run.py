@@ -1,0 +1,106 @@
+"""The `workbench study` command: run a study's arms x seeds as a resumable sweep, the teacher once before
+the first point, then the report notebook. See `workbench.study` for the study and its files."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from workbench import config, results
+from workbench.config import ConfigError
+from workbench.study.report import report, run_report_notebook
+from workbench.study.spec import (DEFAULT_ROOT, PRESETS, STUDY_FILE, TEACHER_FILE, Study, check, from_preset,
+                                  parse_seeds, point_overrides, sweep_spec)
+
+
+# ---- the teacher ---------------------------------------------------------------------------------
+def ensure_teacher(study: Study, study_dir: Path) -> dict[str, Any] | None:
+    """Train (or find) the study's one teacher before any point runs, in its own process (no GPU memory
+    held by this driver): every point then finds it in <study>/cache. None when the teacher is not
+    trained here (lm.teacher is a Hugging Face folder, or 'random')."""
+    first = {**study.fixed, **point_overrides(study)[0]}
+    cfg = config.from_preset(study.preset, **first)
+    if cfg.model.kind == "mlp" or cfg.lm.teacher != "train":
+        return None
+    sets = [f"--set={k}={_cli_value(v)}" for k, v in first.items()]
+    cmd = [sys.executable, "-m", "workbench", "teacher", "--preset", study.preset, "--out", str(study_dir), *sets]
+    print("workbench study: the teacher (trained once, then cached for every point)", file=sys.stderr)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode or not lines:
+        raise RuntimeError(f"the teacher could not be trained (exit {proc.returncode}): {' '.join(cmd)}")
+    info = json.loads(lines[-1])
+    results.write_json(study_dir / TEACHER_FILE, info)
+    return info
+
+
+def _cli_value(v: Any) -> str:
+    return json.dumps(v) if isinstance(v, (list, dict)) else str(v)
+
+
+# ---- CLI -----------------------------------------------------------------------------------------
+def add_arguments(p) -> None:
+    p.add_argument("--preset", default=None, help=f"study preset: {', '.join(PRESETS)} (a bare --name resumes)")
+    p.add_argument("--name", default=None, help="study name, the folder <out>/<name> (default: the preset's name)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override for every point, e.g. --set lm.student=DIR --set lm.teacher=DIR")
+    p.add_argument("--seeds", default=None, help="the students' seeds, e.g. 1,2,3 (default: the preset's)")
+    p.add_argument("--out", default=str(DEFAULT_ROOT), help="parent folder of the study folder")
+    p.add_argument("--workers", default="auto", help="workers of the sweep's Dask cluster (see `sweep --help`)")
+    p.add_argument("--no-report", action="store_true", help="run the points, skip the report")
+    p.add_argument("--report-only", action="store_true", help="only (re)write the report of an existing study")
+
+
+def study_from_args(args) -> Study:
+    name = args.name or args.preset
+    if not name:
+        raise ConfigError("give --preset (a study preset) or --name of an existing study")
+    stored = Path(args.out) / results.check_name(name, "study name") / STUDY_FILE
+    if not args.preset and stored.exists():
+        study = Study.from_dict(results.read_json(stored))  # resume, plus any new --set
+        study.fixed.update(config.parse_set(args.overrides))
+        check(study)
+        return study
+    if not args.preset:
+        raise ConfigError(f"no study {stored.parent}: give --preset ({', '.join(PRESETS)})")
+    return from_preset(args.preset, config.parse_set(args.overrides), parse_seeds(args.seeds), name)
+
+
+def main(args) -> int:
+    from workbench.sweep import run as sweep
+
+    study = study_from_args(args)
+    study_dir = sweep.sweep_folder(results.output_root(args.out), study.name)
+    if args.report_only:
+        if not (study_dir / STUDY_FILE).exists():
+            print(f"workbench study: no report: no study folder {study_dir}", file=sys.stderr)
+            return 1
+        head = report(study_dir)
+        print(json.dumps({"study_dir": str(study_dir), **head}, default=str))
+        return 0 if not head["refused"] else 1
+    spec = sweep_spec(study)
+    study_dir.mkdir(parents=True, exist_ok=True)
+    results.write_json(study_dir / STUDY_FILE, study.to_dict())
+    signal.signal(signal.SIGTERM, sweep.interrupt)  # a kill stops the study like Ctrl-C: a rerun resumes
+    try:
+        ensure_teacher(study, study_dir)
+        summary = sweep.run_sweep(spec, root=args.out, workers=args.workers)
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print(f"workbench study: interrupted; run the same command (or --name {study.name}) to resume", file=sys.stderr)
+        return 130
+    summary["study_dir"] = summary.pop("sweep_dir")
+    rc = 1 if summary["failed"] else 0
+    if not args.no_report:
+        run_report_notebook(study_dir)
+        head = results.read_json(study_dir / "headline.json")
+        summary["headline"] = head["sentence"]
+        if head["refused"]:
+            print(f"workbench study: {head['sentence']}", file=sys.stderr)
+            rc = 1
+    print(json.dumps(summary, default=str))  # last line: machine-readable
+    return rc

@@ -1,0 +1,161 @@
+"""A distillation-quality study's design: its arms (one student each), seeds and presets, and the study as
+a sweep (one point per seed: every arm of that seed, paired by construction). See `workbench.study`."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workbench import results
+from workbench.config import ConfigError
+
+DEFAULT_ROOT = Path("results") / "studies"
+STUDY_FILE, TEACHER_FILE = "study.json", "teacher.json"
+NOISE_SEED_OFFSET = 1000  # the noise arm's points: train.seed + this (another init and batch order)
+REFERENCE_ARM, NOISE_ARM = "torch_bf16", "torch_bf16_b"
+METRICS = ("heldout_ppl", "kl_teacher_student_t1_nats", "top1_agreement", "final_train_loss")
+METRIC_NAMES = {"heldout_ppl": "held-out perplexity", "kl_teacher_student_t1_nats": "held-out KL to the teacher",
+                "top1_agreement": "top-1 agreement", "final_train_loss": "final train loss"}
+PER_POINT = ("seed", "train.seed", "backends", "baseline", "no_kd_student", "distill.no_kd_student")
+REPORT_NOTEBOOK_NAME = "quality_report.ipynb"
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    """The arm's name in the study's files."""
+    student: str
+    """The backend spec it trains (as in `backends`: 'te_fp8:delayed'); the no-KD arm: the baseline's."""
+    kd: bool = True
+    """False: the student trained on cross-entropy only (distill.no_kd_student)."""
+    noise: bool = False
+    """True: the arm runs at the seeds shifted by NOISE_SEED_OFFSET (another init and batch order)."""
+
+
+@dataclass
+class Study:
+    name: str
+    preset: str
+    """The config preset every point starts from."""
+    fixed: dict[str, Any] = field(default_factory=dict)
+    """Overrides every point gets (the preset's, then --set)."""
+    arms: list[Arm] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=lambda: [1, 2, 3])
+    headline_arm: str = "te_fp8_delayed"
+    headline_metric: str = "kl_teacher_student_t1_nats"
+    study_preset: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "arms": [asdict(a) for a in self.arms]}
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> "Study":
+        return Study(**{**d, "arms": [Arm(**a) for a in d["arms"]]})
+
+    def arm(self, name: str) -> Arm | None:
+        return next((a for a in self.arms if a.name == name), None)
+
+
+GPU_ARMS = [Arm("torch_bf16", "torch_bf16"), Arm("te_bf16", "te_bf16"), Arm("te_fp8_delayed", "te_fp8:delayed"),
+            Arm("te_fp8_current", "te_fp8:current"), Arm("torchao_float8", "torchao_float8:tensorwise"),
+            Arm("no_kd_bf16", "torch_bf16", kd=False), Arm(NOISE_ARM, "torch_bf16", noise=True)]
+
+# distill-quality: sized for one H200 in ~8 minutes with the teacher (scripts/gpu_quality.sh). The teacher is
+# 3x wider and 1.5x deeper than the student and trains 1.5x the students' steps on the whole built-in corpus;
+# the students train long enough for their held-out curves to flatten (checked in arms.csv). Fastest correct
+# path: torch and torchao students compiled with their whole step in one CUDA graph, TE students' whole step
+# in one graph (options.te_graph=step).
+PRESETS: dict[str, dict[str, Any]] = {
+    "distill-quality": {
+        "preset": "lm-distill", "arms": GPU_ARMS, "seeds": [1, 2, 3],
+        "set": {"vocab": 4096, "hidden": 256, "intermediate": 1024, "layers": 4, "heads": 4, "seq_len": 256,
+                "batch": 32, "steps": 800, "lr": 1e-3, "eval_every": 100, "eval_batches": 8,
+                "warmup": 3, "iters": 10, "compile": True, "graphs": True, "te_graph": "step",
+                "corpus_mb": 12.0, "teacher_hidden": 768, "teacher_layers": 6, "teacher_steps": 1200,
+                "teacher_lr": 6e-4, "teacher_seed": 0, "temperature": 1.0},
+    },
+    # two arms that run on a CPU (the reference and the noise arm) x 3 seeds, plus TE FP8 delayed, which a CPU
+    # cannot run: its rows say why, and the headline says it did not run
+    "distill-quality-cpu": {
+        "preset": "gpt-cpu", "seeds": [1, 2, 3],
+        "arms": [Arm("torch_bf16", "torch_bf16"), Arm("te_fp8_delayed", "te_fp8:delayed"),
+                 Arm(NOISE_ARM, "torch_bf16", noise=True)],
+        "set": {"steps": 30, "eval_every": 10, "eval_batches": 2, "warmup": 1, "iters": 2, "corpus_mb": 0.3,
+                "teacher_steps": 150, "teacher_seed": 0},
+    },
+}
+
+
+def from_preset(name: str, overrides: dict[str, Any] | None = None, seeds: list[int] | None = None,
+                study_name: str | None = None) -> Study:
+    """The named study with `--set` overrides (passed to every point) and optionally other seeds."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown study preset {name!r}; allowed: {sorted(PRESETS)}")
+    overrides = dict(overrides or {})
+    fixed_here = [k for k in overrides if k in PER_POINT]
+    if fixed_here:
+        raise ConfigError(f"--set {fixed_here[0]}: the study sets seed, backends, baseline and no_kd_student per "
+                          "point (its arms); pick seeds with --seeds")
+    p = PRESETS[name]
+    study = Study(name=results.check_name(study_name or name, "study name"), preset=p["preset"],
+                  fixed={**p["set"], **overrides}, arms=list(p["arms"]), seeds=list(seeds or p["seeds"]),
+                  study_preset=name)
+    check(study)
+    return study
+
+
+def check(study: Study) -> None:
+    """What the report needs: the reference and noise arms, distinct arm names, seeds in [0, offset)."""
+    names = [a.name for a in study.arms]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"study arms: a name twice in {names}")
+    for needed in (REFERENCE_ARM, NOISE_ARM):
+        if needed not in names:
+            raise ConfigError(f"study arms must include {needed!r} (the reference / the noise floor), got {names}")
+    bad = [s for s in study.seeds if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < NOISE_SEED_OFFSET]
+    if bad or len(set(study.seeds)) != len(study.seeds) or len(study.seeds) < 2:
+        raise ConfigError(f"--seeds: two or more distinct integers in [0, {NOISE_SEED_OFFSET}), got {study.seeds}")
+
+
+def parse_seeds(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ConfigError(f"--seeds expects integers separated by commas, e.g. 1,2,3; got {text!r}") from None
+
+
+# ---- the study as a sweep ------------------------------------------------------------------------
+def point_overrides(study: Study) -> list[dict[str, Any]]:
+    """The grid: per seed, one point with every arm that runs at that seed, then one with the noise arms."""
+    out = []
+    for seed in study.seeds:
+        for noise in (False, True):
+            arms = [a for a in study.arms if a.noise == noise]
+            students = list(dict.fromkeys(a.student for a in arms if a.kd))
+            no_kd = [a for a in arms if not a.kd]
+            if not students:
+                continue
+            baseline = no_kd[0].student if no_kd else students[0]
+            if baseline not in students:
+                students.append(baseline)  # the no-KD student is the baseline backend's (runner)
+            out.append({"seed": seed + (NOISE_SEED_OFFSET if noise else 0), "backends": students,
+                        "baseline": baseline, "no_kd_student": bool(no_kd)})
+    return out
+
+
+def sweep_spec(study: Study):
+    from workbench.sweep.plan import Spec
+
+    return Spec(name=study.name, preset=study.preset, fixed=dict(study.fixed), grid={"point": point_overrides(study)})
+
+
+def arm_of(study: Study, student: str, point_seed: int) -> tuple[Arm, int] | None:
+    """(arm, study seed) of a students.csv row of the point at `point_seed`; None for rows of no arm."""
+    noise = point_seed >= NOISE_SEED_OFFSET
+    seed = point_seed - NOISE_SEED_OFFSET if noise else point_seed
+    for a in study.arms:
+        if a.noise == noise and (student == (a.student if a.kd else f"{a.student}:no_kd")):
+            return a, seed
+    return None

@@ -1,0 +1,264 @@
+"""The LM task: a causal LM student (gpt / llama, or your Hugging Face model) distilled from a causal LM
+teacher on real text (the offline corpus or your files): KL on the logits mixed with cross-entropy;
+held-out perplexity, KL to the teacher, top-1 agreement. The teacher's targets come as
+distill.teacher_mode says (workbench.train.teacher_targets), precomputed logits where
+workbench.train.logits_placement puts them."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workbench.env.probe import _memory_gb
+from workbench.errors import ConfigError
+from workbench.train import head_loss, lm_metrics, lm_objectives, lm_teacher, objectives, teacher_precision, teacher_targets
+from workbench.train.logits_placement import HostBatches, place_teacher_logits
+from workbench.train.loop import Data
+from workbench.train.task_setup import (SHARD_SEED_STRIDE, bpe_vocab, check_teacher_output, lm_tokenizer, resolve_lm,
+                                        teacher_seed)
+
+LM_BENCH_BATCHES = 4  # distinct timed batches, cycled: an LM batch's teacher logits take GBs at vocab 32k
+
+
+class LMTask:
+    """A causal LM student distilled from a causal LM teacher on the offline corpus (or your text)."""
+
+    def __init__(self, cfg, device: torch.device, tdtype, cache_dir: str | Path, ce_only: bool = False,
+                 with_batches: bool = True):
+        from workbench.data import TextSpec, load_text
+
+        cfg = resolve_lm(cfg)  # model.vocab from a Hugging Face model (runner.run has done it already)
+        self.cfg, self.device, self.tdtype, self.cache_dir = cfg, device, tdtype, Path(cache_dir)
+        self.needs_hidden, self.ce_only = False, ce_only
+        m, lm = cfg.model, cfg.lm
+        pretrained, self.tokenizer_warning = lm_tokenizer(cfg)
+        kind = "pretrained" if pretrained else "bpe" if lm.tokenizer == "auto" else lm.tokenizer
+        self.text = load_text(TextSpec(files=tuple(lm.corpus_files), max_bytes=int(lm.corpus_mb * 1e6), tokenizer=kind,
+                                       vocab_size=bpe_vocab(m.vocab) if kind == "bpe" else 256,
+                                       heldout_fraction=lm.heldout_fraction,
+                                       pretrained=pretrained.folder if pretrained else ""), self.cache_dir)
+        for split, n in ((s, len(t)) for s, t in self.text.tokens.items()):  # every batch is a window of seq_len + 1 tokens
+            if n < m.seq_len + 1:
+                raise ConfigError(f"the text's {split} split has {n} tokens, fewer than model.seq_len + 1 = "
+                                  f"{m.seq_len + 1}: raise lm.corpus_mb ({lm.corpus_mb})"
+                                  + (" or lm.heldout_fraction" if split == "heldout" else "") + ", give more "
+                                  "lm.corpus_files, or lower model.seq_len")
+        d = cfg.distill
+        # one implementation for every student of the run, the no-KD one included (its CE alone could always be fused)
+        self.loss_impl = lm_objectives.resolve_impl(d.loss, d.loss_impl, device)  # refuses a fused one that cannot run
+        if d.teacher_mode == "topk":  # its KD loss runs over the top-k buckets, checkpointed (config refuses fused)
+            self.loss_impl = "checkpointed"
+        self.info = {"text_folder": str(self.text.folder),
+                     "tokenizer": {"pretrained": "pretrained", "bpe": "trained-here BPE"}.get(kind, kind),
+                     **(pretrained.info() if pretrained else {}), "tokenizer_vocab": self.text.vocab_size,
+                     "tokenizer_warning": self.tokenizer_warning, "model_vocab": m.vocab,
+                     "loss_impl": self.loss_impl, "loss_impl_requested": d.loss_impl}
+        torch.manual_seed(teacher_seed(cfg))
+        self.teacher = self._teacher().to(device).eval().requires_grad_(False)
+        torch.manual_seed(cfg.train.seed)  # the students' init does not depend on how the teacher came to be
+        self.reference = self._student()
+        self.teacher, self.teacher_precision = teacher_precision.prepare(self.teacher, cfg, device, tdtype)
+        self.info.update(self.teacher_precision.info())
+        if with_batches:  # False for `workbench teacher`: no training batch, so no logits to place or refuse over
+            self.place_logits()  # now, with the teacher on the device: task.json is written before the batches
+
+    def cells(self) -> dict[str, Any]:
+        """What every student row of the run carries from its task: the teacher's precision, the logit loss,
+        the tokenizer, where the teacher's targets came from."""
+        return {**self.teacher_precision.cells(), "loss_impl": self.loss_impl, "tokenizer": self.info["tokenizer"],
+                "tokenizer_sha256": self.info.get("tokenizer_sha256"), "tokenizer_warning": self.tokenizer_warning,
+                **{k: self.info.get(k) for k in ("teacher_mode", "teacher_mode_reason", "teacher_topk")}}
+
+    # ---- models ---------------------------------------------------------------------------------
+    def shape(self, teacher: bool = False):
+        from workbench.models import LMShape
+
+        m, lm = self.cfg.model, self.cfg.lm
+        if not teacher:
+            return LMShape(kind=m.kind, vocab=m.vocab, hidden=m.hidden, intermediate=m.intermediate, layers=m.layers,
+                           heads=m.heads, seq_len=m.seq_len)
+        hidden = lm.teacher_hidden or m.hidden
+        # unset teacher fields follow the student's proportions (MLP ratio, head size) at the teacher's width
+        intermediate = lm.teacher_intermediate or int(hidden * m.intermediate / m.hidden)
+        heads = lm.teacher_heads or max(1, hidden // (m.hidden // m.heads))
+        return LMShape(kind=m.kind, vocab=m.vocab, hidden=hidden, intermediate=intermediate,
+                       layers=lm.teacher_layers or m.layers, heads=heads, seq_len=m.seq_len)
+
+    def _student(self) -> torch.nn.Module:
+        from workbench.models import CausalLM
+
+        if self.cfg.lm.student:
+            from workbench.models.hf import load_causal_lm
+
+            return load_causal_lm(self.cfg.lm.student, seq_len=self.cfg.model.seq_len)
+        return CausalLM(self.shape())
+
+    def _teacher(self) -> torch.nn.Module:
+        from workbench.models import CausalLM
+
+        source = self.cfg.lm.teacher
+        self.info["teacher_source"] = source
+        if source == "random":
+            # another seed than the students': with the student's shape it would otherwise be their exact copy
+            torch.manual_seed(teacher_seed(self.cfg) + 10_000)
+            return CausalLM(self.shape(teacher=True))
+        if source != "train":
+            from workbench.models.hf import load_causal_lm
+
+            return load_causal_lm(source, seq_len=self.cfg.model.seq_len)
+        return lm_teacher.trained_teacher(self.cfg, self.shape(teacher=True), self.text, self.cache_dir, self.device,
+                                          self.tdtype, self.info)
+
+    # ---- data, loss, evaluation -----------------------------------------------------------------
+    def make_data(self, shard: int = 0) -> Data:
+        """The training, bench and held-out batches with their teacher targets. The training batches' come as
+        distill.teacher_mode says (`self.info['teacher_mode']`, decided in `place_logits`): precomputed logits
+        where `self.info['teacher_logits']` says, the online teacher, or the top-k store. The bench (timed) and
+        held-out batches always stay on the device, with full logits (top-k ones for the timed batches of a
+        top-k run, so its timed step runs its loss). `shard`: a data-parallel rank's own training and timed
+        batches (the held-out ones are every rank's)."""
+        cfg, m, seed = self.cfg, self.cfg.model, self.cfg.train.seed
+        mode = self.info.get("teacher_mode", "precomputed")
+        on_host = self.info.get("teacher_logits") == "host"
+
+        def windows(split: str, n: int, offset: int, base: int = seed):
+            return self.text.batches(split, m.batch, m.seq_len, n, base + offset)
+
+        def batches(split: str, n: int, offset: int, host: bool = False, topk: bool = False, base: int = seed):
+            return [self._targets(b, host, topk) for b in windows(split, n, offset, base)]
+
+        own = SHARD_SEED_STRIDE * shard
+        if mode == "online":
+            train = teacher_targets.OnlineBatches(windows("train", cfg.train.steps, 1 + own), self._targets)
+        elif mode == "topk":
+            train = teacher_targets.TopKBatches(self._topk_store(windows("train", cfg.train.steps, 1 + own), shard),
+                                                self.device)
+        else:
+            train = batches("train", cfg.train.steps, 1 + own, host=on_host)
+            train = HostBatches(train, self.device) if on_host else train
+        return Data(train=train, bench=batches("train", self.bench_batches(), 2 + own, topk=mode == "topk"),
+                    # the teacher's seed: students of every train.seed are measured on the same tokens
+                    eval=batches("heldout", cfg.train.eval_batches, 3, base=teacher_seed(cfg)))
+
+    def topk_recipe(self, shard: int = 0) -> dict[str, Any]:
+        """What a top-k store's content depends on; its folder name is a hash of it."""
+        cfg, m = self.cfg, self.cfg.model
+        teacher = {k: self.info.get(k) for k in ("teacher_source", "teacher_checkpoint")}
+        if cfg.lm.teacher == "random":
+            teacher["shape"] = dataclasses.asdict(self.shape(teacher=True))
+        return {"teacher": teacher, "teacher_precision": self.teacher_precision.used, "text": self.text.folder.name,
+                "seed": cfg.train.seed, "shard": shard, "steps": cfg.train.steps, "batch": m.batch,
+                "seq_len": m.seq_len, "k": cfg.distill.topk, "vocab": m.vocab, "temperature": cfg.distill.temperature,
+                "value_dtype": str(self.tdtype or torch.float32).removeprefix("torch.")}
+
+    def _topk_store(self, windows: list[torch.Tensor], shard: int) -> teacher_targets.TopKStore:
+        """The training batches' top-k store: found in the cache folder, or built there now (and rebuilt where
+        it is damaged); task.json says where and why."""
+        recipe = self.topk_recipe(shard)
+        folder = teacher_targets.store_folder(self.cache_dir, recipe)
+
+        def logits(window: torch.Tensor) -> torch.Tensor:
+            with self.teacher_precision.forward():
+                return self.teacher(window[:, :-1].to(self.device))
+
+        store, why = teacher_targets.ensure_store(folder, recipe, lambda: teacher_targets.build_store(
+            folder, recipe, windows, logits))
+        self.info.update(teacher_topk_store=str(folder), teacher_topk_store_gib=round(store.layout.nbytes() / 2**30, 4),
+                         teacher_topk_rebuilt=why or None)
+        return store
+
+    def bench_batches(self) -> int:
+        """How many distinct timed batches there are (they stay on the device, with their logits)."""
+        return min(LM_BENCH_BATCHES, self.cfg.bench.warmup + self.cfg.bench.iters)
+
+    def place_logits(self) -> None:
+        """Decide, before any batch exists, where the training batches' teacher targets come from
+        (distill.teacher_mode; 'auto': precomputed where its logits fit, else online) and where precomputed
+        logits go (the GPU or pinned host memory), or refuse the run up front when neither can hold them;
+        recorded in task.json."""
+        cfg, m = self.cfg, self.cfg.model
+        per_batch = m.batch * m.seq_len * m.vocab * (2 if self.tdtype is not None else 4)
+        kept = self.bench_batches() + cfg.train.eval_batches
+        gpu_free = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else None
+        host_gb = _memory_gb()[1]
+        # Every rank of this host (torchrun's LOCAL_WORLD_SIZE) pins its own training batches' logits, each
+        # after every rank has placed them (the runner broadcasts the teacher first, a collective), so the
+        # host's first rank judges the memory for all of them, before anything is pinned, and each other
+        # rank its own share of it (if N*X fits 80% of what rank 0 saw, X fits 80% of what each sees).
+        local = os.environ.get("LOCAL_RANK") in (None, "0")
+        ranks = int(os.environ.get("LOCAL_WORLD_SIZE") or 1) if local else 1
+        def place(train: int) -> str:  # train=0: only the timed and held-out batches' logits (online, topk)
+            return place_teacher_logits(cfg.distill.teacher_logits, train * cfg.train.steps * per_batch,
+                                        kept * per_batch, gpu_free, None if host_gb is None else int(host_gb * 2**30),
+                                        host_ranks=ranks)
+
+        d = cfg.distill
+        mode, why, where = teacher_targets.choose_mode(d.teacher_mode, place)
+        self.info.update(teacher_mode=mode, teacher_mode_requested=d.teacher_mode, teacher_mode_reason=why,
+                         teacher_topk=d.topk if mode == "topk" else None, teacher_logits=where,
+                         teacher_logits_requested=d.teacher_logits,
+                         teacher_logits_train_gib=round(cfg.train.steps * per_batch / 2**30, 3))
+
+    def _targets(self, window: torch.Tensor, host: bool = False, topk: bool = False):
+        tokens, next_tokens = window[:, :-1].to(self.device), window[:, 1:].to(self.device)
+        with self.teacher_precision.forward():
+            logits = self.teacher(tokens)
+        check_teacher_output(logits, self.cfg)
+        if topk:  # as the top-k store holds them (indices in its dtype)
+            d = self.cfg.distill
+            values, indices, rest = teacher_targets.topk_targets(logits, d.topk, d.temperature)
+            return tokens, objectives.Targets(values, next_tokens=next_tokens, rest_lse=rest,
+                                              indices=indices.to(teacher_targets.index_dtype(self.cfg.model.vocab)))
+        if host:  # one batch at a time: all of them would not fit on the GPU
+            if self.device.type == "cuda":  # pinned: the copy back to the GPU can then run asynchronously
+                logits = torch.empty(logits.shape, dtype=logits.dtype, pin_memory=True).copy_(logits)
+        return tokens, objectives.Targets(logits, next_tokens=next_tokens)
+
+    def forward(self, model, tokens: torch.Tensor):
+        """The student's output as the loss takes it: logits, or with loss_impl=fused_head the final hidden
+        states and the head's weight (the head's GEMM runs inside the loss)."""
+        return model(tokens, features=True) if self.loss_impl == "fused_head" else model(tokens)
+
+    def loss(self, out, targets: objectives.Targets) -> torch.Tensor:
+        if self.ce_only:
+            return self._loss(out, None, targets.next_tokens, ce_weight=1.0)
+        return self.matched_loss(out, targets)
+
+    def matched_loss(self, out, targets: objectives.Targets) -> torch.Tensor:
+        """The run's distillation loss, also for the no-KD student: its starting weights are checked
+        against the others' with the same measure."""
+        d = self.cfg.distill
+        if targets.indices is not None:  # top-k teacher targets
+            return lm_objectives.topk_lm_loss(out, targets.out, targets.indices, targets.rest_lse, targets.next_tokens,
+                                              kind=d.loss, temperature=d.temperature, ce_weight=d.ce_weight,
+                                              beta=d.jsd_beta, chunk_tokens=d.loss_chunk_tokens)
+        return self._loss(out, targets.out, targets.next_tokens, ce_weight=d.ce_weight)
+
+    def _loss(self, out, teacher_logits, next_tokens, ce_weight: float) -> torch.Tensor:
+        d = self.cfg.distill
+        if self.loss_impl == "fused_head":
+            return head_loss.head_fused_loss(out, teacher_logits, next_tokens, temperature=d.temperature,
+                                             ce_weight=ce_weight, chunk_tokens=d.loss_chunk_tokens)
+        return lm_objectives.lm_loss(out, teacher_logits, next_tokens, kind=d.loss, temperature=d.temperature,
+                                     ce_weight=ce_weight, beta=d.jsd_beta, chunk_tokens=d.loss_chunk_tokens,
+                                     impl=self.loss_impl)
+
+    @torch.no_grad()
+    def evaluate(self, model, backend, batches) -> dict[str, Any]:
+        """Held-out cross-entropy and perplexity, KL(teacher‖student) at T=1 and top-1 agreement, and the
+        teacher's own perplexity on the same tokens; fp32, token-weighted."""
+        acc = lm_metrics.LMMetrics(self.cfg.distill.loss_chunk_tokens)
+        for tokens, targets in batches:
+            with backend.forward_context():
+                acc.add(model(tokens), targets.out, targets.next_tokens)
+        return acc.result()
+
+    def no_kd(self) -> "LMTask":
+        """The same task with a cross-entropy-only loss: the student that shows what distillation adds."""
+        other = copy.copy(self)
+        other.ce_only = True
+        return other

@@ -1,0 +1,96 @@
+"""The LM teacher trained here (lm.teacher=train): next-token training on the corpus's train split, cached
+under <cache>/teacher-<key>/ by its recipe and reused by every later run with the same text, shape and
+recipe. Only weights are cached, never outputs."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workbench import backends
+from workbench.data import cache
+from workbench.errors import ConfigError
+from workbench.train import lm_objectives, teacher_precision
+from workbench.train.task_setup import teacher_seed
+
+
+def trained_teacher(cfg, shape, text, cache_dir: Path, device: torch.device, tdtype,
+                    info: dict[str, Any]) -> torch.nn.Module:
+    """The teacher of `shape` trained on `text`'s train split: found in the cache or trained and cached
+    now (its weights, and meta.json last); `info` (the task's task.json) gets where it is cached and how it
+    came to be. The recipe names the autocast it trains in: teacher_precision=fp8 trains in bf16 (fp32 on a
+    CPU) and so finds the bf16 (fp32) teacher's weights, which it then runs in FP8."""
+    from workbench.models import CausalLM
+
+    recipe = {"shape": dataclasses.asdict(shape), "text": text.folder.name, "steps": cfg.lm.teacher_steps,
+              "lr": cfg.lm.teacher_lr, "seed": teacher_seed(cfg), "batch": cfg.model.batch,
+              "train_precision": teacher_precision.NAMES[tdtype]}
+    key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
+    entry = cache.Entry(Path(cache_dir) / f"teacher-{key}")
+    model = CausalLM(shape)
+    info["teacher_checkpoint"] = str(entry.folder)
+    if entry.read() is None:
+        with entry.building() as meta:  # checks the cache writable before training; waits for another builder
+            if meta is None:
+                return _train_and_cache(model, entry, recipe, cfg, text, device, tdtype, info)
+    model.load_state_dict(torch.load(entry.folder / "teacher.pt", map_location="cpu", weights_only=True))
+    info["teacher_cached"] = True
+    return model
+
+
+def _train_and_cache(model: torch.nn.Module, entry, recipe: dict, cfg, text, device: torch.device, tdtype,
+                     info: dict[str, Any]) -> torch.nn.Module:
+    """Train the teacher, refuse it when its loss is not finite, and cache it; a teacher that cannot be
+    cached (a full disk) is still used, and task.json says why it was not kept."""
+    t0 = time.monotonic()
+    losses = train_lm(model, text.batches("train", cfg.model.batch, cfg.model.seq_len, cfg.lm.teacher_steps,
+                                          teacher_seed(cfg) + 7), cfg.lm.teacher_lr, device, tdtype)
+    bad = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
+    if bad is not None:
+        raise ConfigError(f"the teacher trained here diverged: its training loss is {losses[bad]} at step {bad + 1} "
+                          f"of lm.teacher_steps={cfg.lm.teacher_steps} (lm.teacher_lr={cfg.lm.teacher_lr}); lower "
+                          "lm.teacher_lr. It was not cached")
+    train_s = time.monotonic() - t0
+    info.update(teacher_cached=False, teacher_train_s=round(train_s, 2), teacher_final_loss=losses[-1])
+    try:
+        entry.write_file("teacher.pt", lambda f: torch.save(model.state_dict(), f))
+        entry.commit({**recipe, "final_loss": losses[-1], "train_s": train_s})
+    except OSError as e:  # the temporary file is gone (results.write_with); the teacher is still good
+        info["teacher_cache_error"] = f"not cached: {type(e).__name__}: {e}"
+        print(f"[teacher] trained, but {entry.folder} could not be written ({e}); using it without caching",
+              flush=True)
+    return model
+
+
+def progress_every(steps: int) -> int:
+    """Steps between progress lines of a training loop: about four lines, never more often than every 10 steps."""
+    return max(10, math.ceil(steps / 4))
+
+
+def train_lm(model: torch.nn.Module, windows: list[torch.Tensor], lr: float, device: torch.device, dtype,
+             say=print) -> list[float]:
+    """Next-token training (cross-entropy) of a teacher on token windows [batch, seq+1]; returns the losses.
+    `say` gets a progress line every `progress_every` steps (a teacher trains for minutes at some presets)."""
+    model.to(device).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    losses = []
+    for w in windows:
+        w = w.to(device)
+        with backends.autocast(device, dtype):
+            logits = model(w[:, :-1])
+        # checkpointed, whatever distill.loss_impl: a cached teacher's recipe (its key) does not name the loss
+        loss = lm_objectives.lm_loss(logits, None, w[:, 1:], ce_weight=1.0, impl="checkpointed")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+        every = progress_every(len(windows))
+        if say and len(losses) % every == 0 and len(losses) < len(windows):
+            say(f"[teacher] training step {len(losses)}/{len(windows)}, loss {losses[-1]:.4g}")
+    return losses

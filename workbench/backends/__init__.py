@@ -28,7 +28,7 @@ from typing import Any, ContextManager
 import torch
 from torch import nn
 
-from workbench.errors import ConfigError
+from workbench.config import ConfigError
 
 BACKENDS: dict[str, type["Backend"]] = {}
 # Attribute of a parameter built from the shared init by a path that does not keep it exactly (FP8 weights,

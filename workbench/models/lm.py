@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workbench.errors import ConfigError
+from workbench.config import ConfigError
 
 KINDS = ("gpt", "llama")
 

@@ -26,7 +26,7 @@ import torch
 from workbench import backends
 from workbench.data import cache
 from workbench.env.probe import _memory_gb
-from workbench.errors import ConfigError
+from workbench.config import ConfigError
 from workbench.models import Student, Teacher, reference_student
 from workbench.train import head_loss, lm_metrics, lm_objectives, objectives, teacher_precision, teacher_targets
 from workbench.train.loop import Data

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields, asdict
 from typing import Any
 
 
-from workbench.errors import ConfigError  # noqa: F401 - re-exported: the error of this module's validation
+from workbench.config.errors import ConfigError
 
 
 @dataclass

@@ -1,4 +1,6 @@
-"""Errors a user can act on. A leaf: every module may import it, it imports nothing of ours."""
+"""The error of a value a user can act on: raised by the validation here and by every module that finds a
+configured value it cannot use (a Hugging Face folder, a tokenizer, a loss). It lives with the configuration,
+the package's leaf, so that every module may import it."""
 
 
 class ConfigError(ValueError):

@@ -175,8 +175,8 @@ def test_no_knot_between_sub_packages():
 
 # ---- dynamic imports are declared -----------------------------------------------------------
 DYNAMIC_IMPORTS = {  # file (relative to the package) -> (dynamic import calls in it, why)
-    "cli.py": (1, "imports only the chosen command's module, so an optional module's dependencies cannot "
-                  "break the other commands"),
+    "cli.py": (1, ("imports only the chosen command's module, so an optional module's dependencies cannot "
+                   "break the other commands")),
     "backends/__init__.py": (1, "discovers the backend files of its folder: a backend is one file"),
 }
 

@@ -14,15 +14,43 @@ A leaf of the package: nothing here imports anything else of workbench, so every
 Which backends exist is the backends' registry's knowledge; a run checks the students' names there.
 """
 from workbench.config.errors import ConfigError
-from workbench.config.fields import (KINDS, LM_KINDS, LM_LOSSES, LOSS_IMPLS, MLP_LOSSES, SECTIONS, BackendOptions,
-                                     BenchConfig, DistillConfig, LMConfig, ModelConfig, ParallelConfig, TrainConfig,
-                                     choices, type_name)
-from workbench.config.presets import (PRESET_CHOICES, PRESETS, default_preset_name, from_preset,
-                                      preset_help)
-from workbench.config.root import (DEFAULT_BACKENDS, Config, did_you_mean, field_docs, flat_field_names, locate,
-                                   parse_set)
+from workbench.config.fields import (
+    KINDS,
+    LM_KINDS,
+    LM_LOSSES,
+    LOSS_IMPLS,
+    MLP_LOSSES,
+    SECTIONS,
+    BackendOptions,
+    BenchConfig,
+    DistillConfig,
+    LMConfig,
+    ModelConfig,
+    ParallelConfig,
+    TrainConfig,
+    choices,
+    type_name,
+)
+from workbench.config.presets import (
+    PRESET_CHOICES,
+    PRESETS,
+    default_preset_name,
+    from_preset,
+    preset_help,
+)
+from workbench.config.root import (
+    DEFAULT_BACKENDS,
+    Config,
+    did_you_mean,
+    field_docs,
+    flat_field_names,
+    locate,
+    parse_set,
+)
 
-__all__ = ["ConfigError", "KINDS", "LM_KINDS", "LM_LOSSES", "LOSS_IMPLS", "MLP_LOSSES", "SECTIONS", "BackendOptions",
-           "BenchConfig", "DistillConfig", "LMConfig", "ModelConfig", "ParallelConfig", "TrainConfig", "choices", "type_name",
-           "PRESET_CHOICES", "PRESETS", "default_preset_name", "from_preset", "preset_help", "DEFAULT_BACKENDS",
-           "Config", "did_you_mean", "field_docs", "flat_field_names", "locate", "parse_set"]
+__all__ = [
+    "DEFAULT_BACKENDS", "KINDS", "LM_KINDS", "LM_LOSSES", "LOSS_IMPLS", "MLP_LOSSES", "PRESETS", "PRESET_CHOICES",
+    "SECTIONS", "BackendOptions", "BenchConfig", "Config", "ConfigError", "DistillConfig", "LMConfig", "ModelConfig",
+    "ParallelConfig", "TrainConfig", "choices", "default_preset_name", "did_you_mean", "field_docs", "flat_field_names",
+    "from_preset", "locate", "parse_set", "preset_help", "type_name",
+]

@@ -5,7 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from workbench.config.errors import ConfigError
-from workbench.config.fields import BenchConfig, DistillConfig, LMConfig, ModelConfig, TrainConfig
+from workbench.config.fields import (
+    BenchConfig,
+    DistillConfig,
+    LMConfig,
+    ModelConfig,
+    TrainConfig,
+)
 from workbench.config.root import Config
 
 

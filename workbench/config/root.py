@@ -8,14 +8,24 @@ Every consumer reads these dataclasses: the CLI (`--set field=value`), the noteb
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 from workbench.config import checks
 from workbench.config.errors import ConfigError
-from workbench.config.fields import (SECTIONS, BackendOptions, BenchConfig, DistillConfig, LMConfig, ModelConfig,
-                                     ParallelConfig, TrainConfig, type_name)
+from workbench.config.fields import (
+    SECTIONS,
+    BackendOptions,
+    BenchConfig,
+    DistillConfig,
+    LMConfig,
+    ModelConfig,
+    ParallelConfig,
+    TrainConfig,
+    type_name,
+)
 
 DEFAULT_BACKENDS = ("torch_fp32", "torch_bf16", "te_bf16", "te_fp8:delayed", "te_fp8:current")
 
@@ -53,7 +63,7 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def replace(self, **overrides: Any) -> "Config":
+    def replace(self, **overrides: Any) -> Config:
         """A copy with flat or dotted field overrides applied (values coerced to the field's type)."""
         cfg = Config.from_dict(self.to_dict())
         for key, value in overrides.items():
@@ -63,7 +73,7 @@ class Config:
         return cfg
 
     @staticmethod
-    def from_dict(d: dict[str, Any]) -> "Config":
+    def from_dict(d: dict[str, Any]) -> Config:
         known = {f.name for f in fields(Config)}
         unknown = set(d) - known
         if unknown:
@@ -82,7 +92,7 @@ class Config:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
-    def validate(self) -> "Config":
+    def validate(self) -> Config:
         """Raise ConfigError on the first bad field (`checks.validate`); return self so calls can chain.
         The checks run once per state: a config validated where it was resolved (`from_preset`) is not
         checked again by the run it is handed to, and one changed since is checked anew."""
@@ -169,7 +179,7 @@ def field_docs() -> dict[str, str]:
     for node in nodes:
         if isinstance(node, ast.ClassDef) and node.name in {c.__name__ for c in (*SECTIONS.values(), Config)}:
             body = node.body
-            for a, b in zip(body, body[1:]):
+            for a, b in itertools.pairwise(body):
                 if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant):
                     docs[a.target.id] = " ".join(str(b.value.value).split())
     return {k: docs.get(k, "") for k in flat_field_names()}

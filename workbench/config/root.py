@@ -96,8 +96,8 @@ class Config:
         """Raise ConfigError on the first bad field (`checks.validate`); return self so calls can chain.
         The checks run once per state: a config validated where it was resolved (`from_preset`) is not
         checked again by the run it is handed to, and one changed since is checked anew."""
-        state = self.to_json()
-        if self.__dict__.get("_validated") != state:  # not a field: no row, no equality, no copy carries it
+        state = repr(self)  # every field's value, of any type
+        if self.__dict__.get("_validated") != state:  # not a field: in no row, no to_dict, no equality
             checks.validate(self)
             self.__dict__["_validated"] = state
         return self

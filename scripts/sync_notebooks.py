@@ -5,10 +5,10 @@
 
 Derived here:
   * the main notebook's papermill parameters cell, from the config dataclasses
-    (workbench.notebook.parameters_cell; the help texts are the fields' docstrings in workbench/config.py);
+    (workbench.notebook.parameters_cell; the help texts are the fields' docstrings in workbench/config/);
   * every repository address: the Colab badges (README.md, each notebook's first cell), the notebooks'
     Colab `%pip install` line and environments/colab.md, from `[project.urls] Repository` in pyproject.toml.
-Run it after editing workbench/config.py or the repository address; tests/test_config.py and
+Run it after editing workbench/config/ or the repository address; tests/test_config.py and
 tests/test_colab.py fail until it has run. Needs jupytext (the `dev` extra) and Python >= 3.11 (tomllib).
 """
 from __future__ import annotations

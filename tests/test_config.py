@@ -49,9 +49,6 @@ def test_round_trip_through_dict():
         ({"lr": "inf"}, "train.lr must be a finite number"),
         ({"weight_decay": "nan"}, "train.weight_decay must be a finite number"),
         ({"loss": "kl"}, "distill.loss must be one of ['mse', 'cosine', 'hidden']"),
-        ({"backends": "torch_bf16,tensorrt"}, "unknown backend 'tensorrt'"),
-        ({"backends": "torch_bf16,te_fp8:fancy"}, "unknown recipe 'fancy' for backend 'te_fp8'"),
-        ({"backends": "torch_bf16,torch_fp32:delayed"}, "takes no recipe"),
         ({"baseline": "torch_fp16"}, "baseline 'torch_fp16' must be one of backends"),
         ({"device": "tpu"}, "device must be one of"),
         ({"hidden": "wide"}, "hidden expects a value of type int"),
@@ -65,9 +62,46 @@ def test_bad_values_name_the_field_and_the_allowed(overrides, needle):
     assert needle in str(e.value)
 
 
-def test_unknown_backend_message_lists_allowed():
-    with pytest.raises(ConfigError, match=r"allowed: \[.*'te_fp8'.*'torch_bf16'"):
-        config.from_preset("seed", backends="nope")
+def test_the_config_checks_the_students_shape_not_the_backends():
+    """Which backends exist is the registry's knowledge (the run checks it: tests/test_runner.py); the
+    config checks the list itself."""
+    assert config.from_preset("seed", backends="nope", baseline="nope").backends == ["nope"]
+    with pytest.raises(ConfigError, match="backends lists a student twice"):
+        config.from_preset("seed", backends="torch_bf16,torch_bf16")
+    with pytest.raises(ConfigError, match="backends must list at least one student"):
+        config.from_preset("seed", backends="")
+
+
+def _count_checks(monkeypatch) -> list:
+    from workbench.config import checks
+
+    calls, real = [], checks.validate
+    monkeypatch.setattr(checks, "validate", lambda cfg: calls.append(cfg) or real(cfg))
+    return calls
+
+
+def test_a_config_is_validated_once_per_state(monkeypatch):
+    calls = _count_checks(monkeypatch)
+    cfg = config.from_preset("cpu-smoke")
+    assert len(calls) == 1
+    assert cfg.validate() is cfg and len(calls) == 1  # resolved once: handing it on checks nothing again
+    cfg.model.hidden = 0  # changed since: checked anew, and the change is caught
+    with pytest.raises(ConfigError, match="model.hidden must be a positive integer"):
+        cfg.validate()
+    assert len(calls) == 2
+    assert config.Config.from_dict(config.from_preset("cpu-smoke").to_dict()).validate() and len(calls) == 4
+
+
+def test_a_run_validates_its_config_once(monkeypatch, tmp_path):
+    """The notebook's cell and the CLI resolve the config (from_preset) and hand it to the run, which
+    checks the backends' names and does not validate again."""
+    from workbench import notebook
+    from workbench.run import runner
+
+    calls = _count_checks(monkeypatch)
+    monkeypatch.setattr(runner, "_run", lambda cfg, *a, **k: tmp_path)  # the run's work is not what is counted
+    assert notebook.run_cell({"preset": "cpu-smoke", "steps": 2, "out": str(tmp_path)}) == tmp_path
+    assert len(calls) == 1 and calls[0].train.steps == 2
 
 
 def test_unknown_preset_and_malformed_set():
@@ -88,7 +122,7 @@ def _parameters_cell(nb_path) -> str:
 
 def test_notebook_parameters_cell_is_generated_from_the_config():
     """The papermill parameters are exactly the config's fields (+ run location), each typed and documented
-    from config.py, and the committed cell is the generated one."""
+    from workbench/config/, and the committed cell is the generated one."""
     import ast
 
     from workbench.notebook import MAIN_NOTEBOOK, RUN_PARAMETERS, parameters_cell
@@ -103,7 +137,7 @@ def test_notebook_parameters_cell_is_generated_from_the_config():
     for line in src.splitlines():
         name = line.split(":")[0].strip()
         if name in docs and name != "preset":
-            assert docs[name] and line.endswith(f"  # {docs[name]}"), f"parameter {name} should carry config.py's docstring"
+            assert docs[name] and line.endswith(f"  # {docs[name]}"), f"parameter {name} should carry its field's docstring"
 
 
 def test_the_parameters_cell_runs_and_leaves_every_override_unset():

@@ -21,7 +21,7 @@ from workbench import config, results  # noqa: E402
 from workbench.run import runner
 from workbench.data import TextSpec, load_text, text  # noqa: E402
 from workbench.data.tokenizer import TOKENIZER_FILES, files_sha256  # noqa: E402
-from workbench.errors import ConfigError  # noqa: E402
+from workbench.config import ConfigError  # noqa: E402
 from workbench.models import hf_init  # noqa: E402
 from workbench.train import lm_task, task_setup  # noqa: E402
 

@@ -8,7 +8,7 @@ from fake_te import FakeTEModules
 from workbench import backends, config
 from workbench.backends.te_bf16 import convert_to_te, rmsnorm_eps, stayed_torch
 from workbench.env import te as _te
-from workbench.errors import ConfigError
+from workbench.config import ConfigError
 from workbench.models import CausalLM, LMShape, SDPACore, attention_masks
 
 SHAPE = dict(vocab=96, hidden=32, intermediate=64, layers=2, heads=4, seq_len=16)

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from workbench.errors import ConfigError
+from workbench.config import ConfigError
 from workbench.train import lm_objectives
 from workbench.train.lm_metrics import LMMetrics, lm_metrics
 from workbench.train.lm_objectives import IGNORE_INDEX, hidden_mse, kd_per_token, lm_loss

@@ -7,6 +7,7 @@ from workbench import backends, config, results
 
 from workbench.run import runner
 from workbench.backends import te_bf16
+from workbench.env import probe
 from workbench.train import tasks
 
 
@@ -82,7 +83,7 @@ def t4(monkeypatch):
 
 def test_a_t4_takes_the_fp16_path_everywhere(t4):
     cuda = torch.device("cuda")
-    assert not backends.native_bf16(cuda)
+    assert not probe.native_bf16(cuda)
     assert backends.amp_dtype(cuda) is torch.float16
     assert runner.teacher_dtype(config.from_preset("seed"), cuda) is None  # fp32 teacher, not emulated bf16
     ok, why = backends.make("torch_bf16").availability(backends.Context(cuda, config.from_preset("seed")))
@@ -96,7 +97,7 @@ def test_a_t4_takes_the_fp16_path_everywhere(t4):
 def test_an_ampere_or_newer_gpu_keeps_bf16(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     cuda = torch.device("cuda")
-    assert backends.native_bf16(cuda) and backends.amp_dtype(cuda) is torch.bfloat16
+    assert probe.native_bf16(cuda) and backends.amp_dtype(cuda) is torch.bfloat16
     assert runner.teacher_dtype(config.from_preset("seed"), cuda) is torch.bfloat16
 
 

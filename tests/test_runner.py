@@ -255,3 +255,18 @@ def test_training_prints_a_progress_line_every_few_steps(capsys):
     assert lines == [f"[te_fp8:delayed] step {i}/80, loss {1.0 / i:.4g}" for i in (20, 40, 60)]
     assert runner._with_progress(None, True, "s", 8) is None  # short runs: the start and end lines suffice
     assert runner._with_progress(None, False, "s", 80) is None
+
+
+@pytest.mark.parametrize("students, needle", [
+    ("torch_bf16,tensorrt", "unknown backend 'tensorrt'"),
+    ("torch_bf16,te_fp8:fancy", "unknown recipe 'fancy' for backend 'te_fp8'"),
+    ("torch_bf16,torch_fp32:delayed", "takes no recipe"),
+])
+def test_the_run_checks_every_student_names_a_backend_before_any_work(tmp_path, students, needle):
+    """The registry knows the backends (the config does not): the run asks it first, writing nothing."""
+    cfg = config.from_preset("cpu-smoke", backends=students, baseline="torch_bf16")
+    with pytest.raises(config.ConfigError, match=needle):
+        runner.run(cfg, out=tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(config.ConfigError, match=r"allowed: \[.*'te_fp8'.*'torch_bf16'"):
+        backends.check_specs(["nope"])

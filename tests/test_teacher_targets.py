@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from workbench import backends, config
-from workbench.errors import ConfigError
+from workbench.config import ConfigError
 from workbench.models import CausalLM, LMShape
 from workbench.train import lm_objectives as lo
 from workbench.train import lm_task, loop, teacher_targets as tt

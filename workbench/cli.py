@@ -77,7 +77,10 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
 def main_config(args: argparse.Namespace) -> int:
     from workbench import config
 
+    from workbench import backends
+
     cfg = config.from_preset(args.preset, **config.parse_set(args.overrides))
+    backends.check_specs(cfg.backends)  # the config a run would take: its students name known backends
     print(cfg.to_json())
     return 0
 

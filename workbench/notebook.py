@@ -60,7 +60,8 @@ def parameters_cell() -> str:
     `int | None`) and the help from the comment, and a help text may not contain '=' (papermill then
     skips the line)."""
     docs = config.field_docs()
-    types = {f.name: str(f.type) for cls in (*config.SECTIONS.values(), config.Config) for f in dataclasses.fields(cls)}
+    types = {f.name: config.type_name(f) for cls in (*config.SECTIONS.values(), config.Config)
+             for f in dataclasses.fields(cls)}
 
     def line(name: str, annotation: str, default: str, help_: str) -> str:
         if not help_ or "=" in help_:
@@ -214,13 +215,14 @@ def execute(preset: str = "auto", overrides: dict[str, Any] | None = None, out: 
     past `cell_timeout`.
     """
     import papermill as pm
-    from workbench import results
+    from workbench import backends, results
 
     from workbench.run import runner
     if importlib.util.find_spec("ipykernel") is None:  # else papermill's "No such kernel named python3"
         raise ModuleNotFoundError(NO_KERNEL)
     overrides = overrides or {}
     cfg = config.from_preset(preset, **overrides)  # validate before starting a kernel
+    backends.check_specs(cfg.backends)
     names = {config.locate(k)[1] for k in overrides}
     typed = {k: v for k, v in cfg.flat().items() if k in names}  # coerced values, papermill writes them as literals
     run_dir = results.create_run_dir(out, run_id, runner.new_run_id(cfg))

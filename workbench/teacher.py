@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from workbench import config
-from workbench.errors import ConfigError
+from workbench.config import ConfigError
 
 
 def add_arguments(p) -> None:

@@ -28,7 +28,8 @@ from typing import Any, ContextManager
 import torch
 from torch import nn
 
-from workbench.errors import ConfigError
+from workbench.config import ConfigError
+from workbench.env.probe import native_bf16
 
 BACKENDS: dict[str, type["Backend"]] = {}
 # Attribute of a parameter built from the shared init by a path that does not keep it exactly (FP8 weights,
@@ -202,6 +203,14 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
     return name, recipe or None
 
 
+def check_specs(specs: list[str]) -> None:
+    """Every student spec names a backend (and recipe) of this registry, else the ConfigError of
+    `parse_spec` listing what exists. The run calls it once, before anything is built: the configuration
+    checks the list's shape, it does not know the backends."""
+    for spec in specs:
+        parse_spec(spec)
+
+
 def all_specs() -> list[str]:
     """Every student spec the registry knows ('te_fp8:current', …), e.g. for a backends picker."""
     _load_all()
@@ -229,15 +238,6 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> ContextManager:
         return contextlib.nullcontext()
     # No weight-cast cache: it is not valid inside CUDA graph capture, and every weight is used once per forward.
     return torch.autocast(device_type=device.type, dtype=dtype, cache_enabled=False)
-
-
-def native_bf16(device: torch.device) -> bool:
-    """Whether the hardware does bf16 (a CPU's autocast does; a GPU needs compute capability 8.0).
-    Not torch.cuda.is_bf16_supported(): it counts emulation and says True on a Colab T4 (CC 7.5), where
-    bf16 runs emulated and slow instead of the fp16 + grad scaler path."""
-    if device.type != "cuda":
-        return True
-    return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
 def amp_dtype(device: torch.device) -> torch.dtype:

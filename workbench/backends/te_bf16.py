@@ -14,7 +14,7 @@ from torch import nn
 
 from workbench.backends import Backend, Context, _hf_layers, amp_dtype, autocast, register, replace_modules, to_param_dtype
 from workbench.backends._hf_layers import TEDecoderLayer
-from workbench.errors import ConfigError
+from workbench.config import ConfigError
 from workbench.env import te as _te
 from workbench.models import LayerNormMLP, SDPACore, shared_parameters
 

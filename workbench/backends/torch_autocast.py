@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from workbench.backends import Backend, Context, amp_dtype, autocast, native_bf16, register
+from workbench.backends import Backend, Context, amp_dtype, autocast, register
+from workbench.env.probe import native_bf16
 
 
 @register

@@ -36,7 +36,7 @@ import torch
 from workbench.data import cache
 from workbench.data.tokenizer import PretrainedTokenizer
 from workbench.data.tokenizer import load as load_pretrained
-from workbench.errors import ConfigError
+from workbench.config import ConfigError
 from workbench.results import read_json
 
 try:

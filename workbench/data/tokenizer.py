@@ -12,7 +12,7 @@ import functools
 import hashlib
 from pathlib import Path
 
-from workbench.errors import ConfigError
+from workbench.config import ConfigError
 
 # what AutoTokenizer reads from a folder; a tokenizer's vocabulary is in one of the first three
 VOCAB_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")

@@ -182,6 +182,15 @@ def consistency(env: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether the hardware does bf16 (a CPU's autocast does; a GPU needs compute capability 8.0).
+    Not torch.cuda.is_bf16_supported(): it counts emulation and says True on a Colab T4 (CC 7.5), where
+    bf16 runs emulated and slow instead of the fp16 + grad scaler path."""
+    if device.type != "cuda":
+        return True
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
 def _memory_gb() -> tuple[float | None, float | None]:
     """(total, available) GiB from /proc/meminfo: sizes the parallel build (MAX_JOBS)."""
     try:
@@ -307,8 +316,6 @@ def _te_facts(te, why: str, cuda: bool, attention: bool) -> dict[str, Any]:
 
 def _capabilities(te, why: str, cuda: bool) -> dict[str, Any]:
     """{key}_available and {key}_reason for each TE capability check (what the backends may use here)."""
-    from workbench.backends import native_bf16
-
     out: dict[str, Any] = {}
     for key, fn in CAPABILITY_CHECKS.items():
         if te is None:

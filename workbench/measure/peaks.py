@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 
 from workbench.measure import timing
-from workbench.backends import native_bf16
+from workbench.env.probe import native_bf16
 
 PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
 

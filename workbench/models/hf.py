@@ -17,7 +17,7 @@ from safetensors import SafetensorError
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
-from workbench.errors import ConfigError
+from workbench.config import ConfigError
 from workbench.models import shared_parameters
 from workbench.models.lm import lm_train_flops_per_token
 

@@ -21,7 +21,7 @@ import shutil
 import time
 from pathlib import Path
 
-from workbench.errors import ConfigError
+from workbench.config import ConfigError
 
 # name -> the Hugging Face config fields (model_type first); numbers from the models' published config.json
 _LLAMA_1B = dict(model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,

@@ -18,9 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workbench.errors import ConfigError
-
-KINDS = ("gpt", "llama")
+from workbench.config import LM_KINDS, ConfigError
 
 
 @dataclass(frozen=True)
@@ -37,8 +35,8 @@ class LMShape:
     norm_eps: float = 1e-5
 
     def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ConfigError(f"model kind {self.kind!r} is not allowed; allowed: {list(KINDS)}")
+        if self.kind not in LM_KINDS:
+            raise ConfigError(f"model kind {self.kind!r} is not allowed; allowed: {list(LM_KINDS)}")
         if self.hidden % self.heads:
             raise ConfigError(f"hidden={self.hidden} must be a multiple of heads={self.heads}")
         if self.kind == "llama" and (self.hidden // self.heads) % 2:

@@ -54,7 +54,7 @@ def teacher_dtype(cfg: Config, device: torch.device) -> torch.dtype | None:
     fp32 on CPU."""
     p = cfg.distill.teacher_precision
     if p == "auto":
-        return torch.bfloat16 if device.type == "cuda" and backends.native_bf16(device) else None
+        return torch.bfloat16 if device.type == "cuda" and probe.native_bf16(device) else None
     if p == "fp8":
         return backends.amp_dtype(device) if device.type == "cuda" else None
     return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[p]
@@ -101,6 +101,7 @@ def run(cfg: Config, out: str | Path = "results", run_id: str | None = None, req
         progress: bool = True) -> Path:
     """Run every student in `cfg.backends`; return the run folder. `out` is the parent folder.
     With parallel.nproc > 1 outside torchrun, the run is launched under torchrun (workbench.run.parallel)."""
+    backends.check_specs(cfg.backends)  # the students name backends of the registry (config does not know them)
     cfg = task_setup.resolve_lm(cfg.validate())  # model.vocab from a Hugging Face teacher / student, tokenizers checked
     device = resolve_device(cfg)
     if parallel.should_launch(cfg):

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from workbench.config import LM_LOSSES as KINDS, LOSS_IMPLS as IMPLS
-from workbench.errors import ConfigError
+from workbench.config import ConfigError
 from workbench.train.objectives import mse
 
 IGNORE_INDEX = -100  # torch's cross_entropy default: next tokens to leave out (padding)

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from workbench.env.probe import _memory_gb
-from workbench.errors import ConfigError
+from workbench.config import ConfigError
 from workbench.train import head_loss, lm_metrics, lm_objectives, lm_teacher, objectives, teacher_precision, teacher_targets
 from workbench.train.logits_placement import HostBatches, place_teacher_logits
 from workbench.train.loop import Data

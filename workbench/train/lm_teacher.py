@@ -15,7 +15,7 @@ import torch
 
 from workbench import backends
 from workbench.data import cache
-from workbench.errors import ConfigError
+from workbench.config import ConfigError
 from workbench.train import lm_objectives, teacher_precision
 from workbench.train.task_setup import teacher_seed
 

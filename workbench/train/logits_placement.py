@@ -7,7 +7,7 @@ import dataclasses
 
 import torch
 
-from workbench.errors import ConfigError
+from workbench.config import ConfigError
 
 GPU_LOGITS_SHARE = 0.6  # of the GPU's free memory, for teacher logits: the rest is the students'
 HOST_LOGITS_SHARE = 0.8  # of the host's available memory (pinned pages cannot be swapped out)

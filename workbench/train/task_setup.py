@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from workbench.errors import ConfigError
+from workbench.config import ConfigError
 
 SHARD_SEED_STRIDE = 7919  # a data-parallel rank's batch seeds: seed + offset + this x rank (apart from rank 0's)
 

@@ -37,7 +37,7 @@ import torch
 
 from workbench import results
 from workbench.data.cache import sha256
-from workbench.errors import ConfigError
+from workbench.config import ConfigError
 from workbench.train import objectives
 
 FORMAT = 1  # of the store's files; a store of another format is rebuilt

@@ -9,7 +9,7 @@ import torch
 from fake_te import FakeRecipes, FakeTEModules
 from workbench import bench, cli, config, results
 from workbench.run import runner
-from workbench.backends.te_bf16 import TEAttention
+from workbench.backends._te import TEAttention
 from workbench.env import te as _te
 from workbench.models import Teacher
 from workbench.train import tasks, teacher_precision

@@ -11,7 +11,10 @@ A backend answers five questions (gpt-fast / torchtitan / torchao style):
   * `outside_training(model)` -> the context of forwards that are not training steps (held-out evaluation,
     capture warm-ups): what they would change and training depends on (FP8 delayed scaling) is put back.
 Adding a backend is adding one file in this folder that subclasses `Backend` and decorates it with
-`@register`; the files are discovered.
+`@register`; the files are discovered. What a backend *is* it declares as class attributes (`family`, `fp8`,
+`bf16_counterparts`), and the run's summary, its distributed notes and the comparisons follow from those,
+never from the backend's name. Shared helpers live in the private files ('_te', '_autocast', '_gemm'), not
+in another backend's file.
 
 A student is named by a spec 'backend' or 'backend:recipe' (e.g. 'te_fp8:current').
 """
@@ -68,6 +71,10 @@ class Backend:
     compilable = True  # torch.compile applies (config bench.compile)
     compile_required = False  # always compiled (torchao float8 is meant to run under torch.compile)
     runs_te_attention = False  # whether options.te_attention applies (TE students with TE's attention)
+    # What the backend is, for the run's summary and notes:
+    family: str | None = None  # 'te': a Transformer Engine student (the summary's TE path); None: its own
+    fp8 = False  # low-precision GEMMs (FP8, FP4) whose losses the summary compares with a bf16 student's
+    bf16_counterparts: tuple[str, ...] = ("torch_bf16",)  # that bf16 student: the first of these that ran
 
     def __init__(self, recipe: str | None = None):
         self.recipe = recipe or self.default_recipe
@@ -207,6 +214,19 @@ def all_specs() -> list[str]:
     _load_all()
     return [s for name, cls in sorted(BACKENDS.items())
             for s in ([f"{name}:{r}" for r in cls.recipes] if cls.recipes else [name])]
+
+
+def names() -> list[str]:
+    """Every registered backend's name."""
+    _load_all()
+    return sorted(BACKENDS)
+
+
+def declared(name: str) -> type[Backend] | None:
+    """The class a backend name is registered by (its declarations: family, fp8, …), or None for a name no
+    backend has (a row of a run made by another version)."""
+    _load_all()
+    return BACKENDS.get(name)
 
 
 def make(spec: str) -> Backend:

@@ -370,3 +370,17 @@ def test_fp8_weights_keep_the_exact_shared_init_for_their_masters(monkeypatch):
     assert rounded  # the FP8 weights no longer hold the shared init...
     for name, p in model.named_parameters():  # ...their masters start from it all the same
         assert torch.equal(getattr(p, backends.MASTER_INIT), ref[name].float()), name
+
+
+def test_a_backend_instance_builds_one_student():
+    """What build resolves lives on the instance (device, dtype, a TE recipe, what a conversion swapped), so one
+    instance is one student: a second build on it would hand the first student's state to the second."""
+    from workbench.models import Student, reference_student
+
+    cfg = config.from_preset("cpu-smoke")
+    ref = reference_student(cfg.model, Student(cfg.model).state_dict())
+    b = backends.make("torch_bf16")
+    b.build(ref, cfg, torch.device("cpu"))
+    with pytest.raises(RuntimeError, match="'torch_bf16' already built its student"):
+        b.build(ref, cfg, torch.device("cpu"))
+    backends.make("torch_bf16").build(ref, cfg, torch.device("cpu"))  # a fresh one builds

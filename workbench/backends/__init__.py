@@ -100,10 +100,20 @@ class Backend:
 
     def build(self, reference: nn.Module, cfg: Any, device: torch.device) -> nn.Module:
         """This backend's student: a converted copy of the reference torch model, on `device`."""
+        self.claim()
         self.device = device
         model = self.convert(copy.deepcopy(reference), cfg)
         check_matched(model, reference)
         return model.to(device)
+
+    def claim(self) -> None:
+        """Mark this instance as the one student it builds. What `build` resolves for that student (device,
+        dtype, TE's recipe and what its conversion swapped) lives on the instance, which `policy`, the forward
+        context and `describe` then read: so every student gets a fresh instance (`make`), never a shared one."""
+        if getattr(self, "_built", False):
+            raise RuntimeError(f"backend {self.spec!r} already built its student: an instance holds that student's "
+                               "state; backends.make(spec) makes one for the next")
+        self._built = True
 
     def convert(self, model: nn.Module, cfg: Any) -> nn.Module:
         """Swap what this backend runs differently; the torch students only change the parameter dtype."""

@@ -150,6 +150,7 @@ class TEFP8(TEBackend):
         quantizes with the layer's own quantizer) and keeps that part in fp32 for its master weight in the
         optimizer (`loop.te_fused_adam`), so every rank trains from exactly the shared weights."""
         te, _, _ = _te.load()
+        self.claim()
         self._use_recipe(cfg)
         self.device, self.dtype, self.fp8_weights = device, torch.bfloat16, True
         model = to_param_dtype(copy.deepcopy(reference), cfg)

@@ -172,6 +172,19 @@ class World:
         self.barrier()
         return self.from_rank0(out)
 
+    def share_modules(self, modules, device: torch.device) -> None:
+        """Every rank's copy of `modules` set to rank 0's (`broadcast_module`): one teacher, one initial state."""
+        if self.active:
+            for module in modules:
+                broadcast_module(module, device)
+
+    def spread(self, backend, device: torch.device):
+        """(backend, on_step) of a student trained by every rank: the backend wrapped for the strategy (`Spread`)
+        and a per-step check that stops all ranks together (`stop_together`); a process alone trains as it is."""
+        if not self.active:
+            return backend, None
+        return Spread(backend, self), stop_together(device)
+
     def merged(self, row: dict, losses: list[float]) -> tuple[dict, list[float]]:
         """One student's row and loss curve from every rank's (`rows.merge_ranks`); a process alone keeps its own."""
         if not self.active:

@@ -127,9 +127,7 @@ def _run(cfg: Config, world: parallel.World, device, out, run_id, requested, pro
             _say(progress, f"[teacher] {task.teacher_precision.reason}")
         if world.writes:
             results.write_json(run_dir / "task.json", task.info)
-        if world.active:  # every rank distils rank 0's teacher into rank 0's initial weights
-            for module in (task.teacher, task.reference):
-                parallel.broadcast_module(module, device)
+        world.share_modules((task.teacher, task.reference), device)  # every rank distils rank 0's teacher into its weights
         data = task.make_data(shard=world.rank)
     except Exception:  # refused before any student ran: no folder of a run that never was
         if world.writes:
@@ -264,9 +262,7 @@ def _try_student(row: dict, spec: str, cfg: Config, ctx, task, data: Data, devic
             return row, []
         rows.fell_back(row, fb, reason)
         backend = fb
-    on_step = None
-    if world is not None and world.active:
-        backend, on_step = parallel.Spread(backend, world), parallel.stop_together(device)
+    backend, on_step = world.spread(backend, device) if world is not None else (backend, None)
     _say(progress, f"[{row['student']}] training {cfg.train.steps} steps ({row['mode']})")
     try:
         metrics, losses = run_student(backend, cfg, task, data, device,

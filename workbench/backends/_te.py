@@ -17,12 +17,12 @@ from workbench.backends import Backend, Context, _hf_layers, amp_dtype, autocast
 from workbench.backends._autocast import Fallback
 from workbench.backends._hf_layers import TEDecoderLayer
 from workbench.errors import ConfigError
-from workbench.env import te as _te
+from workbench.env import te as te_env
 from workbench.models import LayerNormMLP, SDPACore, kinds, shared_parameters
 
 
 def te_usable(ctx: Context) -> tuple[bool, str]:
-    te, _, why = _te.load()
+    te, _, why = te_env.load()
     if te is None:
         return False, why
     if ctx.device.type != "cuda":
@@ -48,8 +48,8 @@ class TEBackend(Backend):
         ok, why = attention_available(ctx.cfg)
         if not ok:
             return ok, why
-        te, _, _ = _te.load()
-        ok, why = _te.check(getattr(te, "is_bf16_available", None), "bf16")
+        te, _, _ = te_env.load()
+        ok, why = te_env.check(getattr(te, "is_bf16_available", None), "bf16")
         return True, ("" if ok else f"no bf16 ({why}); running TE in fp16")
 
     def build(self, reference, cfg, device):
@@ -89,7 +89,7 @@ class TEBackend(Backend):
             out["te_conversion_note"] = self.conversion_note
         if self.runs_te_attention:
             out["attention_requested"] = self.attention
-            out["attention_backend"] = selected = _te.describe_selection(_te.last_attention_selection())
+            out["attention_backend"] = selected = te_env.describe_selection(te_env.last_attention_selection())
             ran = (selected or "").split(" ")[0]  # 'fused (sub-backend 1)' -> 'fused'
             if self.attention != "auto" and ran != self.attention:
                 out["attention_warning"] = f"options.te_attention={self.attention!r} was requested, TE ran {selected}"
@@ -139,7 +139,7 @@ class TEBackend(Backend):
         """te.make_graphed_callables over the whole student, captured under this backend's autocast."""
         import inspect
 
-        te, _, _ = _te.load()
+        te, _, _ = te_env.load()
         params = inspect.signature(te.make_graphed_callables).parameters
         kw = {"num_warmup_iters": 3}
         if self.fp8_recipe is not None:  # TE >= 2.9 names them enabled/recipe, older fp8_enabled/fp8_recipe
@@ -165,9 +165,9 @@ class AttentionUnavailable(RuntimeError):
 
 @contextlib.contextmanager
 def forced_attention(choice: str):
-    """Wraps a TE student's forward: TE's attention switches set for `choice` (see `_te.force_attention`),
+    """Wraps a TE student's forward: TE's attention switches set for `choice` (see `te_env.force_attention`),
     and TE's "no backend available" (what a forced backend that cannot run here gives) said in those words."""
-    _te.force_attention(choice)
+    te_env.force_attention(choice)
     try:
         yield
     except ValueError as e:
@@ -183,7 +183,7 @@ def attention_available(cfg) -> tuple[bool, str]:
     """What can be said before any forward: a forced 'flash' needs flash-attn, which TE says it lacks.
     (Whether fused or unfused runs for these shapes TE decides at the first forward: `forced_attention`.)"""
     uses_te_attention = kinds.is_lm(cfg.model.kind) and not cfg.lm.student  # a Hugging Face model keeps its own
-    if uses_te_attention and cfg.options.te_attention == "flash" and _te.flash_attention_installed() is False:
+    if uses_te_attention and cfg.options.te_attention == "flash" and te_env.flash_attention_installed() is False:
         return False, ("options.te_attention='flash' forces TE's flash attention, but TE finds no flash-attn "
                        "installed (pip install flash-attn), or set options.te_attention=auto")
     return True, ""
@@ -220,7 +220,7 @@ def convert_to_te(model: nn.Module, cfg, device, meta: bool = False, layers: boo
     A Hugging Face model (`layers`: see `conversion_for`) first has each decoder layer replaced by one
     te.TransformerLayer (workbench.backends._hf_layers); its LM head stays torch (bf16, as every peer keeps
     it) unless `head_fp8`: then it is a te.Linear, sharing the embedding's weight when the two are tied."""
-    te, _, _ = _te.load()
+    te, _, _ = te_env.load()
     dtype = torch.bfloat16 if cfg.model.param_dtype == "bf16" else torch.float32
     to_param_dtype(model, cfg)  # before the swap: TE modules keep FP8 state that a later .to(dtype) must not touch
     shared = shared_parameters(model)

@@ -16,7 +16,7 @@ from packaging.version import Version
 from torch.distributed.tensor import distribute_tensor
 
 from workbench.backends import MASTER_INIT, Context, autocast, check_matched, reference_state, register, to_param_dtype
-from workbench.env import te as _te
+from workbench.env import te as te_env
 from workbench.backends._gemm import misaligned
 from workbench.backends._te import TEBackend, te_usable
 
@@ -110,9 +110,9 @@ class TEFP8(TEBackend):
         ok, why = te_usable(ctx)
         if not ok:
             return ok, why
-        te, _, _ = _te.load()
+        te, _, _ = te_env.load()
         check, multiple = RECIPES[self.recipe]
-        ok, why = _te.check(getattr(te, check, None), f"{self.recipe} ({check})")
+        ok, why = te_env.check(getattr(te, check, None), f"{self.recipe} ({check})")
         if not ok:
             return False, why
         if ctx.cfg.options.te_fp8_dpa and self.recipe not in FP8_DPA_RECIPES:
@@ -125,7 +125,7 @@ class TEFP8(TEBackend):
         return not why, why
 
     def _use_recipe(self, cfg) -> None:
-        _, recipe_mod, _ = _te.load()
+        _, recipe_mod, _ = te_env.load()
         o = cfg.options
         # A student not spread over the ranks (a distributed run's one-GPU reference, timed on rank 0 while the
         # others wait) must not all-reduce: on the H200 pair that collective waited forever for the idle ranks.
@@ -149,7 +149,7 @@ class TEFP8(TEBackend):
         random init; each shard is then given its part of the shared init instead (a copy into an FP8 tensor
         quantizes with the layer's own quantizer) and keeps that part in fp32 for its master weight in the
         optimizer (`loop.te_fused_adam`), so every rank trains from exactly the shared weights."""
-        te, _, _ = _te.load()
+        te, _, _ = te_env.load()
         self.claim()
         self._use_recipe(cfg)
         self.device, self.dtype, self.fp8_weights = device, torch.bfloat16, True
@@ -179,7 +179,7 @@ class TEFP8(TEBackend):
         in the optimizer (`loop.te_fused_adam`), so training starts from exactly the shared weights."""
         if not self.fp8_weights:
             return super().convert(model, cfg)
-        te, _, _ = _te.load()
+        te, _, _ = te_env.load()
         exact = {k: v.detach().float().cpu() for k, v in reference_state(to_param_dtype(model, cfg)).items()}
         with te.quantized_model_init(enabled=True, recipe=self.fp8_recipe):
             model = super().convert(model, cfg)
@@ -210,9 +210,9 @@ class TEFP8(TEBackend):
         return stack
 
     def autocasts(self) -> list:
-        te, _, _ = _te.load()
+        te, _, _ = te_env.load()
         # exactly the bf16 students' autocast, then TE's FP8 one
-        return [autocast(self.device, torch.bfloat16), _te.autocast(te, self.fp8_recipe, self.amax_reduction_group)]
+        return [autocast(self.device, torch.bfloat16), te_env.autocast(te, self.fp8_recipe, self.amax_reduction_group)]
 
     def outside_training(self, model):
         delayed = getattr(self.fp8_recipe, "delayed", None)

@@ -35,6 +35,17 @@ def ran_as(row: dict, backend) -> None:
     row.update(backend=backend.name, recipe=backend.recipe, mode=backend.mode, gemm_precision=backend.gemm_precision)
 
 
+def ran_in(row: dict, backend) -> None:
+    """The precision its GEMMs ran in, read once it was built (a fallback's dtype is decided there), also
+    when it diverged or failed."""
+    row["gemm_precision"] = backend.gemm_precision
+
+
+def one_process_unless_merged(row: dict) -> None:
+    """world_size 1 for a row no merge over ranks set (a run on one process, a one-GPU reference row)."""
+    row.setdefault("world_size", 1)
+
+
 def skipped(row: dict, reason: str) -> None:
     row.update(status="skipped", mode=None, reason=reason)
 

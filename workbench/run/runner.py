@@ -185,7 +185,7 @@ def _all_students(cfg: Config, run_dir: Path, task, data: Data, device, progress
         own = _split(*_one_student(spec, cfg, ctx, student_task, data, device, progress, name=name, world=world))
         done = _across_ranks(cfg, world, own, alone) if world.active else [own]
         for row, losses, profile, curve in done:
-            row.setdefault("world_size", 1)
+            rows.one_process_unless_merged(row)
             if world.writes:
                 _write_profile(run_dir, row["student"], profile)
             curve_rows += [{"student": row["student"], **point} for point in curve]
@@ -272,7 +272,7 @@ def _try_student(row: dict, spec: str, cfg: Config, ctx, task, data: Data, devic
         rows.diverged(row, e)
         losses = e.losses
     finally:  # what ran, also when it diverged or failed: a fallback's dtype is known once it is built
-        row["gemm_precision"] = backend.gemm_precision
+        rows.ran_in(row, backend)
     if row.get("attention_warning"):
         _say(progress, f"[{row['student']}] warning: {row['attention_warning']}")
     held_out = (f"held-out ppl {row['heldout_ppl']}, KL to teacher {row.get('kl_teacher_student_t1_nats')}"

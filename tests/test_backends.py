@@ -96,34 +96,68 @@ class MyBF16(TorchBF16):
 '''
 
 
+# An FP8 backend declared as such (on the CPU it runs bf16 autocast): the summary's FP8-vs-bf16 ratios, the
+# distributed notes and the plots follow from what it declares, not from its name.
+NEW_FP8_BACKEND = '''
+"""A backend that exists only in this test: it declares low-precision GEMMs and a bf16 counterpart."""
+from workbench.backends import register
+from workbench.backends._autocast import Autocast
+
+
+@register
+class MyFP8(Autocast):
+    name = "my_fp8"
+    mode = "Mine-FP8"
+    fp8 = True
+    bf16_counterparts = ("my_bf16",)
+'''
+
+
 def test_adding_a_backend_is_adding_one_file(tmp_path):
-    """Copy the package, drop one new file into backends/, and run it: no other file is edited."""
+    """Copy the package, drop new files into backends/, and run them: no other file is edited. The FP8 one
+    is in students.csv, in summary.json's FP8-vs-bf16 ratios (against the counterpart it declares) and in the
+    run's plots, in a colour of its own."""
     import pathlib
     import shutil
     import subprocess
     import sys
 
+    import matplotlib.colors as mcolors
     import pandas as pd
 
     import workbench
+    from workbench import results
+    from workbench.results import plots
 
     pkg = tmp_path / "src" / "workbench"
     shutil.copytree(pathlib.Path(workbench.__file__).parent, pkg, ignore=shutil.ignore_patterns("__pycache__"))
     (pkg / "backends" / "my_bf16.py").write_text(NEW_BACKEND)
+    (pkg / "backends" / "my_fp8.py").write_text(NEW_FP8_BACKEND)
     env = {"PYTHONPATH": str(tmp_path / "src"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     p = subprocess.run([sys.executable, "-m", "workbench", "run", "--preset", "cpu-smoke", "--out", str(tmp_path / "out"),
-                        "--run-id", "r", "--set", "backends=torch_fp32,my_bf16", "--set", "baseline=torch_fp32", "--set", "steps=2", "--set", "iters=2",
-                        "--set", "warmup=1", "--set", "eval_batches=1"],
+                        "--run-id", "r", "--set", "backends=torch_fp32,my_bf16,my_fp8", "--set", "baseline=torch_fp32",
+                        "--set", "steps=2", "--set", "iters=2", "--set", "warmup=1", "--set", "eval_batches=1"],
                        capture_output=True, text=True, env=env, cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
-    df = pd.read_csv(tmp_path / "out" / "r" / "students.csv").set_index("student")
+    run = tmp_path / "out" / "r"
+    df = pd.read_csv(run / "students.csv").set_index("student")
     assert df.loc["my_bf16", "status"] == "ok" and df.loc["my_bf16", "mode"] == "Mine"
     assert df.loc["my_bf16", "initial_loss"] == df.loc["torch_fp32", "initial_loss"]
+    assert df.loc["my_fp8", "status"] == "ok" and df.loc["my_fp8", "mode"] == "Mine-FP8"
+    ratios = results.load_summary(run)["fp8_vs_bf16"]
+    assert set(ratios) == {"my_fp8"}
+    want = df.loc["my_fp8", "final_train_loss"] / df.loc["my_bf16", "final_train_loss"]
+    assert ratios["my_fp8"]["final_loss_ratio"] == pytest.approx(want)
+    assert (run / "step_time.png").is_file()
+    step = plots.step_time(run).axes[0]
+    colours = [mcolors.to_rgba(b.get_facecolor()) for b in step.patches]
+    assert mcolors.to_rgba(plots.student_color("my_fp8")) in colours
+    assert len({plots.student_color(s) for s in df.index}) == len(df)
 
 
 @pytest.mark.parametrize("layout", ["separate", "fused"])
 def test_te_conversion_swaps_every_layer_and_keeps_the_weights(monkeypatch, layout):
-    from workbench.backends.te_bf16 import convert_to_te
+    from workbench.backends._te import convert_to_te
     from workbench.models import Student, reference_student
 
     monkeypatch.setattr(_te, "load", lambda: (FakeTEModules, object(), ""))
@@ -161,7 +195,7 @@ def test_te_delayed_scaling_takes_its_history_from_the_config(monkeypatch):
     monkeypatch.setattr(_te, "load", lambda: (FakeTEModules, FakeRecipes, ""))
     cfg = config.from_preset("cpu-smoke", te_amax_history_len=1024, te_amax_compute_algo="most_recent")
     b = backends.make("te_fp8:delayed")
-    monkeypatch.setattr(te_fp8.TEBF16, "build", lambda self, reference, cfg, device: torch.nn.Identity())
+    monkeypatch.setattr(te_fp8.TEBackend, "build", lambda self, reference, cfg, device: torch.nn.Identity())
     b.build(None, cfg, torch.device("cpu"))
     assert b.fp8_recipe == {"margin": 0, "fp8_format": "HYBRID", "amax_history_len": 1024, "amax_compute_algo": "most_recent",
                             "reduce_amax": True}
@@ -175,7 +209,7 @@ def test_a_delayed_scaling_student_alone_on_one_rank_does_not_all_reduce(monkeyp
     from workbench.backends import te_fp8
 
     monkeypatch.setattr(_te, "load", lambda: (FakeTEModules, FakeRecipes, ""))
-    monkeypatch.setattr(te_fp8.TEBF16, "build", lambda self, reference, cfg, device: torch.nn.Identity())
+    monkeypatch.setattr(te_fp8.TEBackend, "build", lambda self, reference, cfg, device: torch.nn.Identity())
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
     cfg = config.from_preset("cpu-smoke")
     alone, spread = backends.make("te_fp8:delayed"), backends.make("te_fp8:delayed_e4m3")
@@ -336,3 +370,17 @@ def test_fp8_weights_keep_the_exact_shared_init_for_their_masters(monkeypatch):
     assert rounded  # the FP8 weights no longer hold the shared init...
     for name, p in model.named_parameters():  # ...their masters start from it all the same
         assert torch.equal(getattr(p, backends.MASTER_INIT), ref[name].float()), name
+
+
+def test_a_backend_instance_builds_one_student():
+    """What build resolves lives on the instance (device, dtype, a TE recipe, what a conversion swapped), so one
+    instance is one student: a second build on it would hand the first student's state to the second."""
+    from workbench.models import Student, reference_student
+
+    cfg = config.from_preset("cpu-smoke")
+    ref = reference_student(cfg.model, Student(cfg.model).state_dict())
+    b = backends.make("torch_bf16")
+    b.build(ref, cfg, torch.device("cpu"))
+    with pytest.raises(RuntimeError, match="'torch_bf16' already built its student"):
+        b.build(ref, cfg, torch.device("cpu"))
+    backends.make("torch_bf16").build(ref, cfg, torch.device("cpu"))  # a fresh one builds

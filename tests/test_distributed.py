@@ -13,7 +13,7 @@ import torch
 from workbench import config, notebook, results
 
 
-from workbench.run import parallel, runner
+from workbench.run import parallel, rows, runner
 SMALL = dict(backends="torch_fp32,torch_bf16", baseline="torch_fp32", steps=2, warmup=1, iters=2, eval_batches=1)
 
 
@@ -59,10 +59,10 @@ def test_rows_of_every_rank_merge_into_one():
     world = parallel.World(rank=0, world_size=2, strategy="ddp")
     base = dict(student="s", status="ok", reason="", tokens_per_s=100.0, tflops=1.0, initial_loss=0.5,
                 final_train_loss=0.25, first_step_loss=0.6, step_ms_p20=1.0)  # rank 0's own: the merge replaces them
-    rows = [dict(base, step_ms_median=10.0, peak_mem_allocated_mb=5.0, peak_mem_reserved_mb=6.0, mem_floor_mb=2.0),
+    ranks = [dict(base, step_ms_median=10.0, peak_mem_allocated_mb=5.0, peak_mem_reserved_mb=6.0, mem_floor_mb=2.0),
             dict(base, step_ms_median=12.0, step_ms_p20=11.0, tokens_per_s=80.0, peak_mem_allocated_mb=7.0,
                  peak_mem_reserved_mb=8.0, mem_floor_mb=1.0)]
-    row, curve = parallel.merge_rows(rows, [[1.0, 0.4], [0.8, 0.2]], world)
+    row, curve = rows.merge_ranks(ranks, [[1.0, 0.4], [0.8, 0.2]], world)
     assert row["step_ms_median"] == 12.0 and row["step_ms_p20"] == 11.0  # the slowest rank's cells
     assert row["step_ms_median_rank_median"] == 11.0 and json.loads(row["step_ms_median_ranks"]) == [10.0, 12.0]
     assert row["tokens_per_s"] == 160.0  # both ranks at the slowest one's pace
@@ -72,8 +72,8 @@ def test_rows_of_every_rank_merge_into_one():
     assert curve == pytest.approx([0.9, 0.3])  # the global batch's loss: the mean over ranks
     assert (row["first_step_loss"], row["final_train_loss"]) == pytest.approx((0.9, 0.3))
     assert (row["world_size"], row["strategy"]) == (2, "ddp")
-    assert parallel.scaling(row, {"status": "ok", "step_ms_median": 9.0})["scaling_efficiency"] == 0.75
-    failed, _ = parallel.merge_rows([rows[0], dict(rows[1], status="error", reason="OOM")], [[1.0], []], world)
+    assert rows.scaling(row, {"status": "ok", "step_ms_median": 9.0})["scaling_efficiency"] == 0.75
+    failed, _ = rows.merge_ranks([ranks[0], dict(ranks[1], status="error", reason="OOM")], [[1.0], []], world)
     assert failed["status"] == "error" and failed["reason"] == "rank 1: OOM"
 
 

@@ -76,7 +76,7 @@ def test_te_conversion_swaps_linear_and_rmsnorm_and_reports_what_stayed_torch(sa
 def test_the_fp8_size_check_reads_a_hugging_face_students_own_linears(saved, tmp_path):
     """A Hugging Face student's GEMMs are its own Linears, not the config's model.hidden/intermediate/vocab
     (here all multiples of 16): an MLP width of 120 must skip the FP8 students, naming those layers."""
-    from workbench.backends.te_fp8 import misaligned
+    from workbench.backends._gemm import misaligned
 
     torch.manual_seed(0)
     odd = tmp_path / "odd-llama"
@@ -95,7 +95,7 @@ def test_the_fp8_size_check_reads_a_hugging_face_students_own_linears(saved, tmp
 def test_a_tied_lm_head_is_no_fp8_gemm_so_an_odd_vocabulary_does_not_skip_the_student(tmp_path):
     """The LM head stays bf16 torch by default (options.te_head_precision): its vocabulary is no FP8 GEMM
     dimension, tied or not. An FP8 head (a te.Linear, sharing a tied embedding's weight) makes it one, named."""
-    from workbench.backends.te_fp8 import misaligned
+    from workbench.backends._gemm import misaligned
 
     lm = dict(kind="llama", vocab=256, tokenizer="bytes")
     for tied in (True, False):

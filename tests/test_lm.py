@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from fake_te import FakeTEModules
 from workbench import backends, config
-from workbench.backends.te_bf16 import convert_to_te, rmsnorm_eps, stayed_torch
+from workbench.backends._te import convert_to_te, rmsnorm_eps, stayed_torch
 from workbench.env import te as _te
 from workbench.config import ConfigError
 from workbench.models import CausalLM, LMShape, SDPACore, attention_masks

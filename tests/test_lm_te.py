@@ -10,7 +10,7 @@ import torch
 import fake_te
 from fake_te import FakeRecipes, FakeTEModules
 from workbench import backends, config
-from workbench.backends.te_bf16 import AttentionUnavailable
+from workbench.backends._te import AttentionUnavailable
 from workbench.env import te as _te
 from workbench.models import CausalLM, LMShape
 from workbench.train import lm_task, loop

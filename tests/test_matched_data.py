@@ -6,8 +6,8 @@ import torch
 from workbench import backends, config, results
 
 from workbench.run import runner
-from workbench.backends import te_bf16
 from workbench.env import probe
+from workbench.env import te as _te
 from workbench.train import tasks
 
 
@@ -64,7 +64,7 @@ class FakeGraphingTE:
 
 def test_te_graph_capture_gets_its_own_copy_of_the_sample_batch(monkeypatch):
     fake = FakeGraphingTE()
-    monkeypatch.setattr(te_bf16._te, "load", lambda: (fake, object(), ""))
+    monkeypatch.setattr(_te, "load", lambda: (fake, object(), ""))
     b = backends.make("te_bf16")
     b.device, b.dtype = torch.device("cpu"), torch.bfloat16
     shared = torch.randint(0, 100, (2, 8))

@@ -65,3 +65,49 @@ def test_torchao_and_te_rows_on_cpu_say_why(tmp_path):
                              device="cpu")
     row = results.load(runner.run(cfg, out=tmp_path, run_id="r", progress=False)).set_index("student").loc["torchao_float8:rowwise"]
     assert row["status"] == "skipped" and ("torchao" in row["reason"])
+
+
+NEW_KIND = '''
+"""A model kind that exists only in this test: a Llama-style causal LM under another name."""
+from workbench.models.kinds import Kind, register
+
+register(Kind("tiny_llama", task="lm", arch="llama"))
+'''
+
+
+def test_adding_a_model_kind_is_adding_one_file(tmp_path):
+    """Copy the package, drop one kind file into models/kinds/: the registry lists it as a causal LM, the
+    FP8 dimension check treats it as one (its vocabulary is a GEMM), and it builds and runs a forward."""
+    import pathlib
+    import shutil
+    import subprocess
+    import sys
+
+    import workbench
+
+    pkg = tmp_path / "src" / "workbench"
+    shutil.copytree(pathlib.Path(workbench.__file__).parent, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    (pkg / "models" / "kinds" / "tiny_llama.py").write_text(NEW_KIND)
+    code = """
+import dataclasses, torch
+from workbench import config
+from workbench.backends._gemm import misaligned
+from workbench.models import kinds
+assert "tiny_llama" in kinds.names() and kinds.is_lm("tiny_llama") and not kinds.is_lm("mlp")
+m = kinds.get("tiny_llama").build_lm(vocab=100, hidden=32, intermediate=64, layers=1, heads=2, seq_len=16)
+assert m(torch.randint(0, 100, (2, 16))).shape == (2, 16, 100)
+cfg = config.from_preset("gpt-cpu")
+cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, kind="tiny_llama", vocab=100))
+print(misaligned(cfg, 16))
+"""
+    env = {"PYTHONPATH": str(tmp_path / "src"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "model.vocab=100" in p.stdout
+
+
+def test_an_unknown_model_kind_names_the_field_and_the_kinds():
+    from workbench.models import kinds
+
+    with pytest.raises(config.ConfigError, match=r"model.kind must be one of \['gpt', 'llama', 'mlp'\], got 'rnn'"):
+        kinds.get("rnn")

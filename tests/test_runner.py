@@ -182,14 +182,14 @@ def test_the_last_install_outcome_is_read_into_the_run(tmp_path, monkeypatch):
 
 def test_a_fallback_that_fails_reports_the_precision_it_ran(tmp_path, monkeypatch):
     """A TE FP8 student that falls back runs bf16: its row must say so even when the fallback errors."""
-    from workbench.backends import torch_autocast
+    from workbench.backends import _autocast
 
     monkeypatch.setattr(_te, "load", lambda: (None, None, "transformer_engine.pytorch does not import: fake"))
 
     def fail(self, *args):
         raise RuntimeError("CUDA out of memory (simulated)")
 
-    monkeypatch.setattr(torch_autocast.Fallback, "build", fail)
+    monkeypatch.setattr(_autocast.Fallback, "build", fail)
     cfg = config.from_preset("cpu-smoke", steps=2, iters=2, warmup=0, backends="torch_fp32,te_fp8:delayed",
                              baseline="torch_fp32")
     row = results.load(runner.run(cfg, out=tmp_path, run_id="r", progress=False)).set_index("student").loc["te_fp8:delayed"]

@@ -10,7 +10,7 @@ from fake_te import FakeRecipes, FakeTEModules
 from workbench import cli, config, results
 from workbench.bench import rows as bench_rows
 from workbench.run import runner
-from workbench.backends.te_bf16 import TEAttention
+from workbench.backends._te import TEAttention
 from workbench.env import te as _te
 from workbench.models import Teacher
 from workbench.train import lm_task, tasks, teacher_precision

@@ -11,7 +11,10 @@ A backend answers five questions (gpt-fast / torchtitan / torchao style):
   * `outside_training(model)` -> the context of forwards that are not training steps (held-out evaluation,
     capture warm-ups): what they would change and training depends on (FP8 delayed scaling) is put back.
 Adding a backend is adding one file in this folder that subclasses `Backend` and decorates it with
-`@register`; the files are discovered.
+`@register`; the files are discovered. What a backend *is* it declares as class attributes (`family`, `fp8`,
+`bf16_counterparts`), and the run's summary, its distributed notes and the comparisons follow from those,
+never from the backend's name. Shared helpers live in the private files ('_te', '_autocast', '_gemm'), not
+in another backend's file.
 
 A student is named by a spec 'backend' or 'backend:recipe' (e.g. 'te_fp8:current').
 """
@@ -69,6 +72,10 @@ class Backend:
     compilable = True  # torch.compile applies (config bench.compile)
     compile_required = False  # always compiled (torchao float8 is meant to run under torch.compile)
     runs_te_attention = False  # whether options.te_attention applies (TE students with TE's attention)
+    # What the backend is, for the run's summary and notes:
+    family: str | None = None  # 'te': a Transformer Engine student (the summary's TE path); None: its own
+    fp8 = False  # low-precision GEMMs (FP8, FP4) whose losses the summary compares with a bf16 student's
+    bf16_counterparts: tuple[str, ...] = ("torch_bf16",)  # that bf16 student: the first of these that ran
 
     def __init__(self, recipe: str | None = None):
         self.recipe = recipe or self.default_recipe
@@ -94,10 +101,20 @@ class Backend:
 
     def build(self, reference: nn.Module, cfg: Any, device: torch.device) -> nn.Module:
         """This backend's student: a converted copy of the reference torch model, on `device`."""
+        self.claim()
         self.device = device
         model = self.convert(copy.deepcopy(reference), cfg)
         check_matched(model, reference)
         return model.to(device)
+
+    def claim(self) -> None:
+        """Mark this instance as the one student it builds. What `build` resolves for that student (device,
+        dtype, TE's recipe and what its conversion swapped) lives on the instance, which `policy`, the forward
+        context and `describe` then read: so every student gets a fresh instance (`make`), never a shared one."""
+        if getattr(self, "_built", False):
+            raise RuntimeError(f"backend {self.spec!r} already built its student: an instance holds that student's "
+                               "state; backends.make(spec) makes one for the next")
+        self._built = True
 
     def convert(self, model: nn.Module, cfg: Any) -> nn.Module:
         """Swap what this backend runs differently; the torch students only change the parameter dtype."""
@@ -216,6 +233,19 @@ def all_specs() -> list[str]:
     _load_all()
     return [s for name, cls in sorted(BACKENDS.items())
             for s in ([f"{name}:{r}" for r in cls.recipes] if cls.recipes else [name])]
+
+
+def names() -> list[str]:
+    """Every registered backend's name."""
+    _load_all()
+    return sorted(BACKENDS)
+
+
+def declared(name: str) -> type[Backend] | None:
+    """The class a backend name is registered by (its declarations: family, fp8, …), or None for a name no
+    backend has (a row of a run made by another version)."""
+    _load_all()
+    return BACKENDS.get(name)
 
 
 def make(spec: str) -> Backend:

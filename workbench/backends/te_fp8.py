@@ -16,8 +16,9 @@ from packaging.version import Version
 from torch.distributed.tensor import distribute_tensor
 
 from workbench.backends import MASTER_INIT, Context, autocast, check_matched, reference_state, register, to_param_dtype
-from workbench.env import te as _te
-from workbench.backends.te_bf16 import TEBF16, te_usable
+from workbench.env import te as te_env
+from workbench.backends._gemm import misaligned
+from workbench.backends._te import TEBackend, te_usable
 
 # recipe name -> (TE capability check, required dim multiple)
 RECIPES = {
@@ -90,39 +91,13 @@ def make_recipe(recipe_mod, name: str, amax_history_len: int = 16, amax_compute_
     }[name]()
 
 
-def misaligned(cfg, multiple: int) -> list[str]:
-    """Names of the GEMM dimensions that are not multiples of `multiple` (FP8 kernels need them). A Hugging
-    Face student (lm.student) brings its own: every Linear's features are checked, not the config's fields."""
-    m = cfg.model
-    dims = {"tokens (batch*seq_len)": m.batch * m.seq_len}
-    if m.kind != "mlp" and cfg.lm.student:
-        from workbench.models.hf import linear_shapes  # needs transformers (the `lm` extra), like lm.student
-
-        head_fp8 = cfg.options.te_head_precision == "fp8"  # otherwise the LM head stays bf16: no FP8 GEMM
-        for name, (fan_in, fan_out) in linear_shapes(cfg.lm.student, tied_head=head_fp8).items():
-            if name == "lm_head" and not head_fp8:
-                continue
-            dims.setdefault(f"{name}.in_features", fan_in)
-            dims.setdefault(f"{name}.out_features", fan_out)
-    else:
-        dims.update({"model.hidden": m.hidden, "model.intermediate": m.intermediate})
-        if m.kind != "mlp":  # the LM head is a GEMM over the vocabulary
-            dims["model.vocab"] = m.vocab
-    return not_multiples(dims, multiple)
-
-
-def not_multiples(dims: dict[str, int], multiple: int) -> list[str]:
-    """'name=value' for every dimension that is not a multiple of `multiple`: the first four and a count."""
-    bad = [f"{k}={v}" for k, v in dims.items() if v % multiple]
-    return bad if len(bad) <= 4 else [*bad[:4], f"and {len(bad) - 4} more"]
-
-
 @register
-class TEFP8(TEBF16):
+class TEFP8(TEBackend):
     name = "te_fp8"
     recipes = tuple(RECIPES)
     default_recipe = "delayed"
     mode = "TE-FP8"
+    fp8 = True
     quantized_weights = True
     fp8_weights = False  # set by build: this student keeps FP8 weights (options.te_fp8_weights)
     amax_reduction_group = None  # a distributed run's data-parallel group (set by workbench.run.parallel)
@@ -135,9 +110,9 @@ class TEFP8(TEBF16):
         ok, why = te_usable(ctx)
         if not ok:
             return ok, why
-        te, _, _ = _te.load()
+        te, _, _ = te_env.load()
         check, multiple = RECIPES[self.recipe]
-        ok, why = _te.check(getattr(te, check, None), f"{self.recipe} ({check})")
+        ok, why = te_env.check(getattr(te, check, None), f"{self.recipe} ({check})")
         if not ok:
             return False, why
         if ctx.cfg.options.te_fp8_dpa and self.recipe not in FP8_DPA_RECIPES:
@@ -150,7 +125,7 @@ class TEFP8(TEBF16):
         return not why, why
 
     def _use_recipe(self, cfg) -> None:
-        _, recipe_mod, _ = _te.load()
+        _, recipe_mod, _ = te_env.load()
         o = cfg.options
         # A student not spread over the ranks (a distributed run's one-GPU reference, timed on rank 0 while the
         # others wait) must not all-reduce: on the H200 pair that collective waited forever for the idle ranks.
@@ -174,14 +149,15 @@ class TEFP8(TEBF16):
         random init; each shard is then given its part of the shared init instead (a copy into an FP8 tensor
         quantizes with the layer's own quantizer) and keeps that part in fp32 for its master weight in the
         optimizer (`loop.te_fused_adam`), so every rank trains from exactly the shared weights."""
-        te, _, _ = _te.load()
+        te, _, _ = te_env.load()
+        self.claim()
         self._use_recipe(cfg)
         self.device, self.dtype, self.fp8_weights = device, torch.bfloat16, True
         model = to_param_dtype(copy.deepcopy(reference), cfg)
         # kept on the host: each goes to the GPU only while it is split into this rank's shard
         exact = {k: v.detach().float().cpu() for k, v in reference_state(model).items()}
         with te.quantized_model_init(enabled=True, recipe=self.fp8_recipe):
-            TEBF16.convert(self, model, cfg, meta=True)
+            TEBackend.convert(self, model, cfg, meta=True)
         check_matched(model, reference)
         exact = model.from_reference_state(exact)  # under the converted names (a TE layer's fused QKV, gate/up)
         later = {name for name, p in model.named_parameters() if p.is_meta}
@@ -203,7 +179,7 @@ class TEFP8(TEBF16):
         in the optimizer (`loop.te_fused_adam`), so training starts from exactly the shared weights."""
         if not self.fp8_weights:
             return super().convert(model, cfg)
-        te, _, _ = _te.load()
+        te, _, _ = te_env.load()
         exact = {k: v.detach().float().cpu() for k, v in reference_state(to_param_dtype(model, cfg)).items()}
         with te.quantized_model_init(enabled=True, recipe=self.fp8_recipe):
             model = super().convert(model, cfg)
@@ -234,9 +210,9 @@ class TEFP8(TEBF16):
         return stack
 
     def autocasts(self) -> list:
-        te, _, _ = _te.load()
+        te, _, _ = te_env.load()
         # exactly the bf16 students' autocast, then TE's FP8 one
-        return [autocast(self.device, torch.bfloat16), _te.autocast(te, self.fp8_recipe, self.amax_reduction_group)]
+        return [autocast(self.device, torch.bfloat16), te_env.autocast(te, self.fp8_recipe, self.amax_reduction_group)]
 
     def outside_training(self, model):
         delayed = getattr(self.fp8_recipe, "delayed", None)

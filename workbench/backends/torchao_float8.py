@@ -9,19 +9,22 @@ import torch
 from torch import nn
 
 from workbench.backends import Context, register
-from workbench.backends.te_fp8 import misaligned
-from workbench.backends.torch_autocast import TorchBF16
+from workbench.backends._gemm import misaligned
+from workbench.backends._autocast import Autocast
 
 MIN_CC = {"tensorwise": (8, 9), "rowwise": (9, 0)}
 
 
 @register
-class TorchaoFloat8(TorchBF16):
+class TorchaoFloat8(Autocast):
     name = "torchao_float8"
     recipes = tuple(MIN_CC)
     default_recipe = "tensorwise"
     mode = "torchao-Float8"
     compile_required = True
+    family = "torchao"
+    fp8 = True
+    dtype = torch.bfloat16  # its float8 GEMMs run inside bf16 autocast, as the bf16 students do
 
     gemm_precision = "fp8"
 

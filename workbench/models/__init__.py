@@ -1,6 +1,6 @@
 """Models, built once in plain torch: the tutorial's MLP teacher and student (mlp) and decoder-only
-causal LMs (lm; a Hugging Face model through hf). Precision backends convert copies of them. The names
-below are the package's face."""
+causal LMs (lm; a Hugging Face model through hf). Precision backends convert copies of them. Which
+model.kind is which (task, architecture) says the registry in `kinds`. The names below are the package's face."""
 import collections
 
 from torch import nn
@@ -8,6 +8,7 @@ from torch import nn
 from workbench.models.mlp import (  # noqa: F401
     FUSED_TO_SEPARATE, LayerNormMLP, Student, Teacher, load_matched, reference_student)
 from workbench.models.lm import CausalLM, LMShape, SDPACore, attention_masks  # noqa: F401
+from workbench.models import kinds  # noqa: F401
 
 
 def shared_parameters(model: nn.Module) -> set[int]:

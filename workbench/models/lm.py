@@ -51,7 +51,7 @@ class SDPACore(nn.Module):
     """Causal attention on q, k, v in 'bshd' layout ([batch, seq, heads, head_dim]) -> [batch, seq, heads*head_dim].
 
     A module of its own, with te.DotProductAttention's input/output layout, so a TE conversion swaps
-    exactly this (workbench.backends.te_bf16); no parameters."""
+    exactly this (workbench.backends._te); no parameters."""
 
     def __init__(self, heads: int, head_dim: int):
         super().__init__()

@@ -39,13 +39,13 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from workbench import results
+from workbench.run import rows
 from workbench.config import PRESETS, Config, ConfigError
 from workbench.train import Diverged
 
@@ -158,11 +158,39 @@ class World:
         return out
 
     def from_rank0(self, obj: Any) -> Any:
+        """Rank 0's obj on every rank (a small Python object: a path, a row)."""
         if not self.active:
             return obj
         box = [obj]
         dist.broadcast_object_list(box, src=0)
         return box[0]
+
+    def on_rank0(self, fn) -> Any:
+        """fn() run by rank 0 alone while the other ranks wait (bounded by parallel.timeout_s, like every
+        collective), its result handed to every rank: a run folder, the row of a student timed on one GPU."""
+        out = fn() if self.writes else None
+        self.barrier()
+        return self.from_rank0(out)
+
+    def share_modules(self, modules, device: torch.device) -> None:
+        """Every rank's copy of `modules` set to rank 0's (`broadcast_module`): one teacher, one initial state."""
+        if self.active:
+            for module in modules:
+                broadcast_module(module, device)
+
+    def spread(self, backend, device: torch.device):
+        """(backend, on_step) of a student trained by every rank: the backend wrapped for the strategy (`Spread`)
+        and a per-step check that stops all ranks together (`stop_together`); a process alone trains as it is."""
+        if not self.active:
+            return backend, None
+        return Spread(backend, self), stop_together(device)
+
+    def merged(self, row: dict, losses: list[float]) -> tuple[dict, list[float]]:
+        """One student's row and loss curve from every rank's (`rows.merge_ranks`); a process alone keeps its own."""
+        if not self.active:
+            return row, losses
+        gathered = self.gather((row, losses))
+        return rows.merge_ranks([r for r, _ in gathered], [x for _, x in gathered], self)
 
     def close(self) -> None:
         if self.active and dist.is_initialized():
@@ -243,7 +271,7 @@ class Spread:
         notes = list(p.notes)
         if p.graph is not None:
             notes.append(f"graphs not applied: CUDA graphs of a {self.world.strategy} step are not supported here; ran eager")
-        if self.world.strategy == "fsdp2" and self.inner.name.startswith("te_"):
+        if self.world.strategy == "fsdp2" and self.inner.family == "te":
             if getattr(self.inner, "fp8_weights", False):
                 notes.append(FSDP2_TE_RECIPE)
             else:
@@ -260,50 +288,3 @@ def stop_together(device: torch.device):
         if bad.item() and math.isfinite(loss):
             raise Diverged(f"non-finite loss on another rank at training step {step}")
     return on_step
-
-
-# ---- one row from every rank's --------------------------------------------------------------------
-def merge_rows(rows: list[dict], losses: list[list[float]], world: World) -> tuple[dict, list[float]]:
-    """One student's row of a distributed run from every rank's row, and its loss curve (the mean over
-    ranks, i.e. the global batch's loss). Step-time cells are the slowest rank's; memory the largest (with
-    that rank's floor); a rank that failed makes the row fail with its reason."""
-    row = dict(rows[0])
-    if len({r["status"] for r in rows}) > 1:  # the ranks disagree: the row is the first failed rank's
-        rank, bad = next(((i, r) for i, r in enumerate(rows) if r["status"] not in results.RAN), (0, rows[0]))
-        row.update(status=bad["status"], reason=f"rank {rank}: {bad['reason']}".strip())
-    medians = [r.get("step_ms_median") for r in rows]
-    if all(m is not None for m in medians):
-        slowest = rows[int(np.argmax(medians))]
-        row.update({k: v for k, v in slowest.items() if k.startswith("step_ms_")})
-        row["step_ms_median_rank_median"] = float(np.median(medians))
-        row["step_ms_median_ranks"] = json.dumps(medians)
-        if slowest.get("tokens_per_s") is not None:  # every rank steps its own batch at the slowest one's pace
-            row["tokens_per_s"] = slowest["tokens_per_s"] * world.world_size
-        row["tflops"] = slowest.get("tflops")  # per GPU
-    peaks = [r.get("peak_mem_allocated_mb") for r in rows]
-    if any(p is not None for p in peaks):
-        top = max((i for i, p in enumerate(peaks) if p is not None), key=lambda i: peaks[i])
-        row["peak_mem_allocated_mb"] = peaks[top]
-        row["peak_mem_allocated_mb_ranks"] = json.dumps(peaks)
-        # the floor of the rank with that peak: peak - floor (scaling's student memory) is one rank's
-        row["mem_floor_mb"] = rows[top].get("mem_floor_mb")
-        row["mem_floor_mb_ranks"] = json.dumps([r.get("mem_floor_mb") for r in rows])
-        row["peak_mem_reserved_mb"] = max((r.get("peak_mem_reserved_mb") or 0) for r in rows)
-    if any(r.get("initial_loss") is not None for r in rows):
-        row["initial_loss_ranks"] = json.dumps([r.get("initial_loss") for r in rows])
-    if losses and all(len(x) == len(losses[0]) for x in losses) and losses[0]:
-        curve = [float(v) for v in np.mean(losses, axis=0)]
-        if row.get("final_train_loss") is not None:
-            row.update(first_step_loss=curve[0], final_train_loss=curve[-1])
-    else:
-        curve = losses[0] if losses else []
-    row.update(world_size=world.world_size, strategy=world.strategy, scaling_efficiency=None)  # see scaling()
-    return row, curve
-
-
-def scaling(row: dict, reference: dict) -> dict:
-    """The distributed row's weak-scaling efficiency: the one-process step time over its own (1.0 is
-    perfect: N ranks step N batches in the time one took for one)."""
-    a, b = reference.get("step_ms_median"), row.get("step_ms_median")
-    eff = a / b if a and b and reference.get("status") in results.RAN and row.get("status") in results.RAN else None
-    return {**row, "scaling_efficiency": eff}

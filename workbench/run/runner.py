@@ -27,13 +27,11 @@ from workbench import backends, results
 
 from workbench.measure import profiler, timing
 
-from workbench.run import parallel, slow_path
+from workbench.run import parallel, rows, slow_path
 from workbench.env import probe
 from workbench.env import te as _te
 from workbench.config import Config
-from workbench.train import Data, Diverged, lm_teacher, run_student, task_setup, tasks, teacher_targets
-
-BF16_REFERENCES = ("te_bf16", "torch_bf16")  # the "bf16 student" FP8 losses are compared with
+from workbench.train import Data, Diverged, lm_teacher, run_student, task_setup, tasks
 
 
 def resolve_device(cfg: Config) -> torch.device:
@@ -119,20 +117,10 @@ def run(cfg: Config, out: str | Path = "results", run_id: str | None = None, req
 def _run(cfg: Config, world: parallel.World, device, out, run_id, requested, progress: bool) -> Path:
     """The run on this process; under torchrun every rank runs it and only rank 0 writes files."""
     t0 = time.monotonic()
-    run_dir = results.create_run_dir(out, run_id, new_run_id(cfg)) if world.writes else None  # exclusive
-    run_dir = world.from_rank0(run_dir)
+    run_dir = world.on_rank0(lambda: results.create_run_dir(out, run_id, new_run_id(cfg)))  # exclusive
     run_id = run_dir.name
     tdtype = teacher_dtype(cfg, device)
-    if world.writes:
-        env = probe.probe()
-        env["te_install"] = last_install()
-        results.write_json(run_dir / "env.json", env)
-        results.write_json(run_dir / "config.json", {
-            "schema_version": results.SCHEMA_VERSION, "run_id": run_id,
-            "requested": requested or {}, "config": cfg.to_dict(),
-            "derived": {"device": str(device), "teacher_dtype": str(tdtype or torch.float32),
-                        "world_size": world.world_size, "strategy": world.strategy},
-        })
+    env = _write_start(cfg, world, run_dir, device, tdtype, requested)
     try:
         # Every rank builds its task at once: the text and teacher caches are built by one process (a lock
         # on each entry), the others wait on that lock, not at a collective bounded by parallel.timeout_s
@@ -141,9 +129,7 @@ def _run(cfg: Config, world: parallel.World, device, out, run_id, requested, pro
             _say(progress, f"[teacher] {task.teacher_precision.reason}")
         if world.writes:
             results.write_json(run_dir / "task.json", task.info)
-        if world.active:  # every rank distils rank 0's teacher into rank 0's initial weights
-            for module in (task.teacher, task.reference):
-                parallel.broadcast_module(module, device)
+        world.share_modules((task.teacher, task.reference), device)  # every rank distils rank 0's teacher into its weights
         data = task.make_data(shard=world.rank)
     except Exception:  # refused before any student ran: no folder of a run that never was
         if world.writes:
@@ -152,17 +138,9 @@ def _run(cfg: Config, world: parallel.World, device, out, run_id, requested, pro
     if world.writes:
         teacher_cells, teacher_profile = time_teacher(cfg, task, data, device)
         _write_profile(run_dir, "teacher", teacher_profile)
-    rows, loss_rows = _all_students(cfg, run_dir, task, data, device, progress, world)
+    student_rows, loss_rows = _all_students(cfg, run_dir, task, data, device, progress, world)
     if world.writes:
-        common = {"schema_version": results.SCHEMA_VERSION, "run_id": run_id, **teacher_cells,
-                  **task.cells(),
-                  **{f"cfg_{k}": (",".join(v) if isinstance(v, list) else v) for k, v in cfg.flat().items()},
-                  **{k: env.get(k) for k in results.ENV_STAMP}}
-        mode = task.info.get("teacher_mode")  # LM runs: the distillation step adds an online teacher's forward
-        rows = [{**row, **common, **(teacher_targets.step_cells(
-            mode, teacher_cells.get("teacher_ms_median"), row.get("step_ms_median")) if mode else {})} for row in rows]
-        slow_path.mark_rows(rows, task.info, env)
-        df = results.students_frame(rows)
+        df = rows.frame(student_rows, rows.run_cells(cfg, run_id, env, task, teacher_cells), task, env)
         results.write_csv(run_dir / "students.csv", df)
         results.write_csv(run_dir / "losses.csv", pd.DataFrame(loss_rows, columns=["step", "student", "loss"]))
         results.write_json(run_dir / "summary.json", summarize(cfg, env, df, run_id, device, task.teacher_precision))
@@ -174,37 +152,49 @@ def _run(cfg: Config, world: parallel.World, device, out, run_id, requested, pro
     return run_dir
 
 
+def _write_start(cfg: Config, world: parallel.World, run_dir: Path, device, tdtype, requested) -> dict | None:
+    """Rank 0's env.json and config.json, the files a run writes before its task; the probed environment
+    (None on the other ranks)."""
+    if not world.writes:
+        return None
+    env = probe.probe()
+    env["te_install"] = last_install()
+    results.write_json(run_dir / "env.json", env)
+    results.write_json(run_dir / "config.json", {
+        "schema_version": results.SCHEMA_VERSION, "run_id": run_dir.name,
+        "requested": requested or {}, "config": cfg.to_dict(),
+        "derived": {"device": str(device), "teacher_dtype": str(tdtype or torch.float32),
+                    "world_size": world.world_size, "strategy": world.strategy},
+    })
+    return env
+
+
 def _all_students(cfg: Config, run_dir: Path, task, data: Data, device, progress: bool, world: parallel.World):
     """Every student of the run, one after the other (and, for language models, the baseline trained on
     cross-entropy only): (rows, loss rows). A student that changes the shared batches is flagged, and the
     batches are rebuilt for the ones after it. In a distributed run each student's row is merged from every
     rank's, followed by its one-process reference row (rank 0 alone) when parallel.scaling_reference asks."""
     ctx = backends.Context(device=device, cfg=cfg)
-    rows, loss_rows, curve_rows = [], [], []
+    student_rows, loss_rows, curve_rows = [], [], []
     data_sums = data.fingerprint()
     no_kd = task.no_kd() if cfg.distill.no_kd_student else None
     runs = [(spec, spec, task) for spec in cfg.backends] + ([(cfg.baseline, f"{cfg.baseline}:no_kd", no_kd)] if no_kd else [])
     for spec, name, student_task in runs:
-        row, losses = _one_student(spec, cfg, ctx, student_task, data, device, progress, name=name, world=world)
-        done = [(row, losses, row.pop("profile", None), row.pop("curve", None) or [])]
-        if world.active:
-            def alone():  # the same student on rank 0 alone, from the same memory floor
-                _free(device)
-                return _one_student(spec, cfg, ctx, student_task, data, device, progress,
-                                    name=f"{name}{results.REFERENCE_SUFFIX}")
-            done = _across_ranks(cfg, world, done[0], alone)
+        def alone():  # the same student on rank 0 alone, from the same memory floor
+            _free(device)
+            return _split(*_one_student(spec, cfg, ctx, student_task, data, device, progress,
+                                        name=f"{name}{results.REFERENCE_SUFFIX}"))
+        own = _split(*_one_student(spec, cfg, ctx, student_task, data, device, progress, name=name, world=world))
+        done = _across_ranks(cfg, world, own, alone) if world.active else [own]
         for row, losses, profile, curve in done:
-            row.setdefault("world_size", 1)
+            rows.one_process_unless_merged(row)
             if world.writes:
                 _write_profile(run_dir, row["student"], profile)
             curve_rows += [{"student": row["student"], **point} for point in curve]
-            rows.append(row)
+            student_rows.append(row)
             loss_rows += [{"step": i + 1, "student": row["student"], "loss": v} for i, v in enumerate(losses)]
         if not torch.equal(data.fingerprint(), data_sums):
-            # Its own numbers may be fine, but what the other students see would not be the same data.
-            rows[-len(done)].update(status="error", reason=(
-                "this student wrote into the batches shared by all students; they were rebuilt for the next "
-                "students. " + rows[-len(done)]["reason"]).strip())
+            rows.changed_batches(student_rows[-len(done)])
             _say(progress, f"[{name}] changed the shared batches; rebuilding them")
             data = None  # free this frame's damaged copy first: at the large sizes the batches take GBs
             data = task.make_data(shard=world.rank)
@@ -212,7 +202,12 @@ def _all_students(cfg: Config, run_dir: Path, task, data: Data, device, progress
         _free(device)
     if curve_rows and world.writes:  # held-out metrics during training (train.eval_every)
         results.write_csv(run_dir / "eval_curve.csv", pd.DataFrame(curve_rows))
-    return rows, loss_rows
+    return student_rows, loss_rows
+
+
+def _split(row: dict, losses: list[float]) -> tuple[dict, list[float], dict | None, list[dict]]:
+    """(row, losses, profile, curve): the profiled block's record and the eval curve go to their own files."""
+    return row, losses, row.pop("profile", None), row.pop("curve", None) or []
 
 
 def _free(device) -> None:
@@ -232,57 +227,54 @@ def _across_ranks(cfg: Config, world: parallel.World, own: tuple, alone) -> list
     then, with parallel.scaling_reference, its one-process reference row, run by `alone()` on rank 0 while
     the other ranks wait. [(row, losses, profile, curve)], in that order."""
     row, losses, profile, curve = own
-    gathered = world.gather((row, losses))
-    row, losses = parallel.merge_rows([r for r, _ in gathered], [x for _, x in gathered], world)
+    row, losses = world.merged(row, losses)
     if not (cfg.parallel.scaling_reference and row["status"] in results.RAN):
         return [(row, losses, profile, curve)]
-    ref = None
-    if world.writes:
-        ref, ref_losses = alone()
-        ref_profile, ref_curve = ref.pop("profile", None), ref.pop("curve", None) or []
-    world.barrier()
-    row = parallel.scaling(row, world.from_rank0(ref))
-    return [(row, losses, profile, curve)] + ([(ref, ref_losses, ref_profile, ref_curve)] if world.writes else [])
+    ref: list = []  # rank 0's (row, losses, profile, curve); every rank is handed its row
+
+    def reference_row() -> dict:
+        ref.extend(alone())
+        return ref[0]
+
+    row = rows.scaling(row, world.on_rank0(reference_row))
+    return [(row, losses, profile, curve)] + ([tuple(ref)] if ref else [])
 
 
 def _one_student(spec: str, cfg: Config, ctx, task, data: Data, device, progress: bool, name: str | None = None,
                  world: parallel.World | None = None):
-    row: dict[str, Any] = {"student": name or spec, "backend": spec.partition(":")[0], "recipe": spec.partition(":")[2] or None,
-                           "mode": None, "status": "ok", "reason": ""}
+    row = rows.new(spec, name)
     try:
         return _try_student(row, spec, cfg, ctx, task, data, device, progress, world)
     except Exception as e:  # one failing student must not take down the others; the row says why
-        row.update(status="error", reason=f"{type(e).__name__}: {e}".strip()[:2000])
+        rows.failed(row, e)
         _say(progress, traceback.format_exc())
         return row, []
 
 
 def _try_student(row: dict, spec: str, cfg: Config, ctx, task, data: Data, device, progress: bool, world=None):
     backend = backends.make(spec)
-    row.update(backend=backend.name, recipe=backend.recipe, mode=backend.mode, gemm_precision=backend.gemm_precision)
+    rows.ran_as(row, backend)
     ok, reason = backend.availability(ctx)
     row["reason"] = reason  # an available backend may still carry a note (e.g. fp16 instead of bf16)
     if not ok:
         fb = backend.fallback(ctx, reason)
         if fb is None:
-            row.update(status="skipped", mode=None)
+            rows.skipped(row, reason)
             _say(progress, f"[{row['student']}] skipped: {reason}")
             return row, []
-        row.update(status="fallback", mode=fb.mode, reason=f"{reason} -> ran PyTorch autocast instead")
+        rows.fell_back(row, fb, reason)
         backend = fb
-    on_step = None
-    if world is not None and world.active:
-        backend, on_step = parallel.Spread(backend, world), parallel.stop_together(device)
+    backend, on_step = world.spread(backend, device) if world is not None else (backend, None)
     _say(progress, f"[{row['student']}] training {cfg.train.steps} steps ({row['mode']})")
     try:
         metrics, losses = run_student(backend, cfg, task, data, device,
                                       on_step=_with_progress(on_step, progress, row["student"], cfg.train.steps))
         row.update(metrics)
     except Diverged as e:
-        row.update(e.metrics, status="diverged", reason=str(e), steps_run=len(e.losses))
+        rows.diverged(row, e)
         losses = e.losses
     finally:  # what ran, also when it diverged or failed: a fallback's dtype is known once it is built
-        row["gemm_precision"] = backend.gemm_precision
+        rows.ran_in(row, backend)
     if row.get("attention_warning"):
         _say(progress, f"[{row['student']}] warning: {row['attention_warning']}")
     held_out = (f"held-out ppl {row['heldout_ppl']}, KL to teacher {row.get('kl_teacher_student_t1_nats')}"
@@ -312,38 +304,16 @@ def _say(progress: bool, msg: str) -> None:
         print(msg, flush=True)
 
 
-def _row(df: pd.DataFrame, spec: str | None) -> dict[str, Any]:
-    if spec is None or spec not in set(df["student"]):
-        return {}
-    r = df[df["student"] == spec].iloc[0].to_dict()
-    return {k: (None if isinstance(v, float) and pd.isna(v) else v) for k, v in r.items()}
-
-
 def summarize(cfg: Config, env: dict, df: pd.DataFrame, run_id: str, device, teacher) -> dict[str, Any]:
-    """The tutorial's summary keys (same meaning, correct numbers) plus what they were missing."""
+    """The tutorial's summary keys (same meaning, correct numbers) plus what they were missing. Which student
+    is the TE path and which are compared with bf16 follows from what their backends declare (rows.te_path)."""
     ran = results.ran(df)
-    te_rows = ran[ran["backend"].str.startswith("te_")]
-    te_spec = te_rows["student"].iloc[0] if len(te_rows) else None
-    fp8_first = ran[ran["backend"] == "te_fp8"]
-    if len(fp8_first) and (te_spec is None or not te_spec.startswith("te_fp8")):
-        te_spec = fp8_first["student"].iloc[0]  # the tutorial's TE path is the FP8 one when FP8 ran
-    base, te = _row(df, cfg.baseline), _row(df, te_spec)
-    bf16_ref = next((s for s in BF16_REFERENCES if _row(ran, s)), None)
-    ref = _row(ran, bf16_ref)
+    te_spec = rows.te_path(ran)
+    base, te = rows.cells(df, cfg.baseline), rows.cells(df, te_spec)
 
     def ratio(a, b):
         return a / b if a is not None and b else None
 
-    fp8_vs_bf16 = {
-        r["student"]: {
-            "final_loss_ratio": ratio(r.get("final_train_loss"), ref.get("final_train_loss")),
-            "eval_mse_ratio": ratio(r.get("eval_mse"), ref.get("eval_mse")),
-            # language models: the FP8-vs-bf16 gap in held-out perplexity and in KL to the teacher
-            "heldout_ppl_ratio": ratio(r.get("heldout_ppl"), ref.get("heldout_ppl")),
-            "kl_to_teacher_ratio": ratio(r.get("kl_teacher_student_t1_nats"), ref.get("kl_teacher_student_t1_nats")),
-        }
-        for r in (_row(df, s) for s in df[(df["backend"] == "te_fp8") & (df["status"] == "ok")]["student"])
-    }
     # a diverged student measured its initial loss before training: it still says whether init matched
     started = df[df["status"].isin(results.STARTED)]
     init = started["initial_loss"].dropna().astype(float).tolist()
@@ -367,7 +337,8 @@ def summarize(cfg: Config, env: dict, df: pd.DataFrame, run_id: str, device, tea
         "teacher_ms_median": df["teacher_ms_median"].iloc[0] if len(df) else None,
         "teacher_dtype": str(teacher.dtype or torch.float32), **teacher.cells(),
         "initial_loss_rel_spread": spread, "initial_losses_equal": spread is not None and spread <= 1e-5,
-        "bf16_reference_student": bf16_ref, "fp8_vs_bf16": fp8_vs_bf16,
+        "bf16_reference_student": rows.bf16_reference(ran, te.get("backend")),
+        "fp8_vs_bf16": rows.fp8_vs_bf16(df, ran),
         "te_install": env.get("te_install"),
         "world_size": world, "strategy": cfg.parallel.strategy if world > 1 else None,
         "scaling_efficiency": ({r["student"]: r.get("scaling_efficiency") for r in ran.to_dict("records")

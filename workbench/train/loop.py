@@ -60,11 +60,12 @@ class Diverged(RuntimeError):
     pass
 
 
-def make_step(model: torch.nn.Module, opt: torch.optim.Optimizer, backend: Backend, task,
-              scaler: Any = None) -> Callable[[torch.Tensor, objectives.Targets], torch.Tensor]:
-    """One optimizer step of the task's loss; returns the (fp32) loss tensor without synchronizing."""
-    def step(tokens: torch.Tensor, targets: objectives.Targets) -> torch.Tensor:
-        opt.zero_grad(set_to_none=True)
+def update(model: torch.nn.Module, opt: torch.optim.Optimizer, backend: Backend, task,
+           scaler: Any = None) -> Callable[[torch.Tensor, objectives.Targets], torch.Tensor]:
+    """The body of one optimizer step, gradients not zeroed: forward under the backend's context, the task's
+    loss, backward and the optimizer's update (scaled with a grad scaler). The eager step and the captured
+    graph both run this one body, so a graphed student trains exactly what an eager one does."""
+    def body(tokens: torch.Tensor, targets: objectives.Targets) -> torch.Tensor:
         with backend.forward_context():  # wraps the forward only (TE: autocast must not wrap backward)
             out = task.forward(model, tokens)  # what the task's loss takes (logits, hidden states, head features)
         loss = task.loss(out, targets)
@@ -75,7 +76,19 @@ def make_step(model: torch.nn.Module, opt: torch.optim.Optimizer, backend: Backe
         else:
             loss.backward()
             opt.step()
-        return loss.detach()
+        return loss
+
+    return body
+
+
+def make_step(model: torch.nn.Module, opt: torch.optim.Optimizer, backend: Backend, task,
+              scaler: Any = None) -> Callable[[torch.Tensor, objectives.Targets], torch.Tensor]:
+    """One optimizer step of the task's loss; returns the (fp32) loss tensor without synchronizing."""
+    body = update(model, opt, backend, task, scaler)
+
+    def step(tokens: torch.Tensor, targets: objectives.Targets) -> torch.Tensor:
+        opt.zero_grad(set_to_none=True)
+        return body(tokens, targets).detach()
 
     return step
 
@@ -175,11 +188,7 @@ def capture_step(model: torch.nn.Module, fwd: torch.nn.Module, opt: torch.optim.
     graph = torch.cuda.CUDAGraph()
     opt.zero_grad(set_to_none=True)  # grads are then allocated (not accumulated) inside the graph
     with torch.cuda.graph(graph):
-        with backend.forward_context():
-            out = task.forward(fwd, s_tokens)
-        s_loss = task.loss(out, s_targets)
-        s_loss.backward()
-        opt.step()
+        s_loss = update(fwd, opt, backend, task)(s_tokens, s_targets)
     with torch.no_grad():
         model.load_state_dict(snapshot, strict=False)  # copy_ into the same tensors: the graph's addresses hold
     reset_optimizer(opt)

@@ -20,8 +20,9 @@ import torch
 from torch import nn
 
 from workbench import backends
-from workbench.backends.te_bf16 import te_usable
-from workbench.backends.te_fp8 import RECIPES, not_multiples
+from workbench.backends._te import te_usable
+from workbench.backends._gemm import not_multiples
+from workbench.backends.te_fp8 import RECIPES
 from workbench.env import te as _te
 from workbench.models import LayerNormMLP, shared_parameters
 

@@ -4,7 +4,8 @@
 # Writes $OUT/teacher/: length.csv (+ length-MODE-STEPS.json), topk_quality.csv, loss_compare.csv, README.md
 # (generated from those files), runs.tar.gz (the run folders' small files), logs/ and gpu_tests_teacher.log.
 #  lengths: a gpt student at vocab 128256, 8192 tokens a step, teacher_mode online and topk (k=64) at each of
-#           STEPS (default "200 2000"; 2,000 is the target): peak GPU memory over the whole process and peak
+#           STEPS (default "200 2000"; 2,000 is the target; STEPS_ONLINE / STEPS_TOPK for one mode): peak GPU
+#           memory over the whole process and peak
 #           host RSS. The two modes' chains run side by side, and the top-k quality runs beside them: memory is
 #           per process, so sharing the GPU does not change it (step times there are not a speed figure).
 #           Precomputed logits would need 2.1 GB a step.
@@ -20,7 +21,8 @@ T="$OUT/teacher"
 mkdir -p "$T/logs"
 PARTS=${*:-lengths quality loss readme tests}
 chain() {  # one mode's length runs, shortest first
-  for steps in ${STEPS:-200 2000}; do
+  local var="STEPS_${1^^}"  # STEPS_ONLINE / STEPS_TOPK override STEPS for one mode
+  for steps in ${!var:-${STEPS:-200 2000}}; do
     timeout "${LENGTH_LIMIT_S:-280}" python3 scripts/gpu_teacher.py length "$1" "$steps" "$T" > "$T/logs/length-$1-$steps.log" 2>&1
     echo "== length $1 $steps: exit $?"
   done

@@ -125,11 +125,14 @@ def resolve_variants(preset: str, names: list[str] | None) -> list[Variant]:
 
 def variant_config(preset: str, overrides: dict[str, Any], v: Variant) -> tuple[Any, list[dict]]:
     """The variant's validated Config over the students the config accepts, and a row per rejected one."""
+    from workbench import backends  # torch: only once a bench runs
+
     base = {**overrides, **v.overrides}
     ok, rejected = [], []
     for spec in v.backends:
         try:
             config_mod.from_preset(preset, **base, backends=[spec], baseline=spec)
+            backends.check_specs([spec])  # the registry knows the backends, the config does not
             ok.append(spec)
         except ConfigError as e:
             rejected.append({"student": spec, "status": "error", "reason": f"config rejected: {e}"})

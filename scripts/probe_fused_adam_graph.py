@@ -7,7 +7,10 @@ The cause: prepare_step's caller kept only the step, so the optimizer was collec
 reused while the graph still pointed at it. GPU only (nvidia-h200), after `bash .gpu/install.sh`:
     PYTHONPATH=$PWD python3 scripts/probe_fused_adam_graph.py [VARIANT ...]
 """
-import json, subprocess, sys
+import json
+import subprocess
+import sys
+
 import torch
 
 VARIANTS = ["graph-first", "eager-then-graph", "prepare", "prepare-initial-loss", "run-student", "cli",

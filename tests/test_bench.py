@@ -18,9 +18,8 @@ from workbench.bench import cells, crosscheck, tables, variants
 from workbench.bench import rows as rows_module
 from workbench.bench.rows import COLUMNS, _with_tutorial_ratios, bench_rows, host_bound
 from workbench.bench.targets import TARGETS, evaluate_targets
-
-from workbench.measure import profiler, flops, peaks, timing
 from workbench.cli import main as cli_main
+from workbench.measure import flops, peaks, profiler, timing
 
 REFERENCE = Path(__file__).resolve().parent.parent / "results" / "reference" / "h200"
 

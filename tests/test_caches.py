@@ -13,10 +13,9 @@ import pytest
 import torch
 
 from workbench import cli, config
-
-from workbench.run import runner
-from workbench.data import TextSpec, TextDataError, cache, load_text
+from workbench.data import TextDataError, TextSpec, cache, load_text
 from workbench.data.text import documents
+from workbench.run import runner
 from workbench.train import Data, lm_teacher, objectives
 
 TEACHER = ["--preset", "gpt-cpu", "--set", "corpus_mb=0.2", "--set", "teacher_steps=5"]

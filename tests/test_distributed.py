@@ -11,9 +11,8 @@ import pytest
 import torch
 
 from workbench import config, notebook, results
-
-
 from workbench.run import parallel, rows, runner
+
 SMALL = dict(backends="torch_fp32,torch_bf16", baseline="torch_fp32", steps=2, warmup=1, iters=2, eval_batches=1)
 
 
@@ -144,6 +143,7 @@ def test_a_multi_node_run_needs_a_run_id(tmp_path):
 def _train_two_ranks(rank: int, port: int, out: str) -> None:
     """One rank of test_a_rank_that_diverges_stops_every_rank: rank 1's loss turns non-finite at step 2."""
     import torch.distributed as dist
+
     from workbench.train import loop
 
     dist.init_process_group("gloo", init_method=f"tcp://localhost:{port}", rank=rank, world_size=2)
@@ -173,6 +173,7 @@ def _build_fp8_weights_on_two_ranks(rank: int, port: int, out: str) -> None:
     """One rank of test_fsdp2_builds_fp8_weights_by_tes_recipe_from_the_shared_init, with the fake TE."""
     import torch.distributed as dist
     from fake_te import FakeRecipes, FakeTEModules, _DeferredInit
+
     from workbench import backends
     from workbench.env import te as _te
     from workbench.models import reference_student
@@ -230,8 +231,8 @@ def test_fsdp2_builds_fp8_weights_by_tes_recipe_from_the_shared_init(tmp_path):
 def test_fsdp2_fp8_weights_need_te_2_16_and_a_recipe_te_shards(monkeypatch):
     """Where TE's FSDP2 recipe cannot run, the row says why, naming the fields and what is allowed."""
     from packaging.version import Version
-
     from test_backends import FakeTE
+
     from workbench import backends
     from workbench.backends import te_fp8
     from workbench.env import te as _te

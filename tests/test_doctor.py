@@ -8,14 +8,15 @@ import signal
 import unicodedata
 
 try:  # the parser behind `re`: its parse tree shows every repeat's bounds
-    from re import _constants as sre, _parser as sre_parser
+    from re import _constants as sre
+    from re import _parser as sre_parser
 except ImportError:  # Python 3.10
     import sre_constants as sre
     import sre_parse as sre_parser
 
 import pytest
-
 from te_fixtures import machine
+
 from workbench import cli
 from workbench.env import doctor
 

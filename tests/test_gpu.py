@@ -10,9 +10,8 @@ import pytest
 import torch
 
 from workbench import backends, config, results
-
-from workbench.run import parallel, runner
 from workbench.env import te as _te
+from workbench.run import parallel, runner
 from workbench.train import loop, tasks
 
 pytestmark = pytest.mark.gpu

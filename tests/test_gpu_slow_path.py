@@ -4,11 +4,9 @@ say so and name the step graph; a forced unfused attention must be named too. Ru
 import pytest
 
 from workbench import config, results
-
-from workbench.results import plots
-
-from workbench.run import runner
 from workbench.env import te as _te
+from workbench.results import plots
+from workbench.run import runner
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_te.load()[0] is None, reason="Transformer Engine does not import here")]
 

@@ -6,7 +6,8 @@ import torch
 
 from workbench import backends, config
 from workbench.train import lm_objectives as lo
-from workbench.train import lm_task, loop, teacher_targets as tt
+from workbench.train import lm_task, loop
+from workbench.train import teacher_targets as tt
 from workbench.train.head_loss import HeadFeatures, head_fused_loss
 
 pytestmark = pytest.mark.gpu

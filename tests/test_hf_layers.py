@@ -8,10 +8,11 @@ pytest.importorskip("transformers", reason="transformers is not installed (pip i
 
 from fake_te import FakeRecipes, FakeTEModules  # noqa: E402
 from transformers import LlamaConfig, MistralConfig, Qwen2Config  # noqa: E402
+
 from workbench import backends, config  # noqa: E402
 from workbench.backends import _hf_layers  # noqa: E402
-from workbench.env import te as _te  # noqa: E402
 from workbench.config import ConfigError  # noqa: E402
+from workbench.env import te as _te  # noqa: E402
 from workbench.models.hf import load_causal_lm  # noqa: E402
 
 TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

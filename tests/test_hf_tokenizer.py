@@ -17,12 +17,13 @@ pytest.importorskip("transformers", reason="transformers is not installed (pip i
 
 from test_lm_run import tiny_llama  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
 from workbench import config, results  # noqa: E402
-from workbench.run import runner
+from workbench.config import ConfigError  # noqa: E402
 from workbench.data import TextSpec, load_text, text  # noqa: E402
 from workbench.data.tokenizer import TOKENIZER_FILES, files_sha256  # noqa: E402
-from workbench.config import ConfigError  # noqa: E402
 from workbench.models import hf_init  # noqa: E402
+from workbench.run import runner
 from workbench.train import lm_task, task_setup  # noqa: E402
 
 CORPUS_MB = 0.2

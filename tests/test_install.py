@@ -12,8 +12,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
 from te_fixtures import FAKE_VERSION, build_wheelhouses, fake_nvcc, machine
+
 from workbench import cli
 from workbench.env import facts, install, install_plan, probe
 

@@ -5,10 +5,9 @@ import pandas as pd
 import pytest
 
 from workbench import config, results
-
-
-
 from workbench.run import runner
+
+
 def tiny_llama(folder, vocab: int, layers: int):
     """A randomly initialised tiny Llama saved as a local Hugging Face model folder (skips without transformers)."""
     transformers = pytest.importorskip("transformers")

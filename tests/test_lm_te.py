@@ -4,11 +4,11 @@ of the forwards that are not training steps (held-out evaluation, graph-capture 
 import sys
 import types
 
+import fake_te
 import pytest
 import torch
-
-import fake_te
 from fake_te import FakeRecipes, FakeTEModules
+
 from workbench import backends, config
 from workbench.backends._te import AttentionUnavailable
 from workbench.env import te as _te

@@ -11,9 +11,8 @@ import pandas as pd
 import pytest
 
 from workbench import backends, results
-
-
 from workbench.results import plots
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
-
 from te_fixtures import fake_nvcc, machine
+
 from workbench import cli
 from workbench.env import probe
 

@@ -8,10 +8,9 @@ import pytest
 import torch
 
 from workbench import backends, config, results
-
+from workbench.env import te as _te
 from workbench.run import runner
 from workbench.train import objectives
-from workbench.env import te as _te
 
 TUTORIAL_SUMMARY_KEYS = {
     "gpu_name", "compute_capability", "te_available", "fp8_available", "fp8_reason", "mode",

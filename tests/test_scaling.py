@@ -3,10 +3,9 @@ import pandas as pd
 import pytest
 
 from workbench import cli, results
-
-
-
 from workbench.results import scaling
+
+
 def _run(root, run_id, gpus, strategy, step_ms, ref_ms, peak, preset="large", ref_floor=1000.0, status="ok",
          ref_status="ok"):
     """A complete distributed run folder: the merged N-GPU row and its '@1gpu' reference row (both started

@@ -3,9 +3,8 @@ import pandas as pd
 import pytest
 
 from workbench.measure import profiler
-
-
 from workbench.run import runner, slow_path
+
 TE_FP8 = {"student": "te_fp8:delayed", "backend": "te_fp8", "mode": "TE-FP8", "status": "ok", "gemm_precision": "fp8",
           "graphed": False, "graph_scope": None, "cfg_preset": "seed", "cfg_layout": "separate",
           "cfg_param_dtype": "fp32", "gpu_name": "NVIDIA H200"}

@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 
 from workbench import config, results
+from workbench.config import ConfigError
 from workbench.study import spec
 from workbench.study.report import report
-from workbench.config import ConfigError
 from workbench.sweep.plan import plan
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,9 +13,8 @@ import pytest
 import yaml
 
 from workbench import cli, results
-
-from workbench.sweep import analysis, cluster, index, plan, point, run
 from workbench.config import ConfigError
+from workbench.sweep import analysis, cluster, index, plan, point, run
 
 # Tiny points: a sweep point is a papermill kernel start plus a few milliseconds of training.
 TINY = {"steps": 2, "iters": 2, "warmup": 0, "eval_batches": 1}
@@ -267,7 +266,6 @@ def test_report_only_is_refused_beside_a_live_driver(tmp_path, capsys):
 def finished_sweep(tmp_path_factory):
     """A sweep whose two points are complete (each a real tiny run) and whose index says so."""
     from workbench import config
-
     from workbench.run import runner
     root = tmp_path_factory.mktemp("sweeps")
     spec = plan.Spec("fin", "cpu-smoke", {**TINY, "backends": "torch_fp32,torch_bf16", "baseline": "torch_fp32"},

@@ -5,14 +5,14 @@ import json
 
 import pytest
 import torch
-
 from fake_te import FakeRecipes, FakeTEModules
+
 from workbench import cli, config, results
-from workbench.bench import rows as bench_rows
-from workbench.run import runner
 from workbench.backends._te import TEAttention
+from workbench.bench import rows as bench_rows
 from workbench.env import te as _te
 from workbench.models import Teacher
+from workbench.run import runner
 from workbench.train import lm_task, tasks, teacher_precision
 
 CPU = torch.device("cpu")

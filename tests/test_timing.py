@@ -7,11 +7,9 @@ import pytest
 import torch
 
 from workbench import config, results
-
-from workbench.measure import profiler, flops, timing
-
-from workbench.run import runner
 from workbench.config import ModelConfig
+from workbench.measure import flops, profiler, timing
+from workbench.run import runner
 
 
 class CountingClock:

@@ -52,7 +52,6 @@ add_arguments = add_run_arguments
 
 def main_run(args: argparse.Namespace) -> int:
     from workbench import config
-
     from workbench.run import parallel, runner
     overrides = config.parse_set(args.overrides)
     cfg = config.from_preset(args.preset, **overrides)
@@ -75,9 +74,7 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main_config(args: argparse.Namespace) -> int:
-    from workbench import config
-
-    from workbench import backends
+    from workbench import backends, config
 
     cfg = config.from_preset(args.preset, **config.parse_set(args.overrides))
     backends.check_specs(cfg.backends)  # the config a run would take: its students name known backends

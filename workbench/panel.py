@@ -105,8 +105,6 @@ class Panel:
         import matplotlib.pyplot as plt
 
         from workbench.results import plots
-
-
         from workbench.sweep import analysis, figures
         if len(run_dirs) == 1:
             figs = [fn(run_dirs[0]) for fn in plots.run_plots(run_dirs[0]).values()]  # none with nothing to draw

@@ -16,7 +16,6 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from workbench import results
 
-
 # One colour per student spec. Keyed by spec (never by plotting order), so torchao is the same green in
 # every figure of every run. Families share a hue (TE FP8 reds/oranges, torchao greens, torch greys/blues).
 # A spec not named here (a backend added as one file) draws in a checksum colour from _OTHER_COLORS, which

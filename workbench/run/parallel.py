@@ -45,8 +45,8 @@ from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from workbench import results
-from workbench.run import rows
 from workbench.config import PRESETS, Config, ConfigError
+from workbench.run import rows
 from workbench.train import Diverged
 
 

@@ -24,13 +24,11 @@ import pandas as pd
 import torch
 
 from workbench import backends, results
-
-from workbench.measure import profiler, timing
-
-from workbench.run import parallel, rows, slow_path
+from workbench.config import Config
 from workbench.env import probe
 from workbench.env import te as _te
-from workbench.config import Config
+from workbench.measure import profiler, timing
+from workbench.run import parallel, rows, slow_path
 from workbench.train import Data, Diverged, lm_teacher, run_student, task_setup, tasks
 
 

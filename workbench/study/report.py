@@ -13,8 +13,19 @@ import pandas as pd
 from workbench import results
 from workbench.config import ConfigError
 from workbench.study import stats as qs
-from workbench.study.spec import (METRIC_NAMES, METRICS, NOISE_ARM, NOISE_SEED_OFFSET, REFERENCE_ARM,
-                                  REPORT_NOTEBOOK_NAME, STUDY_FILE, TEACHER_FILE, Study, arm_of, sweep_spec)
+from workbench.study.spec import (
+    METRIC_NAMES,
+    METRICS,
+    NOISE_ARM,
+    NOISE_SEED_OFFSET,
+    REFERENCE_ARM,
+    REPORT_NOTEBOOK_NAME,
+    STUDY_FILE,
+    TEACHER_FILE,
+    Study,
+    arm_of,
+    sweep_spec,
+)
 
 
 # ---- collecting the points -----------------------------------------------------------------------

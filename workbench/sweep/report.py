@@ -22,8 +22,17 @@ import pandas as pd
 
 from workbench import results
 from workbench.results import scaling
-from workbench.sweep.analysis import (CROSSOVER_COLUMNS, REFERENCE, SPIKE, crossover, failed_points, loss_band,
-                                      multi_gpu, point_dirs, sig3)
+from workbench.sweep.analysis import (
+    CROSSOVER_COLUMNS,
+    REFERENCE,
+    SPIKE,
+    crossover,
+    failed_points,
+    loss_band,
+    multi_gpu,
+    point_dirs,
+    sig3,
+)
 from workbench.sweep.figures import FIGURES
 
 REPORT_NOTEBOOK = resources.files("workbench") / "notebooks" / "sweep_report.ipynb"  # package data
@@ -161,7 +170,6 @@ def write_files(df: pd.DataFrame, out_dir: str | Path, sweep_dir: str | Path | N
 def to_html(executed: str | Path, html_path: str | Path, title: str | None = None) -> Path:
     """The executed report notebook as a standalone HTML page, code hidden (a report, not a program)."""
     import nbformat
-
     from nbconvert import HTMLExporter  # `run` says what to install when it is missing
 
     nb = nbformat.read(str(executed), as_version=4)

@@ -301,7 +301,9 @@ def test_the_corpus_is_read_only_as_far_as_its_budget(tmp_path):
 
 def test_a_cut_character_at_the_budget_is_dropped_as_before(tmp_path):
     (tmp_path / "u.txt").write_text("ab€cd", encoding="utf-8")  # '€' is 3 bytes: a budget of 4 cuts it
-    assert documents(TextSpec(files=[str(tmp_path / "u.txt")], max_bytes=4, tokenizer="bytes")) == [(str(tmp_path / "u.txt"), "ab")]
+    assert documents(TextSpec(files=[str(tmp_path / "u.txt")], max_bytes=4, tokenizer="bytes")) == [
+        (str(tmp_path / "u.txt"), "ab")
+    ]
 
 
 # ---- torchrun ----------------------------------------------------------------------------------------

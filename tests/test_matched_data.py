@@ -34,7 +34,9 @@ def test_a_student_that_writes_into_the_shared_batches_is_flagged_and_the_next_o
     # the next student trained and was measured on the original batches
     assert df.loc["torch_bf16", "status"] == "ok"
     assert df.loc["torch_bf16", "initial_loss"] == clean.loc["torch_bf16", "initial_loss"]
-    assert df.loc["torch_bf16", "final_train_loss"] == pytest.approx(clean.loc["torch_bf16", "final_train_loss"], rel=1e-6)
+    assert df.loc["torch_bf16", "final_train_loss"] == pytest.approx(
+        clean.loc["torch_bf16", "final_train_loss"], rel=1e-6
+    )
 
 
 def test_data_fingerprint_sees_a_changed_token_and_a_changed_target():

@@ -86,7 +86,9 @@ def _requires(dist: Dist) -> list[Requirement]:
 def pick(dists: list[Dist], version: Version, env: dict[str, Any]) -> Dist | None:
     """The wheel for this Python of `version`, else its sdist."""
     same = [d for d in dists if d.version == version]
-    return next((d for d in same if d.is_wheel and _wheel_fits(d, env)), next((d for d in same if not d.is_wheel), None))
+    return next(
+        (d for d in same if d.is_wheel and _wheel_fits(d, env)), next((d for d in same if not d.is_wheel), None)
+    )
 
 
 def runtime_deps(chosen: list[Dist], house: dict[str, list[Dist]]) -> tuple[list[str], list[str]]:

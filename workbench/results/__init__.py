@@ -122,7 +122,9 @@ def compact_png(data: bytes) -> bytes:
 
     out = io.BytesIO()
     image = Image.open(io.BytesIO(data)).convert("RGB")
-    image.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(out, "PNG", optimize=True)
+    image.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(
+        out, "PNG", optimize=True
+    )
     return out.getvalue() if out.tell() < len(data) else data
 
 

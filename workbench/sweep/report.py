@@ -59,7 +59,9 @@ def headline(cross: pd.DataFrame, gpu: str, reference: str = REFERENCE) -> str:
     wins, never = [], []
     for key, g in cross.groupby(groups, sort=False):
         key = key if isinstance(key, tuple) else (key,)
-        where = ", ".join([f"{int(key[0]):,} tokens/step"] + [f"{c.removeprefix('cfg_')} {v}" for c, v in zip(groups[1:], key[1:])])
+        where = ", ".join(
+            [f"{int(key[0]):,} tokens/step"] + [f"{c.removeprefix('cfg_')} {v}" for c, v in zip(groups[1:], key[1:])]
+        )
         w = g.dropna(subset=["crossover_hidden"])
         if w.empty:
             never.append(where)
@@ -112,8 +114,10 @@ def intro(df: pd.DataFrame) -> str:
     lines = [f"**{headline(crossover(df), env['GPU'].split(' (')[0], reference)}**", ""]
     bad = df[(df["student"] == reference) & df["unstable"]]
     for _, r in bad.iterrows():
-        lines.append(f"- Not counted: at hidden {r['cfg_hidden']} / {r['tokens']:,} tokens the {pretty(reference)} "
-                     f"reference is unstable ({r['unstable_reason']}), so FP8's speedup and loss ratio there are no evidence.")
+        lines.append(
+            f"- Not counted: at hidden {r['cfg_hidden']} / {r['tokens']:,} tokens the {pretty(reference)} "
+            f"reference is unstable ({r['unstable_reason']}), so FP8's speedup and loss ratio there are no evidence."
+        )
     lines += ["", "| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in env.items()] + [""]
     lines += [f"- **{k}**: {v}" for k, v in DEFINITIONS.items()]
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""The teacher-mode and head-fused-loss measurements of scripts/gpu_teacher.sh (one part per call, so each
+"""The teacher-mode and head-fused-loss measurements of scripts/gpu_teacher.sh (one part per invocation, so each
 length run gets its own process and its own peak memory):
 
   python3 scripts/gpu_teacher.py length MODE STEPS OUT   a gpt student at vocab 128256 (8192 tokens a step),

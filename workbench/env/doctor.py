@@ -4,7 +4,7 @@
     python -m workbench doctor --log install.log  # match a pip/build/import log against known failures
     python -m workbench doctor --json             # the same findings as data
 
-`KNOWN_FAILURES` is the table from REFERENCE.md §3 (TE's issue tracker: error text -> cause -> fix), plus
+`KNOWN_FAILURES` is a table of known install failures (TE's issue tracker: error text -> cause -> fix), plus
 what the installer met. `diagnose(text, env)` returns the matching rows, most specific first, with the
 fix commands filled in from the probe (this GPU's arch, torch's CUDA major, the pip cuDNN path, the TE
 version). A log nothing matches is reported as unknown, with a pointer to the full log — never guessed.

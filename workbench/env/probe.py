@@ -7,7 +7,7 @@ machine can be simulated with a plain dict). Unknown values are None, never a gu
     python -m workbench probe            # grouped human table
     python -m workbench probe --json     # the dict, as JSON
 
-Why these fields (REFERENCE.md §3): most TE install failures are a mismatch between two of them —
+Why these fields: most TE install failures are a mismatch between two of them —
 the TE core package's CUDA major vs torch's, nvcc's major vs torch's, the extension's build vs the
 installed torch / C++ ABI, the meta/core/extension versions, or a cuDNN the build or loader cannot see.
 """
@@ -50,8 +50,8 @@ def _call(argv: list[str], timeout: float = 10) -> subprocess.CompletedProcess |
 
 def _git_sha() -> str | None:
     """The code version that made a result. WORKBENCH_GIT_SHA, set by whoever sends a copy of the tree
-    elsewhere, wins over git: on the lent H200 the copy's .git was a stale one from an earlier call and
-    stamped a later call's files with the wrong commit."""
+    elsewhere, wins over git: a copied tree can carry a stale .git, which would stamp its results with the
+    wrong commit."""
     if os.environ.get("WORKBENCH_GIT_SHA"):
         return os.environ["WORKBENCH_GIT_SHA"]
     here = os.path.dirname(os.path.abspath(__file__))

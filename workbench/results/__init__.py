@@ -116,8 +116,8 @@ def write_figure(fig, folder: Path, name: str) -> list[Path]:
 
 def compact_png(data: bytes) -> bytes:
     """The PNG re-encoded with a 256-colour palette: a line plot looks the same at about a third of the
-    bytes, which keeps the tree that travels to a GPU machine beside its wheels under the device tool's
-    64 MiB. The original where it is smaller."""
+    bytes, which keeps the committed figures, and a copy of the tree sent to a GPU machine, small. The
+    original where it is smaller."""
     from PIL import Image  # matplotlib's own dependency
 
     out = io.BytesIO()

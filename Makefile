@@ -19,7 +19,7 @@ PRESET ?= auto
 OUT    ?= results
 SET    ?=
 
-.PHONY: setup run test test-fast lab bench clean-venv
+.PHONY: setup run lint test test-fast lab bench clean-venv
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -39,10 +39,14 @@ run: setup
 
 # The whole suite (about 12 minutes on 2 CPU cores), and without the tests marked slow, which execute notebooks and
 # subprocesses (about 5 minutes); see the README for the figures measured.
-test: setup
+# ruff (pinned in the `dev` extra; its settings are pyproject.toml's [tool.ruff]) before either test target.
+lint: setup
+	$(BIN)/ruff check .
+
+test: lint
 	$(BIN)/python -m pytest -q
 
-test-fast: setup
+test-fast: lint
 	$(BIN)/python -m pytest -q -m "not slow"
 
 # JupyterLab on notebooks/, with the te-workbench kernel (this venv).

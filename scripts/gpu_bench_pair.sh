@@ -1,6 +1,6 @@
 #!/bin/bash
 # Two benches side by side on nvidia-h200-x2, one per GPU (each sees one GPU: CUDA_VISIBLE_DEVICES), returned
-# as ONE archive: the device tool brings back at most 8 files per call, and two gpu_bench.sh outputs are 12.
+# as ONE archive (two gpu_bench.sh outputs are 12 files).
 #   WORKBENCH_GIT_SHA=<sha> GPU0="seed large" GPU1="lm-a lm-b" bash scripts/gpu_bench_pair.sh OUTDIR
 # The knobs of scripts/gpu_bench.sh pass through (TOTAL_BUDGET_S, LM_BUDGET_S, LM_HARD_S, *_VARIANTS; TESTS=0
 # is set: run scripts/gpu_tests.sh in its own call). Writes OUTDIR/bench_pair.tar.gz (gpu0/ and gpu1/, each

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The single-GPU evidence of one round in one call on nvidia-h200-x2, the two GPUs side by side (< 10 min):
+# The single-GPU evidence in one run on a two-GPU H200 host, the two GPUs side by side (< 10 min):
 #   GPU 0: scripts/gpu_bench.sh (seed, large, lm-a, lm-b benches, targets P1-P6)
 #   GPU 1: scripts/gpu_lm_long.sh (long perplexity run, forced attention), then the remaining GPU tests
 # Each job sees one GPU only (CUDA_VISIBLE_DEVICES); the host's 32 cores are shared, so the seed bench's

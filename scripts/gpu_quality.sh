@@ -4,7 +4,7 @@
 # once, each student on its fastest path (compiled, whole step in one CUDA graph). About 9-10 minutes in
 # all, the teacher included. After `bash .gpu/install.sh`. Resumable: a second call on a warm machine
 # finishes what a timed-out first one left (the study folder stays in $STUDY_ROOT).
-# Knobs: SET (extra --set arguments, e.g. "--set lm.student=DIR"), BUDGET_S (default 570; one device call is 600 s).
+# Knobs: SET (extra --set arguments, e.g. "--set lm.student=DIR"), BUDGET_S (default 570: a run within 10 minutes).
 # Writes $OUT/quality/ README.md and headline.json, and $OUT/quality.tar.gz: the study's small files
 # (CSV / JSON / PNG / README, the executed report notebook), no checkpoints, no point folders' runs.
 set -uo pipefail

@@ -1,4 +1,4 @@
-"""The teacher-mode and head-fused-loss measurements of scripts/gpu_teacher.sh (one part per call, so each
+"""The teacher-mode and head-fused-loss measurements of scripts/gpu_teacher.sh (one part per invocation, so each
 length run gets its own process and its own peak memory):
 
   python3 scripts/gpu_teacher.py length MODE STEPS OUT   a gpt student at vocab 128256 (8192 tokens a step),
@@ -42,13 +42,21 @@ def length(mode: str, steps: int, out: Path) -> None:
     keep = ("student", "status", "reason", "teacher_mode", "teacher_mode_reason", "step_ms_median", "teacher_ms_median",
             "teacher_step_ms_median", "distill_step_ms_median", "peak_mem_allocated_mb", "final_train_loss",
             "kl_teacher_student_t1_nats", "loss_impl")
-    results.write_json(out / f"length-{mode}-{steps}.json", {
-        "mode": mode, "steps": steps, "vocab": VOCAB, "tokens_per_step": TOKENS, "wall_s": round(time.monotonic() - t0, 1),
-        "process_peak_gpu_allocated_mb": torch.cuda.max_memory_allocated() / 2**20,
-        "process_peak_host_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "topk_store_gib": task.get("teacher_topk_store_gib"),
-        "precomputed_logits_would_need_gib": task.get("teacher_logits_train_gib"),
-        **{k: (None if pd.isna(row.get(k)) else row.get(k)) for k in keep}})
+    results.write_json(
+        out / f"length-{mode}-{steps}.json",
+        {
+            "mode": mode,
+            "steps": steps,
+            "vocab": VOCAB,
+            "tokens_per_step": TOKENS,
+            "wall_s": round(time.monotonic() - t0, 1),
+            "process_peak_gpu_allocated_mb": torch.cuda.max_memory_allocated() / 2**20,
+            "process_peak_host_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "topk_store_gib": task.get("teacher_topk_store_gib"),
+            "precomputed_logits_would_need_gib": task.get("teacher_logits_train_gib"),
+            **{k: (None if pd.isna(row.get(k)) else row.get(k)) for k in keep},
+        },
+    )
 
 
 def quality(out: Path) -> None:
@@ -164,9 +172,21 @@ def readme(out: Path) -> None:
              "of one mode ran one after another while the other mode's (and the top-k quality runs) shared the GPU:",
              "their memory is per process and exact, their step times are not a speed measurement (the loss",
              "comparison ran alone).", ""]
-    cols = ["mode", "steps", "status", "process_peak_gpu_allocated_mb", "growth_gpu_allocated", "process_peak_host_rss_mb",
-            "growth_host_rss", "wall_s", "step_ms_median",
-            "teacher_step_ms_median", "distill_step_ms_median", "topk_store_gib", "precomputed_logits_would_need_gib"]
+    cols = [
+        "mode",
+        "steps",
+        "status",
+        "process_peak_gpu_allocated_mb",
+        "growth_gpu_allocated",
+        "process_peak_host_rss_mb",
+        "growth_host_rss",
+        "wall_s",
+        "step_ms_median",
+        "teacher_step_ms_median",
+        "distill_step_ms_median",
+        "topk_store_gib",
+        "precomputed_logits_would_need_gib",
+    ]
     for title, name, df, keep in (
             (f"## Length independence (vocab {VOCAB}, {TOKENS} tokens a step): length.csv", "length", length_df, cols),
             ("## Top-k quality against full logits (lm-distill): topk_quality.csv", "topk_quality", None,

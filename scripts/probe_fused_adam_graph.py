@@ -7,7 +7,10 @@ The cause: prepare_step's caller kept only the step, so the optimizer was collec
 reused while the graph still pointed at it. GPU only (nvidia-h200), after `bash .gpu/install.sh`:
     PYTHONPATH=$PWD python3 scripts/probe_fused_adam_graph.py [VARIANT ...]
 """
-import json, subprocess, sys
+import json
+import subprocess
+import sys
+
 import torch
 
 VARIANTS = ["graph-first", "eager-then-graph", "prepare", "prepare-initial-loss", "run-student", "cli",
@@ -46,9 +49,34 @@ def variant(name):
     from workbench.train import loop
     out = {"label": name, "losses": []}
     if name == "cli":
-        cmd = [sys.executable, "-m", "workbench", "run", "--preset", "seed", "--out", "/tmp/aw", "--run-id", "cli",
-               "--set", "backends=torch_bf16", "--set", "baseline=torch_bf16", "--set", "steps=4", "--set", "param_dtype=bf16",
-               "--set", "optimizer=te_fused_adam", "--set", "graphs=true", "--set", "te_graph=step", "--set", "iters=5"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "workbench",
+            "run",
+            "--preset",
+            "seed",
+            "--out",
+            "/tmp/aw",
+            "--run-id",
+            "cli",
+            "--set",
+            "backends=torch_bf16",
+            "--set",
+            "baseline=torch_bf16",
+            "--set",
+            "steps=4",
+            "--set",
+            "param_dtype=bf16",
+            "--set",
+            "optimizer=te_fused_adam",
+            "--set",
+            "graphs=true",
+            "--set",
+            "te_graph=step",
+            "--set",
+            "iters=5",
+        ]
         subprocess.run(cmd, capture_output=True)
         import pandas as pd
         out["losses"] = pd.read_csv("/tmp/aw/cli/losses.csv")["loss"].round(5).tolist()
@@ -67,7 +95,10 @@ def variant(name):
     if name == "prepare-nan-fill":  # nothing kept between capture and the NaN writes (no clones)
         step, metrics = loop.prepare_step(backend, model, cfg, task, data, dev)
         free = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
-        junk = [torch.full((n,), float("nan"), device=dev) for n in (free // 16, free // 16, free // 8, 1 << 16, 1 << 12, 1 << 10)]
+        junk = [
+            torch.full((n,), float("nan"), device=dev)
+            for n in (free // 16, free // 16, free // 8, 1 << 16, 1 << 12, 1 << 10)
+        ]
         del junk
         losses_of(step, model, None, data, out)
         return out
@@ -125,7 +156,10 @@ def variant(name):
             torch.cuda.empty_cache()
         else:  # every free block of the general pool written with NaN, then freed again
             free = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
-            junk = [torch.full((n,), float("nan"), device=dev) for n in (free // 16, free // 16, free // 8, 1 << 16, 1 << 12, 1 << 10)]
+            junk = [
+                torch.full((n,), float("nan"), device=dev)
+                for n in (free // 16, free // 16, free // 8, 1 << 16, 1 << 12, 1 << 10)
+            ]
             out["nan_bytes"] = sum(j.numel() * 4 for j in junk)
             del junk
         torch.cuda.synchronize()
@@ -153,4 +187,6 @@ if __name__ == "__main__":
     else:
         for v in sys.argv[1:] or VARIANTS:
             r = subprocess.run([sys.executable, __file__, "--one", v], capture_output=True, text=True, timeout=170)
-            print((r.stdout.strip().splitlines() or [json.dumps({"label": v, "stderr": r.stderr[-600:]})])[-1], flush=True)
+            print(
+                (r.stdout.strip().splitlines() or [json.dumps({"label": v, "stderr": r.stderr[-600:]})])[-1], flush=True
+            )

@@ -22,8 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from workbench import results  # noqa: E402
-
-from workbench.results import plots
+from workbench.results import plots  # noqa: E402
 
 
 def png(fig) -> bytes:

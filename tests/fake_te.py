@@ -3,7 +3,8 @@ CPU machine; the real conversion runs on the H200): TE's constructor signatures,
 semantics (attention masks: True = masked out), torch's maths. Two pieces of TE's state are modelled as TE
 keeps them (TE 2.20): delayed scaling's per-module scale and amax history (te.Linear under `autocast`), and
 the process-wide attention selection `_attention_backends`, made from the NVTE_*_ATTN switches whenever it is
-(re)made; and TE's deferred initialisation of layers made on the meta device (`_DeferredInit`, TE's FSDP2 recipe). `FakeRecipes` stands in for transformer_engine.common.recipe."""
+(re)made; and TE's deferred initialisation of layers made on the meta device (`_DeferredInit`, TE's FSDP2
+recipe). `FakeRecipes` stands in for transformer_engine.common.recipe."""
 import contextlib
 import os
 
@@ -175,10 +176,15 @@ class FakeTEModules:
             assert attention_dropout == 0.0, "the fake has no dropout"
             self.qkv_format, self.attn_mask_type, self.scale = qkv_format, attn_mask_type, softmax_scale
 
-        def forward(self, query_layer, key_layer, value_layer, attention_mask=None, qkv_format=None, attn_mask_type=None):
+        def forward(
+            self, query_layer, key_layer, value_layer, attention_mask=None, qkv_format=None, attn_mask_type=None
+        ):
             fmt, kind = qkv_format or self.qkv_format, attn_mask_type or self.attn_mask_type
             self._select((self.training, tuple(query_layer.shape), query_layer.dtype, fmt, kind))
-            q, k, v = (x.transpose(1, 2) if fmt == "bshd" else x.permute(1, 2, 0, 3) for x in (query_layer, key_layer, value_layer))
+            q, k, v = (
+                x.transpose(1, 2) if fmt == "bshd" else x.permute(1, 2, 0, 3)
+                for x in (query_layer, key_layer, value_layer)
+            )
             keep = None if attention_mask is None else ~attention_mask  # TE: True = masked out; SDPA: True = attend
             if keep is not None and "causal" in kind:
                 keep = keep & torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
@@ -195,15 +201,20 @@ class FakeTEModules:
             if cache["attention_params"] != params:
                 cache.update(attention_params=params, backend_selection_requires_update=True)
             if cache["backend_selection_requires_update"]:
-                ok = {name: AVAILABLE[name] and os.environ.get(f"NVTE_{name.upper()}_ATTN", "1") == "1" for name in AVAILABLE}
+                ok = {
+                    name: AVAILABLE[name] and os.environ.get(f"NVTE_{name.upper()}_ATTN", "1") == "1"
+                    for name in AVAILABLE
+                }
                 flash, fused = ok["flash"], ok["fused"] and not ok["flash"]
                 cache.update(use_flash_attention=flash, flash_attention_backend="2.7.0" if flash else None,
                              use_fused_attention=fused, fused_attention_backend=1 if fused else None,
                              use_unfused_attention=ok["unfused"] and not (flash or fused),
                              backend_selection_requires_update=False)
             if not (cache["use_flash_attention"] or cache["use_fused_attention"] or cache["use_unfused_attention"]):
-                raise ValueError("No dot product attention backend is available for the provided inputs. Please run "
-                                 "with NVTE_DEBUG=1 NVTE_DEBUG_LEVEL=2 to find out the reasons for disabling all backends.")
+                raise ValueError(
+                    "No dot product attention backend is available for the provided inputs. Please run "
+                    "with NVTE_DEBUG=1 NVTE_DEBUG_LEVEL=2 to find out the reasons for disabling all backends."
+                )
 
 
 def _rms(x, weight, eps):
@@ -237,7 +248,12 @@ class FakeTransformerLayer(torch.nn.Module):
                  normalization="LayerNorm", activation="gelu", self_attn_mask_type="causal", attn_input_format="sbhd",
                  params_dtype=None, device="cuda"):
         super().__init__()
-        assert (normalization, activation, attn_input_format, self_attn_mask_type) == ("RMSNorm", "swiglu", "bshd", "causal")
+        assert (normalization, activation, attn_input_format, self_attn_mask_type) == (
+            "RMSNorm",
+            "swiglu",
+            "bshd",
+            "causal",
+        )
         assert fuse_qkv_params and hidden_dropout == 0 and attention_dropout == 0, "the fake does these only"
         self.heads, self.groups = num_attention_heads, num_gqa_groups or num_attention_heads
         self.head_dim, self.eps = kv_channels or hidden_size // num_attention_heads, layernorm_epsilon
@@ -249,9 +265,17 @@ class FakeTransformerLayer(torch.nn.Module):
                                                      **b("bias", qkv)}, dtype, device)
         self.self_attention.proj = _Params({"weight": (hidden_size, self.heads * self.head_dim),
                                             **b("bias", hidden_size)}, dtype, device)
-        self.layernorm_mlp = _Params({"layer_norm_weight": (hidden_size,), "fc1_weight": (2 * ffn_hidden_size, hidden_size),
-                                      **b("fc1_bias", 2 * ffn_hidden_size), "fc2_weight": (hidden_size, ffn_hidden_size),
-                                      **b("fc2_bias", hidden_size)}, dtype, device)
+        self.layernorm_mlp = _Params(
+            {
+                "layer_norm_weight": (hidden_size,),
+                "fc1_weight": (2 * ffn_hidden_size, hidden_size),
+                **b("fc1_bias", 2 * ffn_hidden_size),
+                "fc2_weight": (hidden_size, ffn_hidden_size),
+                **b("fc2_bias", hidden_size),
+            },
+            dtype,
+            device,
+        )
 
     def forward(self, hidden_states, attention_mask=None, rotary_pos_emb=None):
         x, a, m = hidden_states, self.self_attention, self.layernorm_mlp
@@ -267,7 +291,9 @@ class FakeTransformerLayer(torch.nn.Module):
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
                                              enable_gqa=True)
         x = x + F.linear(out.transpose(1, 2).reshape(bsz, s, -1), a.proj.weight, getattr(a.proj, "bias", None))
-        gate, up = F.linear(_rms(x, m.layer_norm_weight, self.eps), m.fc1_weight, getattr(m, "fc1_bias", None)).chunk(2, -1)
+        gate, up = F.linear(_rms(x, m.layer_norm_weight, self.eps), m.fc1_weight, getattr(m, "fc1_bias", None)).chunk(
+            2, -1
+        )
         return x + F.linear(F.silu(gate) * up, m.fc2_weight, getattr(m, "fc2_bias", None))
 
 
@@ -278,7 +304,10 @@ class FakeRotaryPositionEmbedding(torch.nn.Module):
                  pretrained_max_position_embeddings=None, rotary_base=10000.0, interleaved=False):
         super().__init__()
         assert rotary_percent == 1.0 and not interleaved
-        self.seq_len_interpolation_factor, self.pretrained = seq_len_interpolation_factor, pretrained_max_position_embeddings
+        self.seq_len_interpolation_factor, self.pretrained = (
+            seq_len_interpolation_factor,
+            pretrained_max_position_embeddings,
+        )
         self.register_buffer("inv_freq", 1.0 / (rotary_base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)))
 
     def forward(self, max_seq_len, offset=0):

@@ -106,9 +106,11 @@ def build_wheelhouses(root: Path) -> tuple[Path, Path]:
             (broken / whl.name).write_bytes(whl.read_bytes())
     top = f"transformer_engine_torch-{FAKE_VERSION}"
     with tarfile.open(broken / f"{top}.tar.gz", "w:gz") as tar:
-        for name, text in {"setup.py": BROKEN_SETUP.format(v=FAKE_VERSION),
-                           "PKG-INFO": f"Metadata-Version: 2.1\nName: transformer_engine_torch\nVersion: {FAKE_VERSION}\n"
-                                       "Requires-Dist: tiny-dep\n"}.items():
+        for name, text in {
+            "setup.py": BROKEN_SETUP.format(v=FAKE_VERSION),
+            "PKG-INFO": f"Metadata-Version: 2.1\nName: transformer_engine_torch\nVersion: {FAKE_VERSION}\n"
+            "Requires-Dist: tiny-dep\n",
+        }.items():
             data = text.encode()
             info = tarfile.TarInfo(f"{top}/{name}")
             info.size = len(data)

@@ -1,6 +1,6 @@
 """workbench bench on a CPU: FLOP counter, datasheet table, repeats and profiler figures, targets, Markdown,
-the committed H200 benches read back, and a real `workbench bench --preset cpu-smoke` writing its files. No timing assertions: only that
-numbers exist where they can and are null, with a reason, where they cannot."""
+the committed H200 benches read back, and a real `workbench bench --preset cpu-smoke` writing its files. No
+timing assertions: only that numbers exist where they can and are null, with a reason, where they cannot."""
 import json
 import os
 import shutil
@@ -18,9 +18,8 @@ from workbench.bench import cells, crosscheck, tables, variants
 from workbench.bench import rows as rows_module
 from workbench.bench.rows import COLUMNS, _with_tutorial_ratios, bench_rows, host_bound
 from workbench.bench.targets import TARGETS, evaluate_targets
-
-from workbench.measure import profiler, flops, peaks, timing
 from workbench.cli import main as cli_main
+from workbench.measure import flops, peaks, profiler, timing
 
 REFERENCE = Path(__file__).resolve().parent.parent / "results" / "reference" / "h200"
 
@@ -131,7 +130,9 @@ def test_kernel_breakdown_skips_annotations_and_names_what_takes_the_time():
     # the fused logit loss as inductor names it (H200, bench/lm-a): its ops include amax, yet it is the loss
     fused_loss = "triton_red_fused__log_softmax__to_copy_amax_clamp_div_exp_ge_mul_neg_new_full_prepare_softmax_online"
     assert profiler.category(fused_loss) == "logit loss"
-    assert profiler.category("void cunn_SoftMaxForward<4, float, float, float, LogSoftMaxForwardEpilogue>") == "logit loss"
+    assert (
+        profiler.category("void cunn_SoftMaxForward<4, float, float, float, LogSoftMaxForwardEpilogue>") == "logit loss"
+    )
 
 # ---- variants, targets, Markdown ------------------------------------------------------------------
 def test_variant_config_rejects_unknown_students_as_rows():
@@ -149,25 +150,86 @@ def test_variant_config_rejects_unknown_students_as_rows():
 def _rows(preset: str) -> pd.DataFrame:
     m = config.from_preset(preset).model
     dims = {f"cfg_{k}": getattr(m, k) for k in ("vocab", "hidden", "intermediate", "layers", "seq_len", "batch")}
-    base = {"status": "ok", "graphed": False, "compiled": False, "graph_scope": None, "teacher_pct_of_student_step": 5.0,
-            "teacher_share_pct": 4.8, "teacher_pct_of_measured_peak": 60.0, "median_spread_pct": 1.0,
-            "kernel_to_event_ratio": 0.97, "host_bound": False, "pct_of_measured_peak": None,
-            "speedup_vs_tutorial": None, "peak_mem_allocated_mb": 1000.0, **dims}
+    base = {
+        "status": "ok",
+        "graphed": False,
+        "compiled": False,
+        "graph_scope": None,
+        "teacher_pct_of_student_step": 5.0,
+        "teacher_share_pct": 4.8,
+        "teacher_pct_of_measured_peak": 60.0,
+        "median_spread_pct": 1.0,
+        "kernel_to_event_ratio": 0.97,
+        "host_bound": False,
+        "pct_of_measured_peak": None,
+        "speedup_vs_tutorial": None,
+        "peak_mem_allocated_mb": 1000.0,
+        **dims,
+    }
     rows = [
-        {**base, "variant": "eager", "student": "torch_bf16", "backend": "torch_bf16", "precision": "bf16",
-         "step_ms_median": 30.0, "pct_of_measured_peak": 82.0, "speedup_vs_tutorial": 1.0},
-        {**base, "variant": "graphs", "student": "te_fp8:delayed", "backend": "te_fp8", "precision": "fp8",
-         "step_ms_median": 17.0, "graphed": True, "graph_scope": "step", "median_spread_pct": 2.5,
-         "speedup_vs_tutorial": 30 / 17, "peak_mem_allocated_mb": 1100.0},
-        {**base, "variant": "eager", "student": "te_fp8:current", "backend": "te_fp8", "precision": "fp8",
-         "step_ms_median": 40.0, "median_spread_pct": 9.0, "host_bound": True, "kernel_to_event_ratio": 0.5,
-         "peak_mem_allocated_mb": 900.0},
-        {**base, "variant": "compile", "student": "torch_bf16", "backend": "torch_bf16", "precision": "bf16",
-         "step_ms_median": 25.0, "compiled": True},
-        {**base, "variant": "compile", "student": "torchao_float8:tensorwise", "backend": "torchao_float8",
-         "precision": "fp8", "step_ms_median": 20.0, "compiled": True},
-        {**base, "variant": "eager", "student": "torchao_float8:rowwise", "status": "error", "backend": "torchao_float8",
-         "precision": "fp8", "step_ms_median": None, "reason": "config rejected"},
+        {
+            **base,
+            "variant": "eager",
+            "student": "torch_bf16",
+            "backend": "torch_bf16",
+            "precision": "bf16",
+            "step_ms_median": 30.0,
+            "pct_of_measured_peak": 82.0,
+            "speedup_vs_tutorial": 1.0,
+        },
+        {
+            **base,
+            "variant": "graphs",
+            "student": "te_fp8:delayed",
+            "backend": "te_fp8",
+            "precision": "fp8",
+            "step_ms_median": 17.0,
+            "graphed": True,
+            "graph_scope": "step",
+            "median_spread_pct": 2.5,
+            "speedup_vs_tutorial": 30 / 17,
+            "peak_mem_allocated_mb": 1100.0,
+        },
+        {
+            **base,
+            "variant": "eager",
+            "student": "te_fp8:current",
+            "backend": "te_fp8",
+            "precision": "fp8",
+            "step_ms_median": 40.0,
+            "median_spread_pct": 9.0,
+            "host_bound": True,
+            "kernel_to_event_ratio": 0.5,
+            "peak_mem_allocated_mb": 900.0,
+        },
+        {
+            **base,
+            "variant": "compile",
+            "student": "torch_bf16",
+            "backend": "torch_bf16",
+            "precision": "bf16",
+            "step_ms_median": 25.0,
+            "compiled": True,
+        },
+        {
+            **base,
+            "variant": "compile",
+            "student": "torchao_float8:tensorwise",
+            "backend": "torchao_float8",
+            "precision": "fp8",
+            "step_ms_median": 20.0,
+            "compiled": True,
+        },
+        {
+            **base,
+            "variant": "eager",
+            "student": "torchao_float8:rowwise",
+            "status": "error",
+            "backend": "torchao_float8",
+            "precision": "fp8",
+            "step_ms_median": None,
+            "reason": "config rejected",
+        },
     ]
     return pd.DataFrame(rows)
 
@@ -273,7 +335,9 @@ def test_the_readme_table_is_generated_from_targets_json(tmp_path, capsys):
     for preset in ("seed", "large"):
         d = tmp_path / preset
         d.mkdir()
-        df = _rows(preset).assign(preset=preset, tflops=1.0, pct_of_datasheet_peak=1.0, capture_ms=None, compile_ms=None)
+        df = _rows(preset).assign(
+            preset=preset, tflops=1.0, pct_of_datasheet_peak=1.0, capture_ms=None, compile_ms=None
+        )
         df.to_csv(d / "bench.csv", index=False)
         targets = evaluate_targets(df, preset)
         for t in targets:  # every target carries one here: the table shows it only where the target is missed
@@ -463,5 +527,7 @@ def test_a_new_variant_is_one_entry_in_the_catalogue(tmp_path):
              "--out", str(tmp_path / "out"), "--run-id", "b")
     assert ran.returncode == 0, ran.stderr
     df = pd.read_csv(tmp_path / "out" / "b" / "bench.csv")
-    assert df[["variant", "student", "status", "layout"]].values.tolist() == [["seam-probe", "torch_fp32", "ok", "fused"]]
+    assert df[["variant", "student", "status", "layout"]].values.tolist() == [
+        ["seam-probe", "torch_fp32", "ok", "fused"]
+    ]
     assert df["step_ms_median"].notna().all()

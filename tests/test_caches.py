@@ -13,10 +13,9 @@ import pytest
 import torch
 
 from workbench import cli, config
-
-from workbench.run import runner
-from workbench.data import TextSpec, TextDataError, cache, load_text
+from workbench.data import TextDataError, TextSpec, cache, load_text
 from workbench.data.text import documents
+from workbench.run import runner
 from workbench.train import Data, lm_teacher, objectives
 
 TEACHER = ["--preset", "gpt-cpu", "--set", "corpus_mb=0.2", "--set", "teacher_steps=5"]
@@ -302,7 +301,9 @@ def test_the_corpus_is_read_only_as_far_as_its_budget(tmp_path):
 
 def test_a_cut_character_at_the_budget_is_dropped_as_before(tmp_path):
     (tmp_path / "u.txt").write_text("ab€cd", encoding="utf-8")  # '€' is 3 bytes: a budget of 4 cuts it
-    assert documents(TextSpec(files=[str(tmp_path / "u.txt")], max_bytes=4, tokenizer="bytes")) == [(str(tmp_path / "u.txt"), "ab")]
+    assert documents(TextSpec(files=[str(tmp_path / "u.txt")], max_bytes=4, tokenizer="bytes")) == [
+        (str(tmp_path / "u.txt"), "ab")
+    ]
 
 
 # ---- torchrun ----------------------------------------------------------------------------------------

@@ -7,12 +7,26 @@ import pytest
 
 
 def wb(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "workbench", *args], capture_output=True, text=True, cwd=cwd, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "workbench", *args], capture_output=True, text=True, cwd=cwd, timeout=600
+    )
 
 
 @pytest.mark.slow
 def test_run_writes_results_and_prints_summary_last(tmp_path):
-    p = wb("run", "--preset", "cpu-smoke", "--set", "steps=3", "--set", "iters=2", "--out", str(tmp_path), "--run-id", "cli")
+    p = wb(
+        "run",
+        "--preset",
+        "cpu-smoke",
+        "--set",
+        "steps=3",
+        "--set",
+        "iters=2",
+        "--out",
+        str(tmp_path),
+        "--run-id",
+        "cli",
+    )
     assert p.returncode == 0, p.stderr
     summary = json.loads(p.stdout.strip().splitlines()[-1])
     assert summary["preset"] == "cpu-smoke" and summary["run_dir"].endswith("cli")

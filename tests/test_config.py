@@ -137,7 +137,9 @@ def test_notebook_parameters_cell_is_generated_from_the_config():
     for line in src.splitlines():
         name = line.split(":")[0].strip()
         if name in docs and name != "preset":
-            assert docs[name] and line.endswith(f"  # {docs[name]}"), f"parameter {name} should carry its field's docstring"
+            assert docs[name] and line.endswith(f"  # {docs[name]}"), (
+                f"parameter {name} should carry its field's docstring"
+            )
 
 
 def test_the_parameters_cell_runs_and_leaves_every_override_unset():

@@ -11,9 +11,8 @@ import pytest
 import torch
 
 from workbench import config, notebook, results
-
-
 from workbench.run import parallel, rows, runner
+
 SMALL = dict(backends="torch_fp32,torch_bf16", baseline="torch_fp32", steps=2, warmup=1, iters=2, eval_batches=1)
 
 
@@ -120,9 +119,27 @@ def test_fsdp2_over_two_nodes_on_one_host(tmp_path):
         port = s.getsockname()[1]
     sets = [f"{k}={v}" for k, v in SMALL.items()] + ["strategy=fsdp2", "nnodes=2", f"rdzv_endpoint=localhost:{port}",
                                                    "scaling_reference=false"]
-    nodes = [subprocess.Popen([sys.executable, "-m", "workbench", "run", "--preset", "cpu-smoke", "--out", str(tmp_path),
-                               "--run-id", "fsdp2", *(a for kv in [*sets, f"node_rank={n}"] for a in ("--set", kv))],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for n in (0, 1)]
+    nodes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "workbench",
+                "run",
+                "--preset",
+                "cpu-smoke",
+                "--out",
+                str(tmp_path),
+                "--run-id",
+                "fsdp2",
+                *(a for kv in [*sets, f"node_rank={n}"] for a in ("--set", kv)),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for n in (0, 1)
+    ]
     logs = [p.communicate(timeout=300)[0] for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], logs
     assert json.loads(logs[0].strip().splitlines()[-1])["world_size"] == 2  # node 0 reports the run
@@ -144,6 +161,7 @@ def test_a_multi_node_run_needs_a_run_id(tmp_path):
 def _train_two_ranks(rank: int, port: int, out: str) -> None:
     """One rank of test_a_rank_that_diverges_stops_every_rank: rank 1's loss turns non-finite at step 2."""
     import torch.distributed as dist
+
     from workbench.train import loop
 
     dist.init_process_group("gloo", init_method=f"tcp://localhost:{port}", rank=rank, world_size=2)
@@ -173,6 +191,7 @@ def _build_fp8_weights_on_two_ranks(rank: int, port: int, out: str) -> None:
     """One rank of test_fsdp2_builds_fp8_weights_by_tes_recipe_from_the_shared_init, with the fake TE."""
     import torch.distributed as dist
     from fake_te import FakeRecipes, FakeTEModules, _DeferredInit
+
     from workbench import backends
     from workbench.env import te as _te
     from workbench.models import reference_student
@@ -230,8 +249,8 @@ def test_fsdp2_builds_fp8_weights_by_tes_recipe_from_the_shared_init(tmp_path):
 def test_fsdp2_fp8_weights_need_te_2_16_and_a_recipe_te_shards(monkeypatch):
     """Where TE's FSDP2 recipe cannot run, the row says why, naming the fields and what is allowed."""
     from packaging.version import Version
-
     from test_backends import FakeTE
+
     from workbench import backends
     from workbench.backends import te_fp8
     from workbench.env import te as _te
@@ -244,7 +263,9 @@ def test_fsdp2_fp8_weights_need_te_2_16_and_a_recipe_te_shards(monkeypatch):
     assert not ok and "needs Transformer Engine >= 2.16" in why and "this TE is 2.15.1" in why
     assert "parallel.strategy='ddp'" in why and "options.te_fp8_weights=false" in why
     for one_gpu_or_ddp in ({"nproc": 1}, {"strategy": "ddp"}):  # other paths keep their FP8 weights as before
-        cfg = config.from_preset("seed", te_fp8_weights=True, optimizer="te_fused_adam", **{"nproc": 2, **one_gpu_or_ddp})
+        cfg = config.from_preset(
+            "seed", te_fp8_weights=True, optimizer="te_fused_adam", **{"nproc": 2, **one_gpu_or_ddp}
+        )
         assert backends.make("te_fp8:delayed").availability(backends.Context(torch.device("cuda"), cfg))[0]
     monkeypatch.setenv("WORLD_SIZE", "2")  # `torchrun --nproc-per-node 2 -m workbench run`: nproc stays 1
     under_torchrun = config.from_preset("seed", strategy="fsdp2", te_fp8_weights=True, optimizer="te_fused_adam")
@@ -261,7 +282,10 @@ def test_fsdp2_notes_say_which_path_ran():
 
     world, cuda = parallel.World(0, 2, "fsdp2"), torch.device("cuda")
     cfg = config.from_preset("seed", nproc=2, strategy="fsdp2")
-    notes = {spec: parallel.Spread(backends.make(spec), world).policy(cfg, cuda).notes for spec in ("te_bf16", "te_fp8:delayed")}
+    notes = {
+        spec: parallel.Spread(backends.make(spec), world).policy(cfg, cuda).notes
+        for spec in ("te_bf16", "te_fp8:delayed")
+    }
     assert parallel.FSDP2_PLAIN in notes["te_bf16"] and parallel.FSDP2_PLAIN_FP8 in notes["te_fp8:delayed"]
     fp8_weights = backends.make("te_fp8:delayed")
     fp8_weights.fp8_weights = True  # what build_sharded sets

@@ -8,14 +8,15 @@ import signal
 import unicodedata
 
 try:  # the parser behind `re`: its parse tree shows every repeat's bounds
-    from re import _constants as sre, _parser as sre_parser
+    from re import _constants as sre
+    from re import _parser as sre_parser
 except ImportError:  # Python 3.10
     import sre_constants as sre
     import sre_parse as sre_parser
 
 import pytest
-
 from te_fixtures import machine
+
 from workbench import cli
 from workbench.env import doctor
 
@@ -42,7 +43,8 @@ REAL_ERRORS = [
      "transformer_engine failed to import with exception libcudnn_adv.so.9: cannot open shared object file: No such "
      "file or directory", "cudnn_sublibrary_loading"),
     ("NVIDIA/TransformerEngine#2505",
-     "FileNotFoundError: Could not find shared object file for Transformer Engine torch lib.", "torch_extension_missing"),
+     "FileNotFoundError: Could not find shared object file for Transformer Engine torch lib.",
+     "torch_extension_missing"),
     ("NVIDIA/TransformerEngine#1981",
      "INFO transformer_engine.common - INFO - Could not find package transformer_engine_torch. Install "
      "transformer-engine using 'pip3 install transformer-engine[pytorch]==VERSION'", "torch_extension_missing"),
@@ -146,7 +148,8 @@ def test_cli_doctor_on_an_unknown_error_says_so_and_points_to_the_log(tmp_path, 
 
 def test_cudnn_undefined_symbol_is_a_cudnn_mix_not_a_torch_abi_mismatch():
     # the form seen on the H200 when TE dlopened the system cuDNN next to torch's (commit cfd337e)
-    text = "OSError: /usr/lib/x86_64-linux-gnu/libcudnn_graph.so.9: undefined symbol: cudnnGetLastErrorString, version libcudnn.so.9"
+    text = ("OSError: /usr/lib/x86_64-linux-gnu/libcudnn_graph.so.9: undefined symbol: cudnnGetLastErrorString, "
+            "version libcudnn.so.9")
     assert [d.id for d in doctor.diagnose(text)] == ["cudnn_sublibrary_loading"]
 
 
@@ -229,7 +232,8 @@ def test_hostile_logs_are_diagnosed_without_hanging():
     assert [d.id for d in found] == ["cudnn_headers_missing"] and found[0].evidence.startswith("fatal error: cudnn.h")
 
 
-BINARY_LOG = (b"\x1b[31mERROR\x1b[0m: \x00\xff\xfe OSError: libcublas.so.13: cannot open shared object file\x1b]0;pwned\x07\r\n"
+BINARY_LOG = (b"\x1b[31mERROR\x1b[0m: \x00\xff\xfe OSError: libcublas.so.13: cannot open shared object file"
+              b"\x1b]0;pwned\x07\r\n"
               b"\x1b[2J\x1b[H\x08\x08garbage \xc3\x28 \x9b31m more\n")
 
 

@@ -10,9 +10,8 @@ import pytest
 import torch
 
 from workbench import backends, config, results
-
-from workbench.run import parallel, runner
 from workbench.env import te as _te
+from workbench.run import parallel, runner
 from workbench.train import loop, tasks
 
 pytestmark = pytest.mark.gpu
@@ -89,8 +88,9 @@ def test_te_graphed_fp8_keeps_the_shared_init(tmp_path):
     assert (init.max() - init.min()) / init.mean() <= 1e-5
     # graphed students leave nothing behind: every student starts from the same allocated floor (the H200
     # bench before the gc fix showed later graphed TE students' peaks GBs higher). The first TE student
-    # allocates TE's process-wide workspaces once (results/reference/h200/graphed/seed: the floor rises from
-    # 182 to 312 MiB at the first TE student, to 344 at the first FP8 one, then stays), so floors are compared from it on.
+    # allocates TE's process-wide workspaces once (results/reference/h200/graphed/seed: the floor rises
+    # from 182 to 312 MiB at the first TE student, to 344 at the first FP8 one, then stays), so floors are
+    # compared from it on.
     floor = df["mem_floor_mb"]
     assert floor.notna().all()
     after_te = floor.loc["te_fp8:delayed":]
@@ -153,7 +153,9 @@ def test_fsdp2_fp8_weights_follow_tes_recipe_over_2_gpus(tmp_path):
     runs = {}
     for run_id, fp8_weights in (("recipe", True), ("plain", False)):
         cfg = config.from_preset("seed", te_fp8_weights=fp8_weights, scaling_reference=fp8_weights, **common)
-        runs[run_id] = df = results.load(runner.run(cfg, out=tmp_path, run_id=run_id, progress=False)).set_index("student")
+        runs[run_id] = df = results.load(runner.run(cfg, out=tmp_path, run_id=run_id, progress=False)).set_index(
+            "student"
+        )
         assert (df["status"] == "ok").all(), df["reason"].to_dict()
     recipe, plain = runs["recipe"].loc["te_fp8:delayed"], runs["plain"].loc["te_fp8:delayed"]
     alone = runs["recipe"].loc["te_fp8:delayed@1gpu"]
@@ -201,8 +203,9 @@ def test_host_placed_teacher_logits_train_like_gpu_placed_ones(tmp_path):
 def test_the_fused_logit_loss_trains_like_the_checkpointed_one_eager_and_in_the_whole_step_graph(tmp_path,
                                                                                                   monkeypatch):
     """The default distill.loss_impl (auto: fused for forward_kl) on CUDA: the chunk's maths torch.compile'd,
-    the gradient written in the forward, inside a whole-step CUDA graph too. Same students, same batches: every loss curve within bf16 rounding
-    of the checkpointed loss's (2 %), and the same starting weights; the compiled chunk really ran."""
+    the gradient written in the forward, inside a whole-step CUDA graph too. Same students, same batches: every
+    loss curve within bf16 rounding of the checkpointed loss's (2 %), and the same starting weights; the compiled
+    chunk really ran."""
     from workbench.train import lm_objectives
 
     used = []
@@ -260,7 +263,8 @@ def test_te_whole_step_graph_starts_matched_and_trains_like_its_eager_run(tmp_pa
         le, lg = _losses(eager_dir, s), _losses(step_dir, s)
         assert len(lg) == len(le) == 12
         # the first steps run the same kernels on the same weights and FP8 scales: a scale left over from
-        # capture's warm-up shows here (at seed, delayed scaling's step 2 is 0.743 from fresh scales, 0.723 from warm ones)
+        # capture's warm-up shows here (at seed, delayed scaling's step 2 is 0.743 from fresh scales, 0.723
+        # from warm ones)
         assert lg[:3] == pytest.approx(le[:3], rel=5e-3), (s, le[:3], lg[:3])
         assert sum(lg[-4:]) / 4 == pytest.approx(sum(le[-4:]) / 4, rel=3e-2), (s, le, lg)
         assert lg[-1] < lg[0], (s, lg)  # replays train

@@ -12,10 +12,11 @@ import torch
 pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[lm]')")
 
 from transformers import LlamaConfig, Qwen2Config  # noqa: E402
+
 from workbench import backends, config, results  # noqa: E402
-from workbench.run import runner
 from workbench.env import te as _te  # noqa: E402
 from workbench.models.hf import load_causal_lm  # noqa: E402
+from workbench.run import runner
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
               pytest.mark.skipif(_te.load()[0] is None, reason="Transformer Engine does not import here")]

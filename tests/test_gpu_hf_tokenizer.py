@@ -7,10 +7,9 @@ import pytest
 pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[lm]')")
 
 from workbench import config, results  # noqa: E402
-
-from workbench.run import runner
 from workbench.data.tokenizer import files_sha256  # noqa: E402
 from workbench.models import hf_init  # noqa: E402
+from workbench.run import runner
 
 pytestmark = pytest.mark.gpu
 

@@ -4,13 +4,14 @@ say so and name the step graph; a forced unfused attention must be named too. Ru
 import pytest
 
 from workbench import config, results
-
-from workbench.results import plots
-
-from workbench.run import runner
 from workbench.env import te as _te
+from workbench.results import plots
+from workbench.run import runner
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_te.load()[0] is None, reason="Transformer Engine does not import here")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(_te.load()[0] is None, reason="Transformer Engine does not import here"),
+]
 
 
 def test_seed_eager_te_fp8_is_marked_host_bound_with_the_step_graph(tmp_path):

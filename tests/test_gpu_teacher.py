@@ -6,7 +6,8 @@ import torch
 
 from workbench import backends, config
 from workbench.train import lm_objectives as lo
-from workbench.train import lm_task, loop, teacher_targets as tt
+from workbench.train import lm_task, loop
+from workbench.train import teacher_targets as tt
 from workbench.train.head_loss import HeadFeatures, head_fused_loss
 
 pytestmark = pytest.mark.gpu
@@ -51,11 +52,16 @@ def test_the_online_teacher_gives_the_same_targets_on_every_pass(tmp_path):
 def test_a_top_k_store_streams_a_step_ahead_to_the_gpu(tmp_path):
     task = lm_task.LMTask(_cfg(teacher_mode="topk", topk=16), CUDA, torch.bfloat16, tmp_path / "cache")
     data = task.make_data()
-    streamed = [(tokens.clone(), t.out.clone(), t.indices.clone()) for tokens, t in data.train]  # __iter__: pinned, async
+    # __iter__: pinned, async
+    streamed = [(tokens.clone(), t.out.clone(), t.indices.clone()) for tokens, t in data.train]
     for i, (tokens, values, indices) in enumerate(streamed):
         again = data.train[i]  # __getitem__: a plain copy
         assert values.is_cuda and values.dtype == torch.bfloat16 and indices.dtype == torch.int16
-        assert torch.equal(tokens, again[0]) and torch.equal(values, again[1].out) and torch.equal(indices, again[1].indices)
+        assert (
+            torch.equal(tokens, again[0])
+            and torch.equal(values, again[1].out)
+            and torch.equal(indices, again[1].indices)
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

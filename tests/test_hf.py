@@ -8,9 +8,10 @@ pytest.importorskip("transformers", reason="transformers is not installed (pip i
 from fake_te import FakeTEModules  # noqa: E402
 from test_lm import next_token_losses  # noqa: E402
 from transformers import LlamaConfig  # noqa: E402
+
 from workbench import backends, config  # noqa: E402
-from workbench.env import te as _te  # noqa: E402
 from workbench.config import ConfigError  # noqa: E402
+from workbench.env import te as _te  # noqa: E402
 from workbench.models.hf import load_causal_lm  # noqa: E402
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
@@ -62,7 +63,8 @@ def test_te_conversion_swaps_linear_and_rmsnorm_and_reports_what_stayed_torch(sa
     te_bf16 = backends.make("te_bf16")
     cfg = config.from_preset("cpu-smoke", te_conversion="linear")  # per Linear (the decoder-layer one: test_hf_layers)
     model = te_bf16.build(reference, cfg, torch.device("cpu"))  # converts a copy
-    assert len(te_bf16.converted) == 2 * (7 + 2) + 1  # per layer: 7 Linear, 2 RMSNorm; + final norm (the head stays bf16)
+    # per layer: 7 Linear, 2 RMSNorm; + final norm (the head stays bf16)
+    assert len(te_bf16.converted) == 2 * (7 + 2) + 1
     assert type(model.model.model.layers[0].input_layernorm) is FakeTEModules.RMSNorm
     assert type(model.model.lm_head) is torch.nn.Linear
     kept = te_bf16.kept_torch
@@ -100,7 +102,9 @@ def test_a_tied_lm_head_is_no_fp8_gemm_so_an_odd_vocabulary_does_not_skip_the_st
     lm = dict(kind="llama", vocab=256, tokenizer="bytes")
     for tied in (True, False):
         folder = tmp_path / f"tied-{tied}"
-        load_causal_lm(LlamaConfig(**{**TINY, "vocab_size": 250, "tie_word_embeddings": tied})).model.save_pretrained(folder)
+        load_causal_lm(LlamaConfig(**{**TINY, "vocab_size": 250, "tie_word_embeddings": tied})).model.save_pretrained(
+            folder
+        )
         assert misaligned(config.from_preset("gpt-cpu", **lm, student=str(folder)), 16) == []
         fp8_head = config.from_preset("gpt-cpu", **lm, student=str(folder), te_head_precision="fp8")
         assert misaligned(fp8_head, 16) == ["lm_head.out_features=250"]

@@ -8,21 +8,26 @@ pytest.importorskip("transformers", reason="transformers is not installed (pip i
 
 from fake_te import FakeRecipes, FakeTEModules  # noqa: E402
 from transformers import LlamaConfig, MistralConfig, Qwen2Config  # noqa: E402
+
 from workbench import backends, config  # noqa: E402
 from workbench.backends import _hf_layers  # noqa: E402
-from workbench.env import te as _te  # noqa: E402
 from workbench.config import ConfigError  # noqa: E402
+from workbench.env import te as _te  # noqa: E402
 from workbench.models.hf import load_causal_lm  # noqa: E402
 
 TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=256, max_position_embeddings=64)
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 8}
-FAMILIES = {"llama": (LlamaConfig, {}), "qwen2": (Qwen2Config, {}), "mistral": (MistralConfig, {}),
-            "llama-mha-untied": (LlamaConfig, {"num_key_value_heads": 4, "tie_word_embeddings": False}),
-            "llama3-rope": (LlamaConfig, {"rope_parameters": LLAMA3_ROPE, "tie_word_embeddings": True}),
-            "llama-linear-rope": (LlamaConfig, {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}}),
-            "llama-biases": (LlamaConfig, {"attention_bias": True, "mlp_bias": True})}
+FAMILIES = {
+    "llama": (LlamaConfig, {}),
+    "qwen2": (Qwen2Config, {}),
+    "mistral": (MistralConfig, {}),
+    "llama-mha-untied": (LlamaConfig, {"num_key_value_heads": 4, "tie_word_embeddings": False}),
+    "llama3-rope": (LlamaConfig, {"rope_parameters": LLAMA3_ROPE, "tie_word_embeddings": True}),
+    "llama-linear-rope": (LlamaConfig, {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}}),
+    "llama-biases": (LlamaConfig, {"attention_bias": True, "mlp_bias": True}),
+}
 
 
 @pytest.fixture(autouse=True)
@@ -134,8 +139,10 @@ def test_what_it_cannot_convert_falls_back_to_per_linear_and_says_why():
     assert row["te_conversion"] == "linear" and "sliding_window=8" in row["te_conversion_note"]
     with pytest.raises(ConfigError, match="options.te_conversion='layer' cannot convert this model: sliding_window"):
         backends.make("te_bf16").build(ref, cfg(te_conversion="layer"), torch.device("cpu"))
-    for change, why in [({"hidden_act": "gelu"}, "hidden_act='gelu'"),
-                        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}}, "rope type 'yarn'")]:
+    for change, why in [
+        ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
+        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}}, "rope type 'yarn'"),
+    ]:
         assert why in _hf_layers.refusal(reference("llama", **change).model, 16)
 
 
@@ -178,7 +185,11 @@ def test_fp8_attention_goes_into_the_recipe_for_delayed_and_current_only(monkeyp
     monkeypatch.setattr(_te, "check", lambda fn, what: (True, ""))
     ctx = backends.Context(torch.device("cuda"), cfg(te_fp8_dpa=True))
     ok, why = backends.make("te_fp8:block").availability(ctx)
-    assert not ok and why == "options.te_fp8_dpa: TE runs FP8 attention with delayed, delayed_e4m3, current scaling, not recipe block"
+    assert (
+        not ok
+        and why
+        == "options.te_fp8_dpa: TE runs FP8 attention with delayed, delayed_e4m3, current scaling, not recipe block"
+    )
     assert backends.make("te_fp8:current").availability(ctx) == (True, "")
 
 
@@ -202,6 +213,12 @@ def test_the_benchs_hf_variants_are_valid_configs_that_set_the_levers():
     for name in names:
         c, rejected = variants.variant_config("gpt-cpu", {}, variants.VARIANTS[name])
         assert rejected == [] and c is not None, (name, rejected)
-    assert variants.variant_config("gpt-cpu", {}, variants.VARIANTS["hf-te-layer-fp8-dpa"])[0].options.te_fp8_dpa is True
+    assert (
+        variants.variant_config("gpt-cpu", {}, variants.VARIANTS["hf-te-layer-fp8-dpa"])[0].options.te_fp8_dpa is True
+    )
     head = variants.variant_config("gpt-cpu", {}, variants.VARIANTS["hf-te-layer-fp8-head"])[0]
-    assert (head.options.te_head_precision, head.options.te_conversion, head.options.te_graph) == ("fp8", "layer", "step")
+    assert (head.options.te_head_precision, head.options.te_conversion, head.options.te_graph) == (
+        "fp8",
+        "layer",
+        "step",
+    )

@@ -17,12 +17,13 @@ pytest.importorskip("transformers", reason="transformers is not installed (pip i
 
 from test_lm_run import tiny_llama  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
 from workbench import config, results  # noqa: E402
-from workbench.run import runner
+from workbench.config import ConfigError  # noqa: E402
 from workbench.data import TextSpec, load_text, text  # noqa: E402
 from workbench.data.tokenizer import TOKENIZER_FILES, files_sha256  # noqa: E402
-from workbench.config import ConfigError  # noqa: E402
 from workbench.models import hf_init  # noqa: E402
+from workbench.run import runner
 from workbench.train import lm_task, task_setup  # noqa: E402
 
 CORPUS_MB = 0.2
@@ -72,7 +73,10 @@ def test_hf_init_folder_holds_model_tokenizer_and_its_record(folders):
     meta = json.loads((folder / "hf_init.json").read_text())
     tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     assert meta["shape"] == "tiny-llama" and meta["tokenizer_vocab"] == len(tok) <= meta["vocab_size"] == 512
-    assert tok.eos_token == text.EOT and tok.eos_token_id == json.loads((folder / "config.json").read_text())["eos_token_id"]
+    assert (
+        tok.eos_token == text.EOT
+        and tok.eos_token_id == json.loads((folder / "config.json").read_text())["eos_token_id"]
+    )
     assert files_sha256(folders["llama"]) == files_sha256(folders["qwen2"]) != files_sha256(folders["other"])
     with pytest.raises(ConfigError, match="exists and is not an empty folder"):
         hf_init.write("tiny-llama", folder)

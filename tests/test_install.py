@@ -12,8 +12,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
 from te_fixtures import FAKE_VERSION, build_wheelhouses, fake_nvcc, machine
+
 from workbench import cli
 from workbench.env import facts, install, install_plan, probe
 
@@ -33,17 +33,34 @@ T4 = machine(gpu_name="Tesla T4", compute_capability="7.5")
 A100 = machine(gpu_name="NVIDIA A100-SXM4-80GB", compute_capability="8.0")
 H100 = machine()
 INCONSISTENT = machine(
-    te_packages={"transformer-engine": "2.8.0", "transformer-engine-cu12": "2.8.0", "transformer-engine-cu13": "2.9.0",
-                 "transformer-engine-torch": "2.9.0"},
-    te_consistent=False, te_available=False,
-    te_consistency=[{"check": "same_version", "ok": False, "detail": "different versions"},
-                    {"check": "one_core", "ok": False, "detail": "transformer-engine-cu12, transformer-engine-cu13"}],
-    te_import_error="AssertionError: Transformer Engine package version mismatch. Found transformer_engine_torch v2.9.0")
+    te_packages={
+        "transformer-engine": "2.8.0",
+        "transformer-engine-cu12": "2.8.0",
+        "transformer-engine-cu13": "2.9.0",
+        "transformer-engine-torch": "2.9.0",
+    },
+    te_consistent=False,
+    te_available=False,
+    te_consistency=[
+        {"check": "same_version", "ok": False, "detail": "different versions"},
+        {"check": "one_core", "ok": False, "detail": "transformer-engine-cu12, transformer-engine-cu13"},
+    ],
+    te_import_error="AssertionError: Transformer Engine package version mismatch. "
+    "Found transformer_engine_torch v2.9.0",
+)
 
 PLAN_TABLE = [  # (id, machine, plan kwargs, ok, core extra, build, expected words in refusals+warnings)
     ("cpu-only", CPU_ONLY, {}, False, None, "maybe", ["CPU build", "no CUDA GPU"]),
     ("cuda12-no-nvcc-pypi", CUDA12_NO_NVCC, {}, True, "core_cu12", "maybe", ["if it compiles: nvcc not found"]),
-    ("cuda12-no-nvcc-forced-build", CUDA12_NO_NVCC, {"build_from_source": True}, False, "core_cu12", "yes", ["nvcc not found"]),
+    (
+        "cuda12-no-nvcc-forced-build",
+        CUDA12_NO_NVCC,
+        {"build_from_source": True},
+        False,
+        "core_cu12",
+        "yes",
+        ["nvcc not found"],
+    ),
     ("cuda13-nvcc-cudnn-build", CUDA13_FULL, {"build_from_source": True}, True, "core_cu13", "yes", []),
     ("t4-cc75", T4, {}, False, "core_cu12", "maybe", ["7.5", "below 8.0", "fp16"]),
     ("a100-bf16-no-fp8", A100, {}, True, "core_cu12", "maybe", ["bf16 only, no FP8"]),
@@ -104,7 +121,9 @@ def test_nvcc_major_mismatch_refuses_a_build():
 
 
 def test_missing_cudnn_headers_refuse_a_build():
-    p = install_plan.plan(machine(cudnn_pip_root=None, cudnn_pip_header=None, cudnn_system_header=None), build_from_source=True)
+    p = install_plan.plan(
+        machine(cudnn_pip_root=None, cudnn_pip_header=None, cudnn_system_header=None), build_from_source=True
+    )
     assert not p.ok and any("cudnn.h" in r for r in p.refusals)
 
 
@@ -139,15 +158,23 @@ def _touch(folder: Path, *names: str) -> Path:
 
 def test_offline_plan_pins_the_wheelhouse_version_and_uses_the_prebuilt_extension(tmp_path):
     tag = H100["python_tag"]
-    wh = _touch(tmp_path / "wh", "transformer_engine-2.19.0-py3-none-any.whl", "transformer_engine-2.20.2-py3-none-any.whl",
-                "transformer_engine_cu12-2.20.2-py3-none-manylinux_2_28_x86_64.whl",
-                f"transformer_engine_torch-2.20.2-{tag}-{tag}-linux_{H100['machine']}.whl",
-                "transformer_engine_torch-2.20.2.tar.gz")
+    wh = _touch(
+        tmp_path / "wh",
+        "transformer_engine-2.19.0-py3-none-any.whl",
+        "transformer_engine-2.20.2-py3-none-any.whl",
+        "transformer_engine_cu12-2.20.2-py3-none-manylinux_2_28_x86_64.whl",
+        f"transformer_engine_torch-2.20.2-{tag}-{tag}-linux_{H100['machine']}.whl",
+        "transformer_engine_torch-2.20.2.tar.gz",
+    )
     p = install_plan.plan(H100, find_links=str(wh), no_index=True)
     assert p.ok and p.version == "2.20.2" and p.build == "no"
     argv = step(p, "transformer-engine").argv
     assert {"--no-index", "--no-deps", "--no-build-isolation"} <= set(argv)
-    assert argv[-3:] == ["transformer_engine==2.20.2", "transformer_engine_cu12==2.20.2", "transformer_engine_torch==2.20.2"]
+    assert argv[-3:] == [
+        "transformer_engine==2.20.2",
+        "transformer_engine_cu12==2.20.2",
+        "transformer_engine_torch==2.20.2",
+    ]
 
 
 def test_offline_plan_builds_when_only_the_extension_sdist_fits_this_python(tmp_path):
@@ -167,8 +194,12 @@ def test_offline_plan_refuses_a_wheelhouse_without_the_extension(tmp_path):
 
 
 def test_offline_plan_refuses_a_core_for_the_wrong_cuda_major(tmp_path):
-    wh = _touch(tmp_path / "wh", "transformer_engine-2.20.2-py3-none-any.whl",
-                "transformer_engine_cu13-2.20.2-py3-none-manylinux_2_28_x86_64.whl", "transformer_engine_torch-2.20.2.tar.gz")
+    wh = _touch(
+        tmp_path / "wh",
+        "transformer_engine-2.20.2-py3-none-any.whl",
+        "transformer_engine_cu13-2.20.2-py3-none-manylinux_2_28_x86_64.whl",
+        "transformer_engine_torch-2.20.2.tar.gz",
+    )
     p = install_plan.plan(H100, find_links=str(wh), no_index=True)  # torch is CUDA 12
     assert any("transformer-engine-cu12==2.20.2" in r for r in p.refusals)
 
@@ -208,12 +239,21 @@ def test_install_from_local_wheelhouse_succeeds_and_records_everything(wheelhous
     assert o.te_version == FAKE_VERSION
     assert (site / "transformer_engine" / "pytorch" / "__init__.py").exists() and (site / "tiny_dep.py").exists()
     run = Path(o.run_dir)
-    assert {p.name for p in run.iterdir()} >= {"install.log", "plan.json", "probe_before.json", "probe_after.json", "outcome.json"}
+    assert {p.name for p in run.iterdir()} >= {
+        "install.log",
+        "plan.json",
+        "probe_before.json",
+        "probe_after.json",
+        "outcome.json",
+    }
     log = (run / "install.log").read_text()
     assert "Successfully installed transformer_engine-9.9.0" in log and "[exit 0]" in log
     after = json.loads((run / "probe_after.json").read_text())
     assert after["te_available"] and after["te_packages"] == {
-        "transformer-engine": FAKE_VERSION, "transformer-engine-cu12": FAKE_VERSION, "transformer-engine-torch": FAKE_VERSION}
+        "transformer-engine": FAKE_VERSION,
+        "transformer-engine-cu12": FAKE_VERSION,
+        "transformer-engine-torch": FAKE_VERSION,
+    }
     assert json.loads((run / "outcome.json").read_text())["te_mode"] == "transformer_engine"
     assert install.last_outcome(tmp_path / "results")["run_dir"] == o.run_dir
     assert "einops" in " ".join(json.loads((run / "plan.json").read_text())["warnings"])  # required, not in wheelhouse

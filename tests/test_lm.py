@@ -3,12 +3,12 @@
 import pytest
 import torch
 import torch.nn.functional as F
-
 from fake_te import FakeTEModules
+
 from workbench import backends, config
 from workbench.backends._te import convert_to_te, rmsnorm_eps, stayed_torch
-from workbench.env import te as _te
 from workbench.config import ConfigError
+from workbench.env import te as _te
 from workbench.models import CausalLM, LMShape, SDPACore, attention_masks
 
 SHAPE = dict(vocab=96, hidden=32, intermediate=64, layers=2, heads=4, seq_len=16)

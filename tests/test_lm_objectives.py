@@ -238,7 +238,9 @@ def test_the_fused_loss_is_forward_kl_only_and_says_so():
         lm_loss(S, T, Y, impl="triton")
 
 
-@pytest.mark.parametrize("kind, ran", [("forward_kl", "fused"), ("reverse_kl", "checkpointed"), ("jsd", "checkpointed")])
+@pytest.mark.parametrize(
+    "kind, ran", [("forward_kl", "fused"), ("reverse_kl", "checkpointed"), ("jsd", "checkpointed")]
+)
 def test_auto_fuses_forward_kl_and_checkpoints_the_rest(kind, ran, monkeypatch):
     calls = []
     monkeypatch.setattr(lm_objectives._FusedForwardKL, "apply", lambda *a: calls.append("fused") or S.sum() * 0)
@@ -260,7 +262,9 @@ def test_auto_fuses_on_cuda_only_where_triton_can_compile_it(monkeypatch):
     assert lm_objectives.can_fuse(torch.device("cpu"))  # eager there: nothing to compile
 
 
-@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="inductor's CPU backend needs a C++ compiler")
+@pytest.mark.skipif(
+    shutil.which(os.environ.get("CXX", "g++")) is None, reason="inductor's CPU backend needs a C++ compiler"
+)
 def test_the_compiled_chunk_is_one_graph_and_equals_the_eager_one():
     """What runs on CUDA: the chunk's maths through torch.compile with fullgraph=True (a graph break fails
     here). Compiled on this CPU by inductor's C++ backend (~15 s), against the eager function; then the

@@ -5,10 +5,9 @@ import pandas as pd
 import pytest
 
 from workbench import config, results
-
-
-
 from workbench.run import runner
+
+
 def tiny_llama(folder, vocab: int, layers: int):
     """A randomly initialised tiny Llama saved as a local Hugging Face model folder (skips without transformers)."""
     transformers = pytest.importorskip("transformers")
@@ -70,9 +69,13 @@ def test_lm_config_errors_name_the_field():
         config.from_preset("gpt-cpu", hidden=100, heads=8)
     with pytest.raises(config.ConfigError, match="lm.tokenizer"):
         config.from_preset("gpt-cpu", tokenizer="words")
-    with pytest.raises(config.ConfigError, match=r"distill.loss_impl must be one of \['auto', 'checkpointed', 'fused', 'fused_head'\]"):
+    with pytest.raises(
+        config.ConfigError, match=r"distill.loss_impl must be one of \['auto', 'checkpointed', 'fused', 'fused_head'\]"
+    ):
         config.from_preset("gpt-cpu", loss_impl="triton")
-    with pytest.raises(config.ConfigError, match="distill.loss_impl='fused' computes forward_kl only, not distill.loss='jsd'"):
+    with pytest.raises(
+        config.ConfigError, match="distill.loss_impl='fused' computes forward_kl only, not distill.loss='jsd'"
+    ):
         config.from_preset("gpt-cpu", loss_impl="fused", loss="jsd")
 
 
@@ -186,7 +189,9 @@ def test_teacher_logits_go_to_the_gpu_when_they_fit_else_to_the_host_else_the_ru
     assert place("host", 60 * GIB, kept, 140 * GIB, 100 * GIB) == "host"
     with pytest.raises(config.ConfigError, match=r"\(60.0 GiB on each of this host's 2 ranks\) fit neither place"):
         place("host", 60 * GIB, kept, 140 * GIB, 100 * GIB, host_ranks=2)
-    with pytest.raises(config.ConfigError, match=r"timed and held-out batches need 3.0 GiB on the GPU, 4.0 GiB are free"):
+    with pytest.raises(
+        config.ConfigError, match=r"timed and held-out batches need 3.0 GiB on the GPU, 4.0 GiB are free"
+    ):
         place("host", 10 * GIB, kept, 4 * GIB, 100 * GIB)
     with pytest.raises(config.ConfigError, match="distill.teacher_logits must be one of"):
         config.from_preset("gpt-cpu", teacher_logits="disk")
@@ -234,7 +239,9 @@ def test_training_on_host_placed_teacher_logits_gives_the_same_losses(tmp_path):
     for where in ("gpu", "host"):
         task = lm_task.LMTask(cfg.replace(teacher_logits=where), torch.device("cpu"), None, tmp_path)
         data = task.make_data()
-        assert task.info["teacher_logits"] == where and isinstance(data.train, logits_placement.HostBatches) == (where == "host")
+        assert task.info["teacher_logits"] == where and isinstance(data.train, logits_placement.HostBatches) == (
+            where == "host"
+        )
         assert len(data.train) == cfg.train.steps
         _, losses[where] = loop.run_student(backends.make("torch_fp32"), task.cfg, task, data, torch.device("cpu"))
     assert losses["host"] == losses["gpu"]
@@ -260,7 +267,9 @@ def test_the_fused_loss_trains_like_the_checkpointed_one(tmp_path, monkeypatch):
         data = task.make_data()
         for name, t in (("kd", task), ("no-kd", task.no_kd())):
             calls.clear()
-            _, curves[impl, name] = loop.run_student(backends.make("torch_fp32"), task.cfg, t, data, torch.device("cpu"))
+            _, curves[impl, name] = loop.run_student(
+                backends.make("torch_fp32"), task.cfg, t, data, torch.device("cpu")
+            )
             # one per training step, and the timed ones
             assert len(calls) == (cfg.train.steps + cfg.bench.iters if impl == "fused" else 0), (impl, name)
     for name in ("kd", "no-kd"):

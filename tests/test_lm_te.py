@@ -4,11 +4,11 @@ of the forwards that are not training steps (held-out evaluation, graph-capture 
 import sys
 import types
 
+import fake_te
 import pytest
 import torch
-
-import fake_te
 from fake_te import FakeRecipes, FakeTEModules
+
 from workbench import backends, config
 from workbench.backends._te import AttentionUnavailable
 from workbench.env import te as _te
@@ -115,7 +115,9 @@ def test_training_is_the_same_with_and_without_held_out_evaluation_in_between(fa
     losses = {}
     for every in (0, 1):
         run_cfg = cfg.replace(eval_every=every)
-        metrics, losses[every] = loop.run_student(backends.make("te_fp8:delayed"), run_cfg, task, data, torch.device("cpu"))
+        metrics, losses[every] = loop.run_student(
+            backends.make("te_fp8:delayed"), run_cfg, task, data, torch.device("cpu")
+        )
         assert metrics["heldout_ppl"] > 1
     assert len(metrics["curve"]) == cfg.train.steps  # eval_every=1: after every step, the last one included
     assert losses[0] == losses[1]

@@ -4,10 +4,9 @@ import pytest
 import torch
 
 from workbench import backends, config, results
-
-from workbench.run import runner
 from workbench.env import probe
 from workbench.env import te as _te
+from workbench.run import runner
 from workbench.train import tasks
 
 
@@ -35,7 +34,9 @@ def test_a_student_that_writes_into_the_shared_batches_is_flagged_and_the_next_o
     # the next student trained and was measured on the original batches
     assert df.loc["torch_bf16", "status"] == "ok"
     assert df.loc["torch_bf16", "initial_loss"] == clean.loc["torch_bf16", "initial_loss"]
-    assert df.loc["torch_bf16", "final_train_loss"] == pytest.approx(clean.loc["torch_bf16", "final_train_loss"], rel=1e-6)
+    assert df.loc["torch_bf16", "final_train_loss"] == pytest.approx(
+        clean.loc["torch_bf16", "final_train_loss"], rel=1e-6
+    )
 
 
 def test_data_fingerprint_sees_a_changed_token_and_a_changed_target():
@@ -105,8 +106,8 @@ def test_the_checksum_copies_no_host_held_teacher_logits(monkeypatch):
     """Host-placed teacher logits (logits_placement.HostBatches) reach students only as fresh device copies:
     the shared batches' checksum sums their tokens and token targets and copies none of the logits over."""
     from workbench.train import objectives
-    from workbench.train.loop import Data
     from workbench.train.logits_placement import HostBatches
+    from workbench.train.loop import Data
 
     tokens, nxt = torch.arange(6).view(2, 3), torch.arange(1, 7).view(2, 3)
     batch = (tokens, objectives.Targets(torch.ones(2, 3, 5), next_tokens=nxt))

@@ -107,7 +107,15 @@ def test_summary_table_numbers(tmp_path):
     results.write_csv(tmp_path / "students.csv", results.students_frame(rows))
     results.mark_complete(tmp_path)
     t = notebook.summary_table(tmp_path)
-    assert list(t.columns) == ["status", "step ms", "× vs torch_bf16", "final loss", "eval MSE", "peak GiB", "slow path"]
+    assert list(t.columns) == [
+        "status",
+        "step ms",
+        "× vs torch_bf16",
+        "final loss",
+        "eval MSE",
+        "peak GiB",
+        "slow path",
+    ]
     assert t.loc["torch_fp32", "× vs torch_bf16"] == pytest.approx(0.333)
     assert t.loc["torch_bf16", "× vs torch_bf16"] == 1.0
     assert t.loc["torch_fp32", "peak GiB"] == 2.0 and t.loc["torch_bf16", "peak GiB"] == 1.5
@@ -165,7 +173,9 @@ def _tiny_notebook(path: Path, *sources: str) -> Path:
 
 @pytest.mark.slow
 def test_a_failing_notebook_still_leaves_the_executed_copy(tmp_path):
-    nb = _tiny_notebook(tmp_path / "fails.ipynb", "print('before the failure')", "raise RuntimeError('cell failed here')")
+    nb = _tiny_notebook(
+        tmp_path / "fails.ipynb", "print('before the failure')", "raise RuntimeError('cell failed here')"
+    )
     with pytest.raises(pm.PapermillExecutionError, match="cell failed here"):
         notebook.execute("cpu-smoke", out=tmp_path / "runs", run_id="r", notebook=nb, log_output=False)
     executed = tmp_path / "runs" / "r" / "fails.ipynb"

@@ -11,9 +11,8 @@ import pandas as pd
 import pytest
 
 from workbench import backends, results
-
-
 from workbench.results import plots
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -51,9 +50,26 @@ def _tick_texts(axis):
 
 
 def test_run_plots_colour_by_student_read_log_and_memory_axes_plainly(tmp_path):
-    rows = [{"student": "torch_fp32", "step_ms_median": 416.0, "peak_mem_allocated_mb": 19_300.0, "peak_mem_reserved_mb": 20_000.0},
-            {"student": "torch_bf16", "step_ms_median": 46.0, "peak_mem_allocated_mb": 18_000.0, "peak_mem_reserved_mb": 19_000.0},
-            {"student": "torchao_float8:tensorwise", "step_ms_median": 31.0, "peak_mem_allocated_mb": 17_700.0, "peak_mem_reserved_mb": 18_500.0}]
+    rows = [
+        {
+            "student": "torch_fp32",
+            "step_ms_median": 416.0,
+            "peak_mem_allocated_mb": 19_300.0,
+            "peak_mem_reserved_mb": 20_000.0,
+        },
+        {
+            "student": "torch_bf16",
+            "step_ms_median": 46.0,
+            "peak_mem_allocated_mb": 18_000.0,
+            "peak_mem_reserved_mb": 19_000.0,
+        },
+        {
+            "student": "torchao_float8:tensorwise",
+            "step_ms_median": 31.0,
+            "peak_mem_allocated_mb": 17_700.0,
+            "peak_mem_reserved_mb": 18_500.0,
+        },
+    ]
     for r in rows:
         r.update(step_ms_p20=r["step_ms_median"] * 0.9, step_ms_p80=r["step_ms_median"] * 1.1)
     run = _run_dir(tmp_path, rows)
@@ -127,9 +143,15 @@ def test_figures_are_written_as_palette_pngs_beside_their_svg(tmp_path):
 
 
 def _slow_run(tmp_path, gpu_name):
-    rows = [{"student": "torch_bf16", "step_ms_median": 3.0, "gpu_busy_share": 0.9, "slow_path": None},
-            {"student": "te_fp8:delayed", "step_ms_median": 7.9, "gpu_busy_share": 0.09,
-             "slow_path": "host-bound: GPU busy 9% of the step; set graphs=true te_graph=step (bench measured 0.87 ms)"}]
+    rows = [
+        {"student": "torch_bf16", "step_ms_median": 3.0, "gpu_busy_share": 0.9, "slow_path": None},
+        {
+            "student": "te_fp8:delayed",
+            "step_ms_median": 7.9,
+            "gpu_busy_share": 0.09,
+            "slow_path": "host-bound: GPU busy 9% of the step; set graphs=true te_graph=step (bench measured 0.87 ms)",
+        },
+    ]
     for r in rows:
         r.update(step_ms_p20=r["step_ms_median"], step_ms_p80=r["step_ms_median"], gpu_name=gpu_name)
     return _run_dir(tmp_path, rows)

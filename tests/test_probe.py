@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
-
 from te_fixtures import fake_nvcc, machine
+
 from workbench import cli
 from workbench.env import probe
 
@@ -18,9 +18,25 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORE_KEYS = {"python", "platform", "torch", "torch_cuda", "gpu_name", "compute_capability", "cuda_home", "nvcc_exists",
              "nvcc_path", "cudnn_header_exists", "git_sha", "te_available", "te_import_error", "te_version",
              *(f"{k}_available" for k in probe.CAPABILITY_CHECKS), *(f"{k}_reason" for k in probe.CAPABILITY_CHECKS)}
-INSTALL_KEYS = {"driver", "nvcc_version", "cudnn_pip_header", "cudnn_pip_root", "cudnn_pip_packages", "cudnn_system_header",
-                "cudnn_torch", "te_packages", "te_consistency", "te_consistent", "torch_cxx11_abi", "torch_cuda_major",
-                "python_tag", "machine", "cpu_cores", "mem_available_gb", "python_executable"}
+INSTALL_KEYS = {
+    "driver",
+    "nvcc_version",
+    "cudnn_pip_header",
+    "cudnn_pip_root",
+    "cudnn_pip_packages",
+    "cudnn_system_header",
+    "cudnn_torch",
+    "te_packages",
+    "te_consistency",
+    "te_consistent",
+    "torch_cxx11_abi",
+    "torch_cuda_major",
+    "python_tag",
+    "machine",
+    "cpu_cores",
+    "mem_available_gb",
+    "python_executable",
+}
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +126,9 @@ def test_nvcc_version_is_read_from_nvcc(tmp_path):
 
 
 def test_nvcc_printing_non_utf8_bytes_still_gives_its_version(tmp_path):
-    nvcc = fake_nvcc(tmp_path, r"printf 'nvcc: NVIDIA (R) \377\376 Cuda compiler\nCuda compilation tools, release 13.0, V13.0.48\n'")
+    nvcc = fake_nvcc(
+        tmp_path, r"printf 'nvcc: NVIDIA (R) \377\376 Cuda compiler\nCuda compilation tools, release 13.0, V13.0.48\n'"
+    )
     assert probe._nvcc(str(tmp_path)) == (str(nvcc), "13.0", None)
 
 

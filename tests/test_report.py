@@ -14,25 +14,48 @@ SIZES = (512, 1024, 2048, 4096)
 def _rows():
     """Two token counts x four sizes; te_fp8:delayed wins from 2048 on (8192 tokens) or 4096 (1024
     tokens), te_fp8:current never wins, torchao is skipped everywhere."""
-    cfg = {f"cfg_{k}": (",".join(v) if isinstance(v, list) else v) for k, v in config.from_preset("seed").flat().items()}
+    cfg = {
+        f"cfg_{k}": (",".join(v) if isinstance(v, list) else v) for k, v in config.from_preset("seed").flat().items()
+    }
     rows = []
     for seq_len in (128, 1024):
         for h in SIZES:
             bf16 = h / 100
-            fp8 = {"torch_bf16": bf16, "te_fp8:delayed": bf16 * (1.25 if h < (2048 if seq_len == 1024 else 4096) else 0.8),
-                   "te_fp8:current": bf16 * 1.1, "torchao_float8:tensorwise": None}
+            fp8 = {
+                "torch_bf16": bf16,
+                "te_fp8:delayed": bf16 * (1.25 if h < (2048 if seq_len == 1024 else 4096) else 0.8),
+                "te_fp8:current": bf16 * 1.1,
+                "torchao_float8:tensorwise": None,
+            }
             for student, ms in fp8.items():
                 ok = ms is not None
-                rows.append({**cfg, "cfg_hidden": h, "cfg_intermediate": 4 * h, "cfg_seq_len": seq_len, "cfg_batch": 8,
-                             "point": f"p{h}-{seq_len}", "student": student, "status": "ok" if ok else "skipped",
-                             "gemm_precision": "bf16" if student == "torch_bf16" else "fp8",
-                             "reason": "" if ok else "torchao not installed", "gpu_name": "FakeGPU",
-                             "compute_capability": "9.0", "torch": "2.11.0", "torch_cuda": "13.0",
-                             "te_version": "2.20.2", "git_sha": "abc1234",
-                             "step_ms_median": ms, "step_ms_p20": ms and ms * 0.95, "step_ms_p80": ms and ms * 1.05,
-                             "initial_loss": 0.7 if ok else None,
-                             "final_train_loss": (0.5 if student == "torch_bf16" else 0.55) if ok else None,
-                             "eval_mse": 0.5 if ok else None, "peak_mem_allocated_mb": h * (1.0 if student == "torch_bf16" else 1.1) if ok else None})
+                rows.append(
+                    {
+                        **cfg,
+                        "cfg_hidden": h,
+                        "cfg_intermediate": 4 * h,
+                        "cfg_seq_len": seq_len,
+                        "cfg_batch": 8,
+                        "point": f"p{h}-{seq_len}",
+                        "student": student,
+                        "status": "ok" if ok else "skipped",
+                        "gemm_precision": "bf16" if student == "torch_bf16" else "fp8",
+                        "reason": "" if ok else "torchao not installed",
+                        "gpu_name": "FakeGPU",
+                        "compute_capability": "9.0",
+                        "torch": "2.11.0",
+                        "torch_cuda": "13.0",
+                        "te_version": "2.20.2",
+                        "git_sha": "abc1234",
+                        "step_ms_median": ms,
+                        "step_ms_p20": ms and ms * 0.95,
+                        "step_ms_p80": ms and ms * 1.05,
+                        "initial_loss": 0.7 if ok else None,
+                        "final_train_loss": (0.5 if student == "torch_bf16" else 0.55) if ok else None,
+                        "eval_mse": 0.5 if ok else None,
+                        "peak_mem_allocated_mb": h * (1.0 if student == "torch_bf16" else 1.1) if ok else None,
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -95,7 +118,10 @@ def test_write_files_and_load_sweep_reads_only_complete_points(tmp_path):
         results.write_json(sweep_dir / point / index.DONE_FILE, {"point": point, "finished_at": "2026-01-02T03:04:05"})
     (sweep_dir / "p4096-128" / index.DONE_FILE).unlink()  # a point killed before it finished
     points = sorted(rows["point"].unique())
-    results.write_csv(sweep_dir / index.INDEX_FILE, pd.DataFrame({"point": points, "status": "done", "error_kind": None, "error": None}))
+    results.write_csv(
+        sweep_dir / index.INDEX_FILE,
+        pd.DataFrame({"point": points, "status": "done", "error_kind": None, "error": None}),
+    )
     # a spike (5 x the initial loss) that the student recovers from is only in losses.csv
     results.write_csv(sweep_dir / "p512-128" / "losses.csv", pd.DataFrame(
         {"step": [1, 2, 3], "student": "te_fp8:current", "loss": [0.7, 3.5, 0.55]}))
@@ -171,10 +197,19 @@ def test_plots_draw_unstable_points_hollow_and_each_student_in_its_colour():
         for ax in fig.axes:
             for line in ax.get_lines():
                 if line.get_label() in set(df["student"]):
-                    assert mcolors.to_rgba(line.get_color()) == mcolors.to_rgba(plots.student_color(line.get_label())), name
-        hollow = [ln for ax in fig.axes for ln in ax.get_lines() if ln.get_markerfacecolor() == "white" and len(ln.get_xdata())]
+                    assert mcolors.to_rgba(line.get_color()) == mcolors.to_rgba(
+                        plots.student_color(line.get_label())
+                    ), name
+        hollow = [
+            ln
+            for ax in fig.axes
+            for ln in ax.get_lines()
+            if ln.get_markerfacecolor() == "white" and len(ln.get_xdata())
+        ]
         assert hollow, f"{name}: the unstable size is not drawn hollow"
-        assert any("unstable" in t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()), name
+        assert any(
+            "unstable" in t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()
+        ), name
         plt.close(fig)
     mem = figures.peak_memory_vs_size(df).axes[0]
     fig = mem.figure
@@ -194,9 +229,11 @@ def test_crossover_csv_has_its_header_when_no_fp8_student_ran(tmp_path):
 def test_headline_environment_and_definitions_open_the_report(df):
     text = report.intro(df)
     first = text.splitlines()[0]
-    assert first == ("**On FakeGPU, FP8 beats torch bf16 from hidden 2048 at 8,192 tokens/step (TE FP8 (delayed), 1.25x) "
-                     "and from hidden 4096 at 1,024 tokens/step (TE FP8 (delayed), 1.25x); "
-                     "below that FP8 is up to 1.25x slower.**")
+    assert first == (
+        "**On FakeGPU, FP8 beats torch bf16 from hidden 2048 at 8,192 tokens/step (TE FP8 (delayed), 1.25x) "
+        "and from hidden 4096 at 1,024 tokens/step (TE FP8 (delayed), 1.25x); "
+        "below that FP8 is up to 1.25x slower.**"
+    )
     for want in ("FakeGPU (compute capability 9.0)", "| torch | 2.11.0 |", "| CUDA (torch) | 13.0 |",
                  "| Transformer Engine | 2.20.2 |", "| git sha | abc1234 |", "| date |",
                  "**speedup**", "**crossover**", "**loss band**", "**unstable**"):

@@ -7,10 +7,9 @@ import pytest
 
 from workbench import cli, config, notebook, results
 from workbench.bench.run import BenchOptions, run_bench
-
-
 from workbench.run import runner
 from workbench.sweep import plan
+
 TINY = {"steps": 2, "iters": 1, "warmup": 0, "eval_batches": 1, "backends": "torch_fp32", "baseline": "torch_fp32"}
 BAD_NAMES = ["../x", "../../x", "/tmp/abs", ".", "..", "grp/r1", "", "-x", "a" * 129, "sp ace"]
 

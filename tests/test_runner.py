@@ -8,10 +8,9 @@ import pytest
 import torch
 
 from workbench import backends, config, results
-
+from workbench.env import te as _te
 from workbench.run import runner
 from workbench.train import objectives
-from workbench.env import te as _te
 
 TUTORIAL_SUMMARY_KEYS = {
     "gpu_name", "compute_capability", "te_available", "fp8_available", "fp8_reason", "mode",
@@ -192,7 +191,11 @@ def test_a_fallback_that_fails_reports_the_precision_it_ran(tmp_path, monkeypatc
     monkeypatch.setattr(_autocast.Fallback, "build", fail)
     cfg = config.from_preset("cpu-smoke", steps=2, iters=2, warmup=0, backends="torch_fp32,te_fp8:delayed",
                              baseline="torch_fp32")
-    row = results.load(runner.run(cfg, out=tmp_path, run_id="r", progress=False)).set_index("student").loc["te_fp8:delayed"]
+    row = (
+        results.load(runner.run(cfg, out=tmp_path, run_id="r", progress=False))
+        .set_index("student")
+        .loc["te_fp8:delayed"]
+    )
     assert row["status"] == "error" and "out of memory" in row["reason"]
     assert row["gemm_precision"] == "bf16"
 

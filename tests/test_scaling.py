@@ -3,10 +3,9 @@ import pandas as pd
 import pytest
 
 from workbench import cli, results
-
-
-
 from workbench.results import scaling
+
+
 def _run(root, run_id, gpus, strategy, step_ms, ref_ms, peak, preset="large", ref_floor=1000.0, status="ok",
          ref_status="ok"):
     """A complete distributed run folder: the merged N-GPU row and its '@1gpu' reference row (both started
@@ -15,8 +14,9 @@ def _run(root, run_id, gpus, strategy, step_ms, ref_ms, peak, preset="large", re
     d.mkdir()
     common = {"run_id": run_id, "cfg_preset": preset, "cfg_strategy": strategy, "cfg_nproc": gpus}
     rows = [
-        {"student": "te_fp8:delayed", "status": status, "world_size": gpus, "strategy": strategy, "step_ms_median": step_ms,
-         "tokens_per_s": gpus * 8192 / (step_ms / 1e3), "peak_mem_allocated_mb": peak, "mem_floor_mb": 1000.0,
+        {"student": "te_fp8:delayed", "status": status, "world_size": gpus, "strategy": strategy,
+         "step_ms_median": step_ms, "tokens_per_s": gpus * 8192 / (step_ms / 1e3), "peak_mem_allocated_mb": peak,
+         "mem_floor_mb": 1000.0,
          **common},
         {"student": "te_fp8:delayed@1gpu", "status": ref_status, "world_size": 1, "step_ms_median": ref_ms,
          "tokens_per_s": 8192 / (ref_ms / 1e3), "peak_mem_allocated_mb": 5000.0 + ref_floor, "mem_floor_mb": ref_floor,
@@ -35,11 +35,15 @@ def test_points_line_up_one_curve_per_strategy_with_its_own_one_gpu_point(tmp_pa
     t = scaling.points(results.load(tmp_path))
     ddp = t[t["strategy"] == "ddp"].set_index("gpus")
     assert list(ddp.index) == [1, 2, 4] and set(t["student"]) == {"te_fp8:delayed"}  # the error row is no point
-    assert ddp.loc[1, "step_ms_median"] == pytest.approx(20.5) and ddp.loc[1, "runs"] == 2  # median of both runs' references
+    # median of both runs' references
+    assert ddp.loc[1, "step_ms_median"] == pytest.approx(20.5) and ddp.loc[1, "runs"] == 2
     assert ddp.loc[2, "scaling_efficiency"] == pytest.approx(20.5 / 22.0)
     assert ddp.loc[4, "tokens_per_s_per_gpu"] == pytest.approx(8192 / 0.025)
     fsdp = t[t["strategy"] == "fsdp2"].set_index("gpus")
-    assert fsdp.loc[2, "scaling_efficiency"] == pytest.approx(20.0 / 24.0) and fsdp.loc[2, "peak_mem_allocated_mb"] == 4000.0
+    assert (
+        fsdp.loc[2, "scaling_efficiency"] == pytest.approx(20.0 / 24.0)
+        and fsdp.loc[2, "peak_mem_allocated_mb"] == 4000.0
+    )
 
 
 def test_a_point_that_fell_back_says_so_and_gets_no_efficiency_against_a_point_that_did_not(tmp_path):
@@ -91,7 +95,9 @@ def test_the_plot_has_one_row_of_panels_per_preset_each_with_its_own_curves(tmp_
 def test_runs_without_distributed_rows_are_one_clear_error(tmp_path):
     d = tmp_path / "old"
     d.mkdir()
-    results.write_csv(d / "students.csv", pd.DataFrame([{"student": "torch_bf16", "status": "ok", "step_ms_median": 1.0}]))
+    results.write_csv(
+        d / "students.csv", pd.DataFrame([{"student": "torch_bf16", "status": "ok", "step_ms_median": 1.0}])
+    )
     results.mark_complete(d, run_id="old")
     assert cli.main(["scaling", str(tmp_path), "--out", str(tmp_path / "s")]) == 1
 

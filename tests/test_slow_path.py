@@ -3,9 +3,8 @@ import pandas as pd
 import pytest
 
 from workbench.measure import profiler
-
-
 from workbench.run import runner, slow_path
+
 TE_FP8 = {"student": "te_fp8:delayed", "backend": "te_fp8", "mode": "TE-FP8", "status": "ok", "gemm_precision": "fp8",
           "graphed": False, "graph_scope": None, "cfg_preset": "seed", "cfg_layout": "separate",
           "cfg_param_dtype": "fp32", "gpu_name": "NVIDIA H200"}
@@ -30,7 +29,13 @@ def test_the_threshold_is_the_bench_one(busy_ms, step_ms, host_bound):
 
 
 def test_the_fix_follows_what_already_ran():
-    torch_row = {**TE_FP8, "student": "torch_bf16", "backend": "torch_bf16", "mode": "PyTorch-BF16", "gemm_precision": "bf16"}
+    torch_row = {
+        **TE_FP8,
+        "student": "torch_bf16",
+        "backend": "torch_bf16",
+        "mode": "PyTorch-BF16",
+        "gemm_precision": "bf16",
+    }
     assert "; set graphs=true" in slow_path.classify(_busy(torch_row, 0.6, 5.0))[0]
     assert "te_graph" not in slow_path.classify(_busy(torch_row, 0.6, 5.0))[0]
     fwd_bwd = {**TE_FP8, "graphed": True, "graph_scope": "fwd_bwd"}

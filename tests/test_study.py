@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 
 from workbench import config, results
+from workbench.config import ConfigError
 from workbench.study import spec
 from workbench.study.report import report
-from workbench.config import ConfigError
 from workbench.sweep.plan import plan
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,7 +26,13 @@ def test_points_pair_arms_by_seed_and_shift_the_noise_arm():
     grid = spec.point_overrides(s)
     assert [g["seed"] for g in grid] == [1, 1001, 2, 1002, 3, 1003]
     main = grid[0]
-    assert main["backends"] == ["torch_bf16", "te_bf16", "te_fp8:delayed", "te_fp8:current", "torchao_float8:tensorwise"]
+    assert main["backends"] == [
+        "torch_bf16",
+        "te_bf16",
+        "te_fp8:delayed",
+        "te_fp8:current",
+        "torchao_float8:tensorwise",
+    ]
     assert main["no_kd_student"] is True and main["baseline"] == "torch_bf16"
     assert grid[1] == {"seed": 1001, "backends": ["torch_bf16"], "baseline": "torch_bf16", "no_kd_student": False}
     assert spec.arm_of(s, "torch_bf16:no_kd", 2)[0].name == "no_kd_bf16"

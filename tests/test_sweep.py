@@ -13,13 +13,14 @@ import pytest
 import yaml
 
 from workbench import cli, results
-
-from workbench.sweep import analysis, cluster, index, plan, point, run
 from workbench.config import ConfigError
+from workbench.sweep import analysis, cluster, index, plan, point, run
 
 # Tiny points: a sweep point is a papermill kernel start plus a few milliseconds of training.
 TINY = {"steps": 2, "iters": 2, "warmup": 0, "eval_batches": 1}
-OOM_VOCAB = 2**31 - 1  # the largest vocab config allows: its embedding (256 GiB at hidden 32) cannot be allocated, so it fails inside the notebook
+# The largest vocab config allows: its embedding (256 GiB at hidden 32) cannot be allocated, so it fails inside the
+# notebook.
+OOM_VOCAB = 2**31 - 1
 
 
 def test_grid_args_multiply_and_link():
@@ -197,7 +198,9 @@ def test_gpu_workers_get_their_devices_and_a_point_wanting_more_fails_alone(tmp_
     kernel sees one of them."""
     monkeypatch.setattr(cluster, "visible_gpus", lambda: ["0", "1"])
     monkeypatch.setattr(plan, "point_nproc", lambda cfg: 3 if cfg.flat()["hidden"] == 48 else 1)
-    spec = plan.Spec("gpus", "cpu-smoke", {**TINY, "backends": "torch_fp32", "baseline": "torch_fp32"}, {"hidden": [32, 48]})
+    spec = plan.Spec(
+        "gpus", "cpu-smoke", {**TINY, "backends": "torch_fp32", "baseline": "torch_fp32"}, {"hidden": [32, 48]}
+    )
     summary = run.run_sweep(spec, root=tmp_path, progress=False)
     assert (summary["done"], summary["failed"]) == (1, 1)
     idx = index.read_index(tmp_path / "gpus").set_index("grid_hidden")
@@ -267,7 +270,6 @@ def test_report_only_is_refused_beside_a_live_driver(tmp_path, capsys):
 def finished_sweep(tmp_path_factory):
     """A sweep whose two points are complete (each a real tiny run) and whose index says so."""
     from workbench import config
-
     from workbench.run import runner
     root = tmp_path_factory.mktemp("sweeps")
     spec = plan.Spec("fin", "cpu-smoke", {**TINY, "backends": "torch_fp32,torch_bf16", "baseline": "torch_fp32"},
@@ -463,7 +465,9 @@ def test_a_finished_sweep_without_nbconvert_exits_0_and_names_the_pip_command(fi
     assert cli.main(["sweep", "--name", "fin", "--out", str(root), "--reference", "torch_fp32"]) == 0
     err = capsys.readouterr().err
     assert "report.html not written" in err and "pip install 'nbconvert>=7.0'" in err and "-e" not in err
-    assert (root / "fin" / "report" / "crossover.csv").exists() and not (root / "fin" / "report" / "report.html").exists()
+    assert (root / "fin" / "report" / "crossover.csv").exists() and not (
+        root / "fin" / "report" / "report.html"
+    ).exists()
 
 
 # ---- --scheduler at something else, a scheduler without workers ----------------------------------

@@ -5,14 +5,14 @@ import json
 
 import pytest
 import torch
-
 from fake_te import FakeRecipes, FakeTEModules
+
 from workbench import cli, config, results
-from workbench.bench import rows as bench_rows
-from workbench.run import runner
 from workbench.backends._te import TEAttention
+from workbench.bench import rows as bench_rows
 from workbench.env import te as _te
 from workbench.models import Teacher
+from workbench.run import runner
 from workbench.train import lm_task, tasks, teacher_precision
 
 CPU = torch.device("cpu")
@@ -21,7 +21,9 @@ NO_FP8 = (False, "Device compute capability 8.9 or higher required for FP8 execu
 
 def fake_te_with(fp8):
     """The fake TE's layers with TE's FP8 capability check answering `fp8`."""
-    return type("FakeTEWithFP8Check", (FakeTEModules,), {"is_fp8_available": staticmethod(lambda return_reason=False: fp8)})
+    return type(
+        "FakeTEWithFP8Check", (FakeTEModules,), {"is_fp8_available": staticmethod(lambda return_reason=False: fp8)}
+    )
 
 
 def smoke(**kw):
@@ -66,8 +68,10 @@ def test_the_fp8_teacher_is_the_teacher_under_tes_autocast_with_current_scaling_
         assert torch.equal(task.reference.state_dict()[k], v), k
 
     data = task.make_data()
-    assert seen and all(isinstance(recipe, FakeRecipes.Float8CurrentScaling) and not grad and amp and dt is torch.bfloat16
-                        for recipe, grad, amp, dt in seen)
+    assert seen and all(
+        isinstance(recipe, FakeRecipes.Float8CurrentScaling) and not grad and amp and dt is torch.bfloat16
+        for recipe, grad, amp, dt in seen
+    )
     # the fake's current scaling is torch's maths: the same targets as the bf16 teacher's
     for (_, fp8_t), (_, bf16_t) in zip(data.eval, bf16.make_data().eval):
         assert torch.equal(fp8_t.out, bf16_t.out)
@@ -75,7 +79,9 @@ def test_the_fp8_teacher_is_the_teacher_under_tes_autocast_with_current_scaling_
     seen.clear()  # the teacher's timing runs the same forward
     cells, _ = runner.time_teacher(cfg, task, data, CPU)
     assert cells["teacher_ms_median"] > 0
-    assert seen and all(isinstance(recipe, FakeRecipes.Float8CurrentScaling) and not grad for recipe, grad, _, _ in seen)
+    assert seen and all(
+        isinstance(recipe, FakeRecipes.Float8CurrentScaling) and not grad for recipe, grad, _, _ in seen
+    )
 
 
 def test_a_language_model_teacher_runs_in_fp8_with_tes_attention_and_its_own_weights(monkeypatch, tmp_path):
@@ -166,7 +172,9 @@ def test_the_bench_compares_a_teacher_with_the_peak_of_the_precision_it_ran_in()
            "cfg_teacher_precision": "fp8"}
     fp8 = bench_rows._teacher_cells({**row, "teacher_precision_used": "fp8"}, 8.0, peak)
     assert fp8["teacher_precision"] == "fp8" and fp8["teacher_tflops"] == pytest.approx(500.0)
-    assert fp8["teacher_pct_of_measured_peak"] == pytest.approx(31.25) and fp8["teacher_share_pct"] == pytest.approx(20.0)
+    assert fp8["teacher_pct_of_measured_peak"] == pytest.approx(31.25) and fp8["teacher_share_pct"] == pytest.approx(
+        20.0
+    )
     fell_back = bench_rows._teacher_cells({**row, "teacher_precision_used": "bf16"}, 8.0, peak)
     assert fell_back["teacher_precision"] == "bf16" and fell_back["teacher_pct_of_measured_peak"] == pytest.approx(62.5)
 
@@ -182,5 +190,7 @@ def test_an_fp8_teachers_cached_weights_are_those_of_the_precision_it_trains_in(
 
     fp32, fp8, bf16 = checkpoint("fp32"), checkpoint("fp8"), checkpoint("bf16")
     assert fp8["teacher_cached"] is True and fp8["teacher_checkpoint"] == fp32["teacher_checkpoint"]
-    assert fp8["teacher_precision_used"] == "fp32" and fp8["teacher_precision_reason"].endswith("ran in fp32 instead of fp8")
+    assert fp8["teacher_precision_used"] == "fp32" and fp8["teacher_precision_reason"].endswith(
+        "ran in fp32 instead of fp8"
+    )
     assert bf16["teacher_cached"] is False and bf16["teacher_checkpoint"] != fp32["teacher_checkpoint"]

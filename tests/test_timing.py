@@ -7,11 +7,9 @@ import pytest
 import torch
 
 from workbench import config, results
-
-from workbench.measure import profiler, flops, timing
-
-from workbench.run import runner
 from workbench.config import ModelConfig
+from workbench.measure import flops, profiler, timing
+from workbench.run import runner
 
 
 class CountingClock:
@@ -110,7 +108,12 @@ def test_cpu_run_writes_repeats_and_profile_into_each_students_row(tmp_path):
 
 
 def test_summary_keys_and_empty():
-    assert set(timing.Timing([1.0]).summary("step_ms")) == {"step_ms_median", "step_ms_p20", "step_ms_p80", "step_ms_mean"}
+    assert set(timing.Timing([1.0]).summary("step_ms")) == {
+        "step_ms_median",
+        "step_ms_p20",
+        "step_ms_p80",
+        "step_ms_mean",
+    }
     assert timing.Timing([]).median is None
 
 

@@ -27,19 +27,36 @@ COMMANDS = {
     "notebook": ("workbench.notebook", "execute notebooks/distill_benchmark.ipynb with papermill"),
     "install-te": ("workbench.env.install", "plan and run the Transformer Engine install"),
     "doctor": ("workbench.env.doctor", "diagnose the TE install or an install/import log"),
-    "sweep": ("workbench.sweep.run", "papermill sweep over a config grid into results/sweeps/<name>/, resumable, + report"),
-    "study": ("workbench.study.run", "distillation-quality study: arms x seeds, one teacher, gaps vs the bf16 noise floor"),
+    "sweep": (
+        "workbench.sweep.run",
+        "papermill sweep over a config grid into results/sweeps/<name>/, resumable, + report",
+    ),
+    "study": (
+        "workbench.study.run",
+        "distillation-quality study: arms x seeds, one teacher, gaps vs the bf16 noise floor",
+    ),
     "teacher": ("workbench.teacher", "train (or find) the language-model teacher of a config, cached for later runs"),
-    "scaling": ("workbench.results.scaling", "the scaling curve (tokens/s, efficiency, memory per GPU vs GPUs) of distributed runs"),
-    "hf-init": ("workbench.models.hf_init", "write a randomly initialised Hugging Face model of a real shape, with a tokenizer trained here"),
-    "bench": ("workbench.bench.cli", "benchmark variants (eager/compile/graphs, layouts) vs measured + datasheet peaks, + profiler cross-check"),
+    "scaling": (
+        "workbench.results.scaling",
+        "the scaling curve (tokens/s, efficiency, memory per GPU vs GPUs) of distributed runs",
+    ),
+    "hf-init": (
+        "workbench.models.hf_init",
+        "write a randomly initialised Hugging Face model of a real shape, with a tokenizer trained here",
+    ),
+    "bench": (
+        "workbench.bench.cli",
+        "benchmark variants (eager/compile/graphs, layouts) vs measured + datasheet peaks, + profiler cross-check",
+    ),
 }
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     from workbench import config
 
-    p.add_argument("--preset", default="auto", choices=config.PRESET_CHOICES, metavar="PRESET", help=config.preset_help())
+    p.add_argument(
+        "--preset", default="auto", choices=config.PRESET_CHOICES, metavar="PRESET", help=config.preset_help()
+    )
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a config field, e.g. --set hidden=1024 --set backends=torch_bf16,te_fp8:current")
     p.add_argument("--out", default="results", help="parent folder of the run folder")
@@ -52,7 +69,6 @@ add_arguments = add_run_arguments
 
 def main_run(args: argparse.Namespace) -> int:
     from workbench import config
-
     from workbench.run import parallel, runner
     overrides = config.parse_set(args.overrides)
     cfg = config.from_preset(args.preset, **overrides)
@@ -69,15 +85,15 @@ def main_run(args: argparse.Namespace) -> int:
 def add_config_arguments(p: argparse.ArgumentParser) -> None:
     from workbench import config
 
-    p.add_argument("--preset", default="auto", choices=config.PRESET_CHOICES, metavar="PRESET", help=config.preset_help())
+    p.add_argument(
+        "--preset", default="auto", choices=config.PRESET_CHOICES, metavar="PRESET", help=config.preset_help()
+    )
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a config field, e.g. --set hidden=1024")
 
 
 def main_config(args: argparse.Namespace) -> int:
-    from workbench import config
-
-    from workbench import backends
+    from workbench import backends, config
 
     cfg = config.from_preset(args.preset, **config.parse_set(args.overrides))
     backends.check_specs(cfg.backends)  # the config a run would take: its students name known backends

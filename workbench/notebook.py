@@ -215,8 +215,8 @@ def execute(preset: str = "auto", overrides: dict[str, Any] | None = None, out: 
     past `cell_timeout`.
     """
     import papermill as pm
-    from workbench import backends, results
 
+    from workbench import backends, results
     from workbench.run import runner
     if importlib.util.find_spec("ipykernel") is None:  # else papermill's "No such kernel named python3"
         raise ModuleNotFoundError(NO_KERNEL)

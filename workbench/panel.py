@@ -32,7 +32,9 @@ def maybe_show(namespace: dict[str, Any]) -> "Panel | None":
         return None
     from IPython.display import display
 
-    p = Panel(preset=namespace.get("preset") or "auto", out=Path(namespace.get("out") or notebook.default_out()) / "panel")
+    p = Panel(
+        preset=namespace.get("preset") or "auto", out=Path(namespace.get("out") or notebook.default_out()) / "panel"
+    )
     display(p.widget)
     return p
 
@@ -47,8 +49,11 @@ class Panel:
 
         self.out = Path(out)
         base = config.from_preset(preset)
-        self.preset = w.Dropdown(options=["auto", *config.PRESETS], value=preset if preset in config.PRESETS else "auto",
-                                 description="preset")
+        self.preset = w.Dropdown(
+            options=["auto", *config.PRESETS],
+            value=preset if preset in config.PRESETS else "auto",
+            description="preset",
+        )
         self.sizes = w.Text(value=str(base.model.hidden), description="hidden",
                             placeholder="comma-separated, e.g. 512,1024,2048")
         self.ratio = w.IntText(value=max(1, base.model.intermediate // base.model.hidden), description="MLP ×",
@@ -105,8 +110,6 @@ class Panel:
         import matplotlib.pyplot as plt
 
         from workbench.results import plots
-
-
         from workbench.sweep import analysis, figures
         if len(run_dirs) == 1:
             figs = [fn(run_dirs[0]) for fn in plots.run_plots(run_dirs[0]).values()]  # none with nothing to draw

@@ -38,16 +38,24 @@ def crosscheck_report(df: pd.DataFrame, preset: str | None, bench_dir: Path | No
                     | {"kernel_to_event_ratio": rat, "within_tolerance": profiler.agrees(rat)})
     head = best(ran[ran["precision"] == "fp8"]) or best(ran)
     return {
-        "schema_version": results.SCHEMA_VERSION, "preset": preset, "tolerance": profiler.TOLERANCE,
+        "schema_version": results.SCHEMA_VERSION,
+        "preset": preset,
+        "tolerance": profiler.TOLERANCE,
         "what": "gpu_busy_ms_per_step = union of the GPU activity intervals (kernels, memcpy, memset) torch.profiler "
-                "saw in one extra timed block, per step; kernel_ms_per_step = their plain sum (counts kernels "
-                "overlapping on several streams twice); kernel_to_event_ratio = gpu_busy_ms_per_step / "
-                "step_ms_median (the run's own CUDA-event median)",
-        "headline": None if head is None else {
-            "variant": head["variant"], "student": head["student"], "step_ms_median": head["step_ms_median"],
-            "kernel_ms_per_step": head.get("kernel_ms_per_step"), "gpu_busy_ms_per_step": head.get("gpu_busy_ms_per_step"),
+        "saw in one extra timed block, per step; kernel_ms_per_step = their plain sum (counts kernels "
+        "overlapping on several streams twice); kernel_to_event_ratio = gpu_busy_ms_per_step / "
+        "step_ms_median (the run's own CUDA-event median)",
+        "headline": None
+        if head is None
+        else {
+            "variant": head["variant"],
+            "student": head["student"],
+            "step_ms_median": head["step_ms_median"],
+            "kernel_ms_per_step": head.get("kernel_ms_per_step"),
+            "gpu_busy_ms_per_step": head.get("gpu_busy_ms_per_step"),
             "kernel_to_event_ratio": num(head.get("kernel_to_event_ratio")),
             "within_tolerance": profiler.agrees(num(head.get("kernel_to_event_ratio"))),
-            **kernel_breakdown(bench_dir, head)},
+            **kernel_breakdown(bench_dir, head),
+        },
         "rows": rows,
     }

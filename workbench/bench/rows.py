@@ -22,11 +22,13 @@ COLUMNS = [  # bench.csv, in order (env stamp and cfg_* columns follow)
     "optimizer",
     "step_ms_median", "step_ms_p20", "step_ms_p80", "tokens_per_s", "train_gflop_per_step", "tflops",
     "measured_peak_tflops", "pct_of_measured_peak", "datasheet_peak_tflops", "pct_of_datasheet_peak",
-    "tutorial_bf16_ms", "speedup_vs_tutorial", "tutorial_same_path_ms", "speedup_vs_tutorial_same_path", "tutorial_rows",
+    "tutorial_bf16_ms", "speedup_vs_tutorial", "tutorial_same_path_ms", "speedup_vs_tutorial_same_path",
+    "tutorial_rows",
     "teacher_precision", "teacher_ms_median", "teacher_pct_of_student_step", "teacher_share_pct", "teacher_tflops",
     "teacher_pct_of_measured_peak", "repeats", "median_spread_pct", "host_bound",
     "profiled_step_ms_median", "kernel_ms_per_step", "gpu_busy_ms_per_step", "kernels_per_step",
-    "kernel_to_event_ratio", "kernel_sum_to_event_ratio", "capture_ms", "compile_ms", "peak_mem_allocated_mb", "peak_mem_reserved_mb",
+    "kernel_to_event_ratio", "kernel_sum_to_event_ratio", "capture_ms", "compile_ms",
+    "peak_mem_allocated_mb", "peak_mem_reserved_mb",
     "mem_floor_mb",
     "final_train_loss", "eval_mse", "run_dir",
 ]
@@ -206,7 +208,8 @@ def _bench_row(meta, peak, variant, r, obs, teacher_obs, run_dir) -> dict[str, A
         "measured_peak_tflops": measured, "pct_of_measured_peak": pct(r.get("tflops"), measured),
         "datasheet_peak_tflops": sheet, "pct_of_datasheet_peak": pct(r.get("tflops"), sheet),
         "optimizer": r.get("optimizer", r.get("cfg_optimizer")), "graph_scope": r.get("graph_scope"),
-        **({"loss_impl": r["loss_impl"]} if isinstance(r.get("loss_impl"), str) else {}),  # LM rows: the logit loss that ran
+        # LM rows: the logit loss that ran
+        **({"loss_impl": r["loss_impl"]} if isinstance(r.get("loss_impl"), str) else {}),
         # TE rows of a Hugging Face student: the conversion that ran (decoder layers or per Linear) and why
         **{k: r[k] for k in ("te_conversion", "te_conversion_note") if isinstance(r.get(k), str)},
         "teacher_ms_median": r.get("teacher_ms_median"),

@@ -77,7 +77,9 @@ def _refuse_measured_overrides(overrides: dict[str, Any]) -> None:
         if config_mod.locate(key)[1] in ("backends", "baseline"):
             raise ConfigError("bench takes its students from the variants (--variants); drop --set backends/baseline")
         if config_mod.locate(key)[1] in ("repeats", "profile"):
-            raise ConfigError("bench sets repeats and profile from --repeats and --no-crosscheck; drop --set repeats/profile")
+            raise ConfigError(
+                "bench sets repeats and profile from --repeats and --no-crosscheck; drop --set repeats/profile"
+            )
 
 
 def _variant_in_budget(v: Variant, preset: str, opts: BenchOptions, bench_dir: Path, device, t0: float,

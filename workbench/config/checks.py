@@ -134,7 +134,9 @@ def _lm(cfg: Any) -> None:
     for name, v, lo, hi in (("lm.heldout_fraction", lm.heldout_fraction, 0.0, 0.5),
                             ("distill.ce_weight", d.ce_weight, 0.0, 1.0), ("distill.jsd_beta", d.jsd_beta, 0.0, 1.0)):
         if not (isinstance(v, (int, float)) and lo <= v <= hi) or (name == "lm.heldout_fraction" and v == 0):
-            raise ConfigError(f"{name} must be in [{lo}, {hi}]{' and > 0' if name == 'lm.heldout_fraction' else ''}, got {v!r}")
+            raise ConfigError(
+                f"{name} must be in [{lo}, {hi}]{' and > 0' if name == 'lm.heldout_fraction' else ''}, got {v!r}"
+            )
     for name, v in (("lm.corpus_mb", lm.corpus_mb), ("lm.teacher_lr", lm.teacher_lr),
                     ("distill.temperature", d.temperature)):
         _finite(name, v)

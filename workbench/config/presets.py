@@ -81,7 +81,9 @@ def _lm_distill() -> Config:
     1024, 4 layers) distilled for 300 steps from a wider, deeper GPT teacher trained here, 8192 tokens per
     step, the held-out metrics every 50 steps. Run it with two seeds for the noise (--set seed=...)."""
     c = Config(preset="lm-distill")
-    c.model = ModelConfig(kind="gpt", vocab=8192, hidden=1024, intermediate=4096, layers=4, heads=8, seq_len=512, batch=16)
+    c.model = ModelConfig(
+        kind="gpt", vocab=8192, hidden=1024, intermediate=4096, layers=4, heads=8, seq_len=512, batch=16
+    )
     c.train = TrainConfig(steps=300, lr=1e-3, eval_batches=4, eval_every=50, fused_optimizer=True)
     c.bench = BenchConfig(warmup=5, iters=20)
     c.distill = DistillConfig(loss="forward_kl", temperature=1.0)

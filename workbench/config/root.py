@@ -175,7 +175,9 @@ def field_docs() -> dict[str, str]:
     import sys
 
     docs: dict[str, str] = {}
-    nodes = [n for mod in ("workbench.config.fields", __name__) for n in ast.parse(inspect.getsource(sys.modules[mod])).body]
+    nodes = [
+        n for mod in ("workbench.config.fields", __name__) for n in ast.parse(inspect.getsource(sys.modules[mod])).body
+    ]
     for node in nodes:
         if isinstance(node, ast.ClassDef) and node.name in {c.__name__ for c in (*SECTIONS.values(), Config)}:
             body = node.body

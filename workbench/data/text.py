@@ -24,19 +24,19 @@ import glob
 import hashlib
 import io
 import json
+import pydoc_data.topics
 import sysconfig
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pydoc_data.topics
 import torch
 
+from workbench.config import ConfigError
 from workbench.data import cache
 from workbench.data.tokenizer import PretrainedTokenizer
 from workbench.data.tokenizer import load as load_pretrained
-from workbench.config import ConfigError
 from workbench.results import read_json
 
 try:

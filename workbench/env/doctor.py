@@ -4,7 +4,7 @@
     python -m workbench doctor --log install.log  # match a pip/build/import log against known failures
     python -m workbench doctor --json             # the same findings as data
 
-`KNOWN_FAILURES` is the table from REFERENCE.md §3 (TE's issue tracker: error text -> cause -> fix), plus
+`KNOWN_FAILURES` is a table of known install failures (TE's issue tracker: error text -> cause -> fix), plus
 what the installer met. `diagnose(text, env)` returns the matching rows, most specific first, with the
 fix commands filled in from the probe (this GPU's arch, torch's CUDA major, the pip cuDNN path, the TE
 version). A log nothing matches is reported as unknown, with a pointer to the full log — never guessed.
@@ -75,15 +75,16 @@ KNOWN_FAILURES: tuple[Failure, ...] = (
             "which drops it)",
             ("unset NVTE_RELEASE_BUILD", INSTALL), ("NVIDIA/TransformerEngine#1541", "#2505", "#1981"), 10),
     Failure("build_out_of_memory",
-            (r"(Killed signal terminated program \w{1,40})", r"fatal error: (Killed)", r"^[ \t]{0,80}(Killed)[ \t]{0,80}$",
-             r"exit status (137)\b"),
+            (r"(Killed signal terminated program \w{1,40})", r"fatal error: (Killed)",
+             r"^[ \t]{0,80}(Killed)[ \t]{0,80}$", r"exit status (137)\b"),
             "the compiler was killed: the parallel build ran out of memory",
             ("MAX_JOBS=1 NVTE_BUILD_THREADS_PER_JOB=1 NVTE_CUDA_ARCHS={archs} {python} -m workbench install-te "
              "--build-from-source --max-jobs 1", "# or by hand:",
              REBUILD.replace("MAX_JOBS={jobs}", "MAX_JOBS=1")),
             ("NVIDIA/TransformerEngine#1249", "#976"), 20),
     Failure("cuda_toolkit_mismatch",
-            (r"detected CUDA version \(?([\d.]{1,20})\)? mismatches the version that was used to compile\s{1,40}PyTorch",),
+            (r"detected CUDA version \(?([\d.]{1,20})\)? mismatches the version that was used to compile"
+             r"\s{1,40}PyTorch",),
             "nvcc's CUDA major differs from the one torch was built with ({torch_cuda}); the extension must be "
             "compiled with a matching toolkit",
             ("# install the CUDA {cuda_major} toolkit (same major as torch {torch_cuda}), then:",
@@ -98,8 +99,10 @@ KNOWN_FAILURES: tuple[Failure, ...] = (
             ("{python} -m pip uninstall -y transformer_engine_cu12 transformer_engine_cu13", INSTALL),
             ("NVIDIA/TransformerEngine#2040",), 10),
     Failure("cudnn_sublibrary_loading",
-            (r"CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED", r"(libcudnn_\w{1,40}\.so\.\d{1,3}): cannot open shared object file",
-             r"(libcudnn\w{0,40}\.so\.\d{1,3}): undefined symbol", r"undefined symbol: \w{1,400}, version (libcudnn\w{0,40})",
+            (r"CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED",
+             r"(libcudnn_\w{1,40}\.so\.\d{1,3}): cannot open shared object file",
+             r"(libcudnn\w{0,40}\.so\.\d{1,3}): undefined symbol",
+             r"undefined symbol: \w{1,400}, version (libcudnn\w{0,40})",
              r"Unable to load any of \{(libcudnn\w{0,40})",
              r"(cuDNN version incompatibility): PyTorch was compiled\s{1,40}against"),
             "TE loads a different cuDNN (e.g. the system's) than torch (the venv's pip cuDNN): its sub-libraries "
@@ -152,18 +155,21 @@ KNOWN_FAILURES: tuple[Failure, ...] = (
     Failure("te_not_installed",
             (r"No module named '(transformer_engine)'",),
             "Transformer Engine is not installed in this Python",
-            ("{python} -m workbench install-te --dry-run   # see the plan", "{python} -m workbench install-te"), (), 30),
+            ("{python} -m workbench install-te --dry-run   # see the plan", "{python} -m workbench install-te"),
+            (), 30),
     Failure("missing_python_module",
             (r"No module named '(\w{1,100})",),
             "a Python dependency ({match}) is not installed (offline installs use --no-deps)",
             ("{python} -m pip install {match}",), (), 40),
     Failure("extension_build_failed",
             (r"ninja: build stopped: subcommand failed", r"Error compiling objects for extension",
-             r"Failed (?:building wheel|to build) (transformer[-_]engine[\w-]{0,40})", r"error: subprocess-exited-with-error"),
+             r"Failed (?:building wheel|to build) (transformer[-_]engine[\w-]{0,40})",
+             r"error: subprocess-exited-with-error"),
             "a build step failed; the first compiler 'error:' line above it is the real cause (if processes were "
             "Killed, memory ran out)",
             ("grep -n -m5 'error:' <LOG>",
-             "MAX_JOBS=1 NVTE_BUILD_THREADS_PER_JOB=1 {python} -m workbench install-te --build-from-source --max-jobs 1"),
+             "MAX_JOBS=1 NVTE_BUILD_THREADS_PER_JOB=1 {python} -m workbench install-te --build-from-source "
+             "--max-jobs 1"),
             ("NVIDIA/TransformerEngine#1249", "#2383"), 90),
 )
 
@@ -234,8 +240,9 @@ def diagnose(text: str, env: dict[str, Any] | None = None) -> list[Diagnosis]:
             start = text.rfind("\n", 0, m.start()) + 1
             end = text.find("\n", m.end())
             line = text[start:end if end >= 0 else len(text)].strip()
-            hits.append((failure.priority, Diagnosis(failure.id, _fill(failure.cause, ctx), [_fill(f, ctx) for f in failure.fix],
-                                                     list(failure.refs), line[:400])))
+            fix = [_fill(f, ctx) for f in failure.fix]
+            hits.append((failure.priority, Diagnosis(failure.id, _fill(failure.cause, ctx), fix, list(failure.refs),
+                                                     line[:400])))
             break
     return [d for _, d in sorted(hits, key=lambda h: h[0])]
 

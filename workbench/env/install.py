@@ -219,7 +219,9 @@ def _after_pip(p: Plan, after: dict[str, Any], smoke: dict[str, Any] | None, res
     only show when kernels run."""
     version = after.get("te_version")
     if not after.get("te_available"):
-        found = doctor.check_installed(after, log_path) or [doctor.unknown(log_path, after.get("te_import_error") or "")]
+        found = doctor.check_installed(after, log_path) or [
+            doctor.unknown(log_path, after.get("te_import_error") or "")
+        ]
         reason = f"pip succeeded but transformer_engine.pytorch does not import: {after.get('te_import_error')}"
         return Outcome("fallback", False, reason, [d.to_dict() for d in found], version, False, results)
     ok = smoke is None or bool(smoke.get("ok"))
@@ -267,10 +269,16 @@ def add_arguments(p) -> None:
     p.add_argument("--version", default=None, help="TE version to pin (default: PyPI's newest, or the wheelhouse's)")
     p.add_argument("--find-links", default=None, metavar="DIR", help="a wheelhouse folder for pip")
     p.add_argument("--no-index", action="store_true", help="offline: use only --find-links, never PyPI")
-    p.add_argument("--build-from-source", action="store_true", help="compile the PyTorch extension here (from its sdist)")
+    p.add_argument(
+        "--build-from-source", action="store_true", help="compile the PyTorch extension here (from its sdist)"
+    )
     p.add_argument("--reinstall", action="store_true", help="uninstall the installed TE packages and install again")
-    p.add_argument("--force", action="store_true", help="run even where preflight refuses (the refusals become warnings)")
-    p.add_argument("--max-jobs", type=int, default=None, help="parallel compile jobs (default: sized to memory and cores)")
+    p.add_argument(
+        "--force", action="store_true", help="run even where preflight refuses (the refusals become warnings)"
+    )
+    p.add_argument(
+        "--max-jobs", type=int, default=None, help="parallel compile jobs (default: sized to memory and cores)"
+    )
     p.add_argument("--target", default=None, help="install into this folder (pip --target) instead of the environment")
     p.add_argument("--out", default="results/install", help="parent folder of the install record")
     p.add_argument("--quiet", action="store_true", help="do not stream pip's output (it is still logged)")

@@ -43,7 +43,8 @@ class Plan:
     """TE version the meta, core and extension packages are pinned to (None: PyPI's newest)."""
     core_extra: str | None
     build: str
-    """'yes' (the extension compiles here), 'maybe' (PyPI sdist: a prebuilt wheel if one matches, else compile), 'no'."""
+    """'yes' (the extension compiles here), 'maybe' (PyPI sdist: a prebuilt wheel if one matches, else compile),
+    'no'."""
     build_reason: str
     build_env: dict[str, str]
     steps: list[Step]
@@ -74,8 +75,10 @@ class Plan:
         for i, s in enumerate(self.steps, 1):
             lines += [f"{i}. {s.name}: {s.why}", f"   $ {s.shell()}"]
         if self.steps:
-            lines.append(f"{len(self.steps) + 1}. verify: probe in a fresh process (transformer_engine.pytorch must import); "
-                         "FP8 forward/backward of one te.Linear if FP8 is available")
+            lines.append(
+                f"{len(self.steps) + 1}. verify: probe in a fresh process (transformer_engine.pytorch must import); "
+                "FP8 forward/backward of one te.Linear if FP8 is available"
+            )
         return "\n".join(lines)
 
 
@@ -179,8 +182,9 @@ def plan(env: dict[str, Any], *, version: str | None = None, find_links: str | N
     return p
 
 
-def _wheelhouse_pick(env: dict[str, Any], find_links: str | None, no_index: bool, core: str | None,
-                     pin: Version | None) -> tuple[dict[str, list[Dist]], dict[str, Dist | None], Version | None, list[str]]:
+def _wheelhouse_pick(
+    env: dict[str, Any], find_links: str | None, no_index: bool, core: str | None, pin: Version | None
+) -> tuple[dict[str, list[Dist]], dict[str, Dist | None], Version | None, list[str]]:
     """(wheelhouse, {TE package: its file there}, pin, refusals). Offline, pip sees only the wheelhouse, so
     the plan pins what it holds (its newest meta package unless --version says otherwise) and refuses before
     pip runs when a TE package of that version is missing: a wheel for this Python, or for the extension
@@ -206,12 +210,16 @@ def _wheelhouse_pick(env: dict[str, Any], find_links: str | None, no_index: bool
             picked = {name: pick(house.get(name, []), pin, env) for name in (META, core, EXTENSION) if name}
             for name, dist in picked.items():
                 if dist is None:
-                    kind = "a wheel for " + str(env.get("python_tag")) + " or an sdist" if name == EXTENSION else "a wheel"
+                    kind = (
+                        "a wheel for " + str(env.get("python_tag")) + " or an sdist" if name == EXTENSION else "a wheel"
+                    )
                     refusals.append(f"the wheelhouse {find_links} has no {name}=={pin} ({kind})")
     return house, picked, pin, refusals
 
 
-def _build_choice(env: dict[str, Any], ext_dist: Dist | None, build_from_source: bool, no_index: bool) -> tuple[str, str]:
+def _build_choice(
+    env: dict[str, Any], ext_dist: Dist | None, build_from_source: bool, no_index: bool
+) -> tuple[str, str]:
     """(build, reason): does transformer_engine_torch compile here? It decides whether the plan sets a build
     environment and checks nvcc and cuDNN. Offline the wheelhouse's file answers; on PyPI the extension is
     an sdist that fetches a prebuilt extension when one matches this torch, so there it is 'maybe'."""
@@ -298,13 +306,28 @@ def _pip_steps(p: Plan, env: dict[str, Any], core: str, picked: dict[str, Dist |
                               dict(PIP_ENV), "TE's runtime dependencies found in the wheelhouse; --no-deps so pip "
                               "never tries to replace torch or fetch CUDA libraries offline (already installed ones "
                               "are left as they are)"))
-        steps.append(Step("transformer-engine", pip + ["install", "--no-index", *links, "--no-deps", "--no-build-isolation",
-                                                       *source, *verbose, *where,
-                                                       f"transformer_engine=={p.version}",
-                                                       f"{core.replace('-', '_')}=={p.version}",
-                                                       f"transformer_engine_torch=={p.version}"],
-                          {**PIP_ENV, **p.build_env}, "meta, core and extension pinned to one version; "
-                          "--no-build-isolation so the extension builds against the installed torch"))
+        steps.append(
+            Step(
+                "transformer-engine",
+                pip
+                + [
+                    "install",
+                    "--no-index",
+                    *links,
+                    "--no-deps",
+                    "--no-build-isolation",
+                    *source,
+                    *verbose,
+                    *where,
+                    f"transformer_engine=={p.version}",
+                    f"{core.replace('-', '_')}=={p.version}",
+                    f"transformer_engine_torch=={p.version}",
+                ],
+                {**PIP_ENV, **p.build_env},
+                "meta, core and extension pinned to one version; "
+                "--no-build-isolation so the extension builds against the installed torch",
+            )
+        )
     elif not p.no_index:
         spec = f"transformer_engine[pytorch,{p.core_extra}]" + (f"=={p.version}" if p.version else "")
         steps.append(Step("transformer-engine", pip + ["install", "--no-build-isolation", *links, *source, *verbose,

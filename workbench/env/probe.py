@@ -7,7 +7,7 @@ machine can be simulated with a plain dict). Unknown values are None, never a gu
     python -m workbench probe            # grouped human table
     python -m workbench probe --json     # the dict, as JSON
 
-Why these fields (REFERENCE.md §3): most TE install failures are a mismatch between two of them —
+Why these fields: most TE install failures are a mismatch between two of them —
 the TE core package's CUDA major vs torch's, nvcc's major vs torch's, the extension's build vs the
 installed torch / C++ ABI, the meta/core/extension versions, or a cuDNN the build or loader cannot see.
 """
@@ -50,8 +50,8 @@ def _call(argv: list[str], timeout: float = 10) -> subprocess.CompletedProcess |
 
 def _git_sha() -> str | None:
     """The code version that made a result. WORKBENCH_GIT_SHA, set by whoever sends a copy of the tree
-    elsewhere, wins over git: on the lent H200 the copy's .git was a stale one from an earlier call and
-    stamped a later call's files with the wrong commit."""
+    elsewhere, wins over git: a copied tree can carry a stale .git, which would stamp its results with the
+    wrong commit."""
     if os.environ.get("WORKBENCH_GIT_SHA"):
         return os.environ["WORKBENCH_GIT_SHA"]
     here = os.path.dirname(os.path.abspath(__file__))
@@ -166,8 +166,13 @@ def consistency(env: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"check": check, "ok": ok, "detail": detail})
 
     versions = sorted(set(pkgs.values()))
-    add("same_version", len(versions) == 1,
-        "all " + versions[0] if len(versions) == 1 else "different versions: " + ", ".join(f"{n} {v}" for n, v in pkgs.items()))
+    add(
+        "same_version",
+        len(versions) == 1,
+        "all " + versions[0]
+        if len(versions) == 1
+        else "different versions: " + ", ".join(f"{n} {v}" for n, v in pkgs.items()),
+    )
     add("meta_package", META in pkgs, "transformer-engine installed" if META in pkgs else
         "no transformer-engine meta package (TE checks for it at import)")
     add("one_core", len(cores) == 1, ", ".join(cores) or "no transformer-engine-cu* core package")
@@ -178,7 +183,11 @@ def consistency(env: dict[str, Any]) -> list[dict[str, Any]]:
     else:
         add("core_matches_torch_cuda", None, "no core package or CPU-only torch")
     add("torch_extension", EXTENSION in pkgs, "transformer-engine-torch " + pkgs.get(EXTENSION, "missing"))
-    add("extension_imports", bool(env.get("te_available")), env.get("te_import_error") or "transformer_engine.pytorch imports")
+    add(
+        "extension_imports",
+        bool(env.get("te_available")),
+        env.get("te_import_error") or "transformer_engine.pytorch imports",
+    )
     return out
 
 
@@ -332,17 +341,47 @@ def _capabilities(te, why: str, cuda: bool) -> dict[str, Any]:
 
 
 SECTIONS = {  # the human table's groups, in order; keys not listed go to "other"
-    "system": ["python", "python_executable", "platform", "cpu_cores", "mem_total_gb", "mem_available_gb", "ngc_pytorch_container", "colab", "git_sha"],
+    "system": [
+        "python",
+        "python_executable",
+        "platform",
+        "cpu_cores",
+        "mem_total_gb",
+        "mem_available_gb",
+        "ngc_pytorch_container",
+        "colab",
+        "git_sha",
+    ],
     "torch": ["torch", "torch_cuda", "torch_cxx11_abi", "cudnn_torch", "cudnn_torch_error", "cudnn_mapped_dirs"],
     "GPU": ["gpu_name", "compute_capability", "gpu_count", "driver"],
-    "toolkit": ["cuda_home", "nvcc_path", "nvcc_version", "nvcc_problem", "cudnn_system_header", "cudnn_pip_header", "cudnn_pip_packages"],
-    "Transformer Engine": ["te_available", "te_version", "te_packages", "te_consistent", "te_import_error", "te_attention"],
+    "toolkit": [
+        "cuda_home",
+        "nvcc_path",
+        "nvcc_version",
+        "nvcc_problem",
+        "cudnn_system_header",
+        "cudnn_pip_header",
+        "cudnn_pip_packages",
+    ],
+    "Transformer Engine": [
+        "te_available",
+        "te_version",
+        "te_packages",
+        "te_consistent",
+        "te_import_error",
+        "te_attention",
+    ],
 }
 
 
 def rows(env: dict[str, Any]) -> list[dict[str, Any]]:
     """The probe as (section, item, value, note) rows: the notebook shows them as a DataFrame."""
-    out = [{"section": s, "item": k, "value": env.get(k), "note": ""} for s, keys in SECTIONS.items() for k in keys if k in env]
+    out = [
+        {"section": s, "item": k, "value": env.get(k), "note": ""}
+        for s, keys in SECTIONS.items()
+        for k in keys
+        if k in env
+    ]
     for c in env.get("te_consistency") or []:
         out.append({"section": "TE consistency", "item": c["check"],
                     "value": {True: "ok", False: "FAIL", None: "n/a"}[c["ok"]], "note": c["detail"]})

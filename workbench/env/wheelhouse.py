@@ -11,7 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import InvalidSdistFilename, InvalidWheelFilename, canonicalize_name, parse_sdist_filename, parse_wheel_filename
+from packaging.utils import (
+    InvalidSdistFilename,
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_sdist_filename,
+    parse_wheel_filename,
+)
 from packaging.version import Version
 
 from workbench.env.facts import EXTENSION, META, is_core
@@ -80,7 +86,9 @@ def _requires(dist: Dist) -> list[Requirement]:
 def pick(dists: list[Dist], version: Version, env: dict[str, Any]) -> Dist | None:
     """The wheel for this Python of `version`, else its sdist."""
     same = [d for d in dists if d.version == version]
-    return next((d for d in same if d.is_wheel and _wheel_fits(d, env)), next((d for d in same if not d.is_wheel), None))
+    return next(
+        (d for d in same if d.is_wheel and _wheel_fits(d, env)), next((d for d in same if not d.is_wheel), None)
+    )
 
 
 def runtime_deps(chosen: list[Dist], house: dict[str, list[Dist]]) -> tuple[list[str], list[str]]:

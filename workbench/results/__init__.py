@@ -116,13 +116,15 @@ def write_figure(fig, folder: Path, name: str) -> list[Path]:
 
 def compact_png(data: bytes) -> bytes:
     """The PNG re-encoded with a 256-colour palette: a line plot looks the same at about a third of the
-    bytes, which keeps the tree that travels to a GPU machine beside its wheels under the device tool's
-    64 MiB. The original where it is smaller."""
+    bytes, which keeps the committed figures, and a copy of the tree sent to a GPU machine, small. The
+    original where it is smaller."""
     from PIL import Image  # matplotlib's own dependency
 
     out = io.BytesIO()
     image = Image.open(io.BytesIO(data)).convert("RGB")
-    image.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(out, "PNG", optimize=True)
+    image.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(
+        out, "PNG", optimize=True
+    )
     return out.getvalue() if out.tell() < len(data) else data
 
 

@@ -16,7 +16,6 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from workbench import results
 
-
 # One colour per student spec. Keyed by spec (never by plotting order), so torchao is the same green in
 # every figure of every run. Families share a hue (TE FP8 reds/oranges, torchao greens, torch greys/blues).
 # A spec not named here (a backend added as one file) draws in a checksum colour from _OTHER_COLORS, which
@@ -71,8 +70,11 @@ def _title(df: pd.DataFrame, what: str, timings: bool = False) -> str:
     """`timings`: a figure of step times; on a CPU its title says they are a smoke test."""
     r = df.iloc[0]
     gpu = r.get("gpu_name") if isinstance(r.get("gpu_name"), str) else "CPU"
-    title = f"{what} — {gpu}, preset {r.get('cfg_preset')}, hidden {r.get('cfg_hidden')}, tokens {r.get('cfg_batch') * r.get('cfg_seq_len')}"
-    return title + ("\nCPU timings are a smoke test, not a comparison of the students" if timings and gpu == "CPU" else "")
+    tokens = r.get("cfg_batch") * r.get("cfg_seq_len")
+    title = f"{what} — {gpu}, preset {r.get('cfg_preset')}, hidden {r.get('cfg_hidden')}, tokens {tokens}"
+    return title + (
+        "\nCPU timings are a smoke test, not a comparison of the students" if timings and gpu == "CPU" else ""
+    )
 
 
 def _label(r) -> str:
@@ -89,7 +91,11 @@ def loss_curves(run_dir: str | Path) -> plt.Figure:
         s = losses[losses["student"] == r["student"]]
         ax.plot(s["step"], s["loss"], marker=".", ls=styles[i % len(styles)], label=_label(r),
                 color=student_color(r["student"]))
-    ax.set(xlabel="training step", ylabel=f"train loss ({df['cfg_loss'].iloc[0]}, fp32)", title=_title(df, "Distillation loss"))
+    ax.set(
+        xlabel="training step",
+        ylabel=f"train loss ({df['cfg_loss'].iloc[0]}, fp32)",
+        title=_title(df, "Distillation loss"),
+    )
     if ran.empty:
         nothing_to_plot(ax, _no_student_ran(df))
         fig.tight_layout()
@@ -172,7 +178,10 @@ def peak_memory(run_dir: str | Path) -> plt.Figure:
     df = results.load(run_dir, include_incomplete=True)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
     cpu = "unknown here\n(torch tracks peak memory on CUDA devices only)"
-    for ax, col, what in ((axes[0], "peak_mem_allocated_mb", "allocated"), (axes[1], "peak_mem_reserved_mb", "reserved")):
+    for ax, col, what in (
+        (axes[0], "peak_mem_allocated_mb", "allocated"),
+        (axes[1], "peak_mem_reserved_mb", "reserved"),
+    ):
         ax.set(ylabel="GiB", title=f"peak {what} (timed loop)")
         ran = df["status"].isin(results.RAN).any()  # else: say that no student ran, not "CPU"
         _bars(ax, df, col, scale=GIB, unit=" GiB", unknown=f"{col}: {cpu}" if ran else "")
@@ -210,7 +219,9 @@ def heldout_curves(run_dir: str | Path) -> plt.Figure:
         r = df[df["student"] == student]
         label = _label(r.iloc[0]) if len(r) else student
         for ax, col in zip(axes, ("heldout_ppl", "kl_teacher_student_t1_nats")):
-            ax.plot(c["step"], c[col], marker=".", ls=styles[i % len(styles)], color=student_color(student), label=label)
+            ax.plot(
+                c["step"], c[col], marker=".", ls=styles[i % len(styles)], color=student_color(student), label=label
+            )
     axes[0].set(xlabel="training step", ylabel="perplexity", title="held-out perplexity")
     axes[1].set(xlabel="training step", ylabel="nats per token", title="KL(teacher ‖ student), T=1, held out")
     for ax in axes:
@@ -265,7 +276,11 @@ def plot_run(run_dir: str | Path, close: bool = True) -> dict[str, plt.Figure]:
 # ---- bench (workbench.bench): read only bench.csv --------------------------------------------------
 def _bench_frame(bench_dir: str | Path) -> pd.DataFrame:
     df = results.read_csv(Path(bench_dir) / "bench.csv")
-    d = df[df["status"].isin(results.STARTED)].dropna(subset=["step_ms_median"]).sort_values("step_ms_median", ascending=False)
+    d = (
+        df[df["status"].isin(results.STARTED)]
+        .dropna(subset=["step_ms_median"])
+        .sort_values("step_ms_median", ascending=False)
+    )
     return d.assign(label=d["variant"] + " / " + d["student"])
 
 

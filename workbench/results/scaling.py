@@ -26,7 +26,13 @@ def points(df: pd.DataFrame) -> pd.DataFrame:
     if "world_size" not in df or "cfg_strategy" not in df:  # runs older than the distributed ones
         return pd.DataFrame(columns=COLUMNS)
     ran = df[df["status"].isin(results.RAN)].copy()
-    for col in ("step_ms_median", "tokens_per_s", "peak_mem_allocated_mb", "mem_floor_mb", "run_id"):  # a row may lack a cell
+    for col in (
+        "step_ms_median",
+        "tokens_per_s",
+        "peak_mem_allocated_mb",
+        "mem_floor_mb",
+        "run_id",
+    ):  # a row may lack a cell
         if col not in ran:
             ran[col] = None if col == "run_id" else float("nan")
     ran["base"] = ran["student"].str.removesuffix(results.REFERENCE_SUFFIX)
@@ -99,7 +105,9 @@ def run(paths: list[str | Path], out: str | Path) -> Path:
         raise results.DamagedResults(str(e)) from None
     table = points(df)
     if table.empty:
-        raise results.DamagedResults(f"no distributed run (rows with world_size and strategy) below {', '.join(map(str, paths))}")
+        raise results.DamagedResults(
+            f"no distributed run (rows with world_size and strategy) below {', '.join(map(str, paths))}"
+        )
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     results.write_csv(out / "scaling.csv", table)

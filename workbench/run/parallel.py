@@ -45,8 +45,8 @@ from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from workbench import results
-from workbench.run import rows
 from workbench.config import PRESETS, Config, ConfigError
+from workbench.run import rows
 from workbench.train import Diverged
 
 
@@ -270,7 +270,9 @@ class Spread:
         p = self.inner.policy(cfg, device)
         notes = list(p.notes)
         if p.graph is not None:
-            notes.append(f"graphs not applied: CUDA graphs of a {self.world.strategy} step are not supported here; ran eager")
+            notes.append(
+                f"graphs not applied: CUDA graphs of a {self.world.strategy} step are not supported here; ran eager"
+            )
         if self.world.strategy == "fsdp2" and self.inner.family == "te":
             if getattr(self.inner, "fp8_weights", False):
                 notes.append(FSDP2_TE_RECIPE)

@@ -24,13 +24,11 @@ import pandas as pd
 import torch
 
 from workbench import backends, results
-
-from workbench.measure import profiler, timing
-
-from workbench.run import parallel, rows, slow_path
+from workbench.config import Config
 from workbench.env import probe
 from workbench.env import te as _te
-from workbench.config import Config
+from workbench.measure import profiler, timing
+from workbench.run import parallel, rows, slow_path
 from workbench.train import Data, Diverged, lm_teacher, run_student, task_setup, tasks
 
 
@@ -129,7 +127,8 @@ def _run(cfg: Config, world: parallel.World, device, out, run_id, requested, pro
             _say(progress, f"[teacher] {task.teacher_precision.reason}")
         if world.writes:
             results.write_json(run_dir / "task.json", task.info)
-        world.share_modules((task.teacher, task.reference), device)  # every rank distils rank 0's teacher into its weights
+        # every rank distils rank 0's teacher into its weights
+        world.share_modules((task.teacher, task.reference), device)
         data = task.make_data(shard=world.rank)
     except Exception:  # refused before any student ran: no folder of a run that never was
         if world.writes:
@@ -147,7 +146,8 @@ def _run(cfg: Config, world: parallel.World, device, out, run_id, requested, pro
         from workbench.results import plots  # matplotlib only once there is something to plot
 
         plots.plot_run(run_dir)
-        results.mark_complete(run_dir, run_id=run_id, wall_s=round(time.monotonic() - t0, 2))  # last: the run is complete
+        # last: the run is complete
+        results.mark_complete(run_dir, run_id=run_id, wall_s=round(time.monotonic() - t0, 2))
     world.barrier()  # every rank returns once the files are there
     return run_dir
 
@@ -178,7 +178,8 @@ def _all_students(cfg: Config, run_dir: Path, task, data: Data, device, progress
     student_rows, loss_rows, curve_rows = [], [], []
     data_sums = data.fingerprint()
     no_kd = task.no_kd() if cfg.distill.no_kd_student else None
-    runs = [(spec, spec, task) for spec in cfg.backends] + ([(cfg.baseline, f"{cfg.baseline}:no_kd", no_kd)] if no_kd else [])
+    runs = [(spec, spec, task) for spec in cfg.backends]
+    runs += [(cfg.baseline, f"{cfg.baseline}:no_kd", no_kd)] if no_kd else []
     for spec, name, student_task in runs:
         def alone():  # the same student on rank 0 alone, from the same memory floor
             _free(device)
@@ -329,7 +330,8 @@ def summarize(cfg: Config, env: dict, df: pd.DataFrame, run_id: str, device, tea
         "fp8_reason": env.get("fp8_reason"), "mode": te.get("mode") or "Fallback-PyTorch",
         "baseline_eval_mse": base.get("eval_mse"), "te_path_eval_mse": te.get("eval_mse"),
         "baseline_mean_step_ms": base.get("step_ms_mean"), "te_path_mean_step_ms": te.get("step_ms_mean"),
-        "baseline_peak_mem_mb": base.get("peak_mem_allocated_mb"), "te_path_peak_mem_mb": te.get("peak_mem_allocated_mb"),
+        "baseline_peak_mem_mb": base.get("peak_mem_allocated_mb"),
+        "te_path_peak_mem_mb": te.get("peak_mem_allocated_mb"),
         # and more
         "schema_version": results.SCHEMA_VERSION, "run_id": run_id, "preset": cfg.preset, "device": str(device),
         "baseline_student": cfg.baseline, "te_path_student": te_spec,
@@ -350,7 +352,8 @@ def summarize(cfg: Config, env: dict, df: pd.DataFrame, run_id: str, device, tea
                                 for r in ran.to_dict("records")},
         "gpu_busy_share": {r["student"]: _known(r.get("gpu_busy_share")) for r in ran.to_dict("records")},
         # a slower path than this machine offers (workbench.run.slow_path), by student; {} when none did
-        "slow_path": {r["student"]: r["slow_path"] for r in df.to_dict("records") if isinstance(r.get("slow_path"), str)},
+        "slow_path": {r["student"]: r["slow_path"] for r in df.to_dict("records")
+                      if isinstance(r.get("slow_path"), str)},
         "timings_note": slow_path.CPU_NOTE if device.type == "cpu" else None,
     }
 

@@ -132,10 +132,17 @@ def bench_step_graph_ms(row: dict, bench_root: str | Path | None) -> float | Non
         need = {"student", "status", "graphed", "graph_scope", "gpu_name", "step_ms_median"}
         if not need <= set(df.columns):
             continue
-        hit = df[(df["student"] == row.get("student")) & (df["status"] == "ok") & df["graphed"].map(_truthy)
-                 & (df["graph_scope"] == "step") & (df["gpu_name"] == row["gpu_name"])].dropna(subset=["step_ms_median"])
+        hit = df[
+            (df["student"] == row.get("student"))
+            & (df["status"] == "ok")
+            & df["graphed"].map(_truthy)
+            & (df["graph_scope"] == "step")
+            & (df["gpu_name"] == row["gpu_name"])
+        ].dropna(subset=["step_ms_median"])
         for r in hit.to_dict("records"):
-            same = int(not (r.get("layout") == row.get("cfg_layout") and r.get("param_dtype") == row.get("cfg_param_dtype")))
+            same = int(
+                not (r.get("layout") == row.get("cfg_layout") and r.get("param_dtype") == row.get("cfg_param_dtype"))
+            )
             cand = (same, float(r["step_ms_median"]))
             best = cand if best is None or cand < best else best
     return best[1] if best else None

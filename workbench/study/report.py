@@ -13,8 +13,19 @@ import pandas as pd
 from workbench import results
 from workbench.config import ConfigError
 from workbench.study import stats as qs
-from workbench.study.spec import (METRIC_NAMES, METRICS, NOISE_ARM, NOISE_SEED_OFFSET, REFERENCE_ARM,
-                                  REPORT_NOTEBOOK_NAME, STUDY_FILE, TEACHER_FILE, Study, arm_of, sweep_spec)
+from workbench.study.spec import (
+    METRIC_NAMES,
+    METRICS,
+    NOISE_ARM,
+    NOISE_SEED_OFFSET,
+    REFERENCE_ARM,
+    REPORT_NOTEBOOK_NAME,
+    STUDY_FILE,
+    TEACHER_FILE,
+    Study,
+    arm_of,
+    sweep_spec,
+)
 
 
 # ---- collecting the points -----------------------------------------------------------------------
@@ -132,7 +143,9 @@ def gaps_table(study: Study, df: pd.DataFrame) -> pd.DataFrame:
 
 # ---- the report ----------------------------------------------------------------------------------
 def _pct(v: float | None, sign: bool = True) -> str:
-    return "unknown" if v is None or (isinstance(v, float) and math.isnan(v)) else (f"{v:+.1f}%" if sign else f"{v:.1f}%")
+    return (
+        "unknown" if v is None or (isinstance(v, float) and math.isnan(v)) else (f"{v:+.1f}%" if sign else f"{v:.1f}%")
+    )
 
 
 def headline(study: Study, df: pd.DataFrame, gaps: pd.DataFrame | None, beaten: list[dict]) -> dict[str, Any]:
@@ -150,7 +163,9 @@ def headline(study: Study, df: pd.DataFrame, gaps: pd.DataFrame | None, beaten: 
         return out
     label = arm.replace("te_fp8_", "FP8 ").replace("_", " ") if arm.startswith("te_fp8_") else arm
     row = gaps[(gaps["arm"] == arm) & (gaps["metric"] == metric)] if gaps is not None and len(gaps) else pd.DataFrame()
-    ref = gaps[gaps["metric"] == metric]["noise_floor_pct"] if gaps is not None and len(gaps) else pd.Series(dtype=float)
+    ref = (
+        gaps[gaps["metric"] == metric]["noise_floor_pct"] if gaps is not None and len(gaps) else pd.Series(dtype=float)
+    )
     floor = None if ref.empty or pd.isna(ref.iloc[0]) else float(ref.iloc[0])
     out["noise_floor_pct"] = floor
     floor_text = f"the bf16 noise floor is {_pct(floor, sign=False)}"
@@ -170,14 +185,18 @@ def headline(study: Study, df: pd.DataFrame, gaps: pd.DataFrame | None, beaten: 
     return out
 
 
-def report(study_dir: str | Path, headline_arm: str | None = None, headline_metric: str | None = None) -> dict[str, Any]:
+def report(
+    study_dir: str | Path, headline_arm: str | None = None, headline_metric: str | None = None
+) -> dict[str, Any]:
     """Write the study's tables, headline, README and figures from its points; return the headline (about
     `headline_arm` and `headline_metric`; None: the study's). The quality_report notebook calls this; so can
     anyone, on a study no driver is running."""
     study_dir = Path(study_dir)
     study = Study.from_dict(results.read_json(study_dir / STUDY_FILE))
     if headline_arm is not None and study.arm(headline_arm) is None:
-        raise ConfigError(f"headline_arm {headline_arm!r} is no arm of the study; allowed: {[a.name for a in study.arms]}")
+        raise ConfigError(
+            f"headline_arm {headline_arm!r} is no arm of the study; allowed: {[a.name for a in study.arms]}"
+        )
     if headline_metric is not None and headline_metric not in METRICS:
         raise ConfigError(f"headline_metric {headline_metric!r}: allowed {list(METRICS)}")
     study.headline_arm = headline_arm or study.headline_arm
@@ -231,11 +250,19 @@ def readme(study: Study, head: dict, arms: pd.DataFrame, gaps: pd.DataFrame | No
     cols = ["arm", "seeds_run", "heldout_ppl_mean", "heldout_ppl_sd", "kl_teacher_student_t1_nats_mean",
             "kl_teacher_student_t1_nats_sd", "top1_agreement_mean", "final_train_loss_mean", "step_ms_median_mean",
             "path", "kl_last_change_pct", "flattened", "not_run"]
-    parts = [f"# Distillation-quality study `{study.name}`", "", f"**{head['sentence']}**", "",
-             f"Teacher held-out perplexity: {head.get('teacher_heldout_ppl') or 'unknown'} (one teacher, "
-             f"lm.teacher_seed, reused by every seed); seeds {study.seeds}; config preset `{study.preset}` with "
-             f"`{json.dumps(study.fixed, sort_keys=True)}`.", "", "## Arms (arms.csv: mean, sd, 95% interval over seeds)", "",
-             _md(arms.reindex(columns=cols))]
+    parts = [
+        f"# Distillation-quality study `{study.name}`",
+        "",
+        f"**{head['sentence']}**",
+        "",
+        f"Teacher held-out perplexity: {head.get('teacher_heldout_ppl') or 'unknown'} (one teacher, "
+        f"lm.teacher_seed, reused by every seed); seeds {study.seeds}; config preset `{study.preset}` with "
+        f"`{json.dumps(study.fixed, sort_keys=True)}`.",
+        "",
+        "## Arms (arms.csv: mean, sd, 95% interval over seeds)",
+        "",
+        _md(arms.reindex(columns=cols)),
+    ]
     if head.get("arms_not_flattened"):
         parts += ["", f"Held-out curves still moving by more than {qs.FLAT_THRESHOLD_PCT}% over their last interval: "
                       f"{', '.join(head['arms_not_flattened'])} (train longer: train.steps)."]
@@ -243,15 +270,22 @@ def readme(study: Study, head: dict, arms: pd.DataFrame, gaps: pd.DataFrame | No
         g = gaps[gaps["metric"].isin(["kl_teacher_student_t1_nats", "heldout_ppl"])]
         parts += ["", f"## Gaps to `{REFERENCE_ARM}` in % (gaps.csv: paired by seed)", "",
                   _md(g.drop(columns=["gap_pct_by_seed"]))]
-    parts += ["", "## Rules", "",
-              f"- Noise floor of a metric: the root mean square over seeds of 100 (b_s - r_s) / r_s, r = `{REFERENCE_ARM}`, "
-              f"b = `{NOISE_ARM}` (the same student from another init and batch order, train.seed + {NOISE_SEED_OFFSET}).",
-              "- A gap (100 (arm_s - r_s) / r_s, paired by seed: same init, batches and teacher) is within noise when its "
-              "95% Student-t interval contains 0 or |mean gap| is below the noise floor.",
-              "- The study refuses an answer when a KD student ends with a lower held-out perplexity than its teacher.",
-              f"- A curve has flattened when its last interval moved its mean by less than {qs.FLAT_THRESHOLD_PCT}%.",
-              "", "Figures: `heldout_curves.png`" + (", `gap_vs_noise.png`" if gaps is not None else "") +
-              "; rows: `study.csv`; curves: `curves.csv`.", ""]
+    parts += [
+        "",
+        "## Rules",
+        "",
+        f"- Noise floor of a metric: the root mean square over seeds of 100 (b_s - r_s) / r_s, r = `{REFERENCE_ARM}`, "
+        f"b = `{NOISE_ARM}` (the same student from another init and batch order, train.seed + {NOISE_SEED_OFFSET}).",
+        "- A gap (100 (arm_s - r_s) / r_s, paired by seed: same init, batches and teacher) is within noise when its "
+        "95% Student-t interval contains 0 or |mean gap| is below the noise floor.",
+        "- The study refuses an answer when a KD student ends with a lower held-out perplexity than its teacher.",
+        f"- A curve has flattened when its last interval moved its mean by less than {qs.FLAT_THRESHOLD_PCT}%.",
+        "",
+        "Figures: `heldout_curves.png`"
+        + (", `gap_vs_noise.png`" if gaps is not None else "")
+        + "; rows: `study.csv`; curves: `curves.csv`.",
+        "",
+    ]
     return "\n".join(parts)
 
 
@@ -309,7 +343,9 @@ def gap_vs_noise(study: Study, gaps: pd.DataFrame):
         for i, r in g.iterrows():
             lo = r["gap_pct_mean"] - r["gap_pct_ci_low"] if pd.notna(r["gap_pct_ci_low"]) else 0
             hi = r["gap_pct_ci_high"] - r["gap_pct_mean"] if pd.notna(r["gap_pct_ci_high"]) else 0
-            ax.errorbar(r["gap_pct_mean"], i, xerr=[[lo], [hi]], fmt="o", capsize=4, color=_arm_style(study, r["arm"])["color"])
+            ax.errorbar(
+                r["gap_pct_mean"], i, xerr=[[lo], [hi]], fmt="o", capsize=4, color=_arm_style(study, r["arm"])["color"]
+            )
         ax.set_yticks(range(len(g)), [f"{r.arm}{' (noise)' if r.within_noise is True else ''}" for r in g.itertuples()])
         ax.invert_yaxis()
         ax.set(xlabel=f"gap to {REFERENCE_ARM}, % (95% interval over seeds)", title=METRIC_NAMES[m])

@@ -12,8 +12,18 @@ from typing import Any
 from workbench import config, results
 from workbench.config import ConfigError
 from workbench.study.report import report, run_report_notebook
-from workbench.study.spec import (DEFAULT_ROOT, PRESETS, STUDY_FILE, TEACHER_FILE, Study, check, from_preset,
-                                  parse_seeds, point_overrides, sweep_spec)
+from workbench.study.spec import (
+    DEFAULT_ROOT,
+    PRESETS,
+    STUDY_FILE,
+    TEACHER_FILE,
+    Study,
+    check,
+    from_preset,
+    parse_seeds,
+    point_overrides,
+    sweep_spec,
+)
 
 
 # ---- the teacher ---------------------------------------------------------------------------------

@@ -64,8 +64,9 @@ On Slurm, dask-jobqueue (not a dependency) starts the workers as jobs, from a pr
 (docs/sweeps.md has more). The address is probed first (a raw socket waits for the Dask handshake), so
 an HTTP server or the dashboard port is one line, not a hang; a scheduler without workers is waited for
 `--wait-workers` seconds. LM points share the text, tokenizer and teacher caches under `--cache`
-(results/cache by default, as `workbench run`). The driver holds the sweep lock (sweep.lock) and writes index.csv; a point's row says
-which worker ran it (address and GPUs) and when it really started there (the task reports it).
+(results/cache by default, as `workbench run`). The driver holds the sweep lock (sweep.lock) and writes
+index.csv; a point's row says which worker ran it (address and GPUs) and when it really started there (the task
+reports it).
 Stopping the driver cancels the pending points; its embedded cluster closes (a worker's kernel exits
 with it), and on a running cluster the workers still running its points are restarted.
 

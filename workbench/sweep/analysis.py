@@ -71,7 +71,9 @@ def _point_frame(d: Path) -> pd.DataFrame:
     df = results.read_students(d).assign(point=d.name)
     if (d / "losses.csv").exists():
         peak = results.read_csv(d / "losses.csv").groupby("student")["loss"].max().rename("max_train_loss")
-        df = df.drop(columns="max_train_loss", errors="ignore").merge(peak, left_on="student", right_index=True, how="left")
+        df = df.drop(columns="max_train_loss", errors="ignore").merge(
+            peak, left_on="student", right_index=True, how="left"
+        )
     if (d / index.DONE_FILE).exists():
         df["finished_at"] = results.read_json(d / index.DONE_FILE).get("finished_at")
     return df
@@ -189,7 +191,9 @@ def crossover(df: pd.DataFrame) -> pd.DataFrame:
                            faster_at_all_larger_sizes=bool((counted[counted["cfg_hidden"] >= first["cfg_hidden"]]
                                                             ["speedup_vs_ref"] > 1).all()))
             else:
-                row["note"] = "; ".join(filter(None, [f"slower than {row['reference']} at every size measured", row["note"]]))
+                row["note"] = "; ".join(
+                    filter(None, [f"slower than {row['reference']} at every size measured", row["note"]])
+                )
             if len(below):
                 row["min_speedup_below_crossover"] = below["speedup_vs_ref"].min()
         rows.append(row)

@@ -55,7 +55,9 @@ def speedup_vs_size(df: pd.DataFrame) -> plt.Figure:
     fig, panels = _panels(df, f"Train-step speedup vs {ref} (> 1: faster), stars: crossover")
     cross = crossover(df)
     for ax, tokens in panels:
-        d = df[(df["tokens"] == tokens) & (df["student"] != ref) & df["status"].isin(RAN_OK)].dropna(subset=["speedup_vs_ref"])
+        d = df[(df["tokens"] == tokens) & (df["student"] != ref) & df["status"].isin(RAN_OK)].dropna(
+            subset=["speedup_vs_ref"]
+        )
         hollow = False
         for student, g in d.groupby("student"):
             color = plots.student_color(student)

@@ -39,7 +39,9 @@ class Spec:
     def from_dict(d: dict[str, Any], name: str | None = None) -> "Spec":
         unknown = set(d) - {"name", "preset", "set", "grid", "cell_timeout"}
         if unknown:
-            raise ConfigError(f"sweep spec: unknown keys {sorted(unknown)}; allowed: name, preset, set, grid, cell_timeout")
+            raise ConfigError(
+                f"sweep spec: unknown keys {sorted(unknown)}; allowed: name, preset, set, grid, cell_timeout"
+            )
         name = name or d.get("name")
         if not name:
             raise ConfigError("sweep spec: a sweep needs a name (--name or `name:`)")

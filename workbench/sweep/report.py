@@ -22,8 +22,17 @@ import pandas as pd
 
 from workbench import results
 from workbench.results import scaling
-from workbench.sweep.analysis import (CROSSOVER_COLUMNS, REFERENCE, SPIKE, crossover, failed_points, loss_band,
-                                      multi_gpu, point_dirs, sig3)
+from workbench.sweep.analysis import (
+    CROSSOVER_COLUMNS,
+    REFERENCE,
+    SPIKE,
+    crossover,
+    failed_points,
+    loss_band,
+    multi_gpu,
+    point_dirs,
+    sig3,
+)
 from workbench.sweep.figures import FIGURES
 
 REPORT_NOTEBOOK = resources.files("workbench") / "notebooks" / "sweep_report.ipynb"  # package data
@@ -50,7 +59,9 @@ def headline(cross: pd.DataFrame, gpu: str, reference: str = REFERENCE) -> str:
     wins, never = [], []
     for key, g in cross.groupby(groups, sort=False):
         key = key if isinstance(key, tuple) else (key,)
-        where = ", ".join([f"{int(key[0]):,} tokens/step"] + [f"{c.removeprefix('cfg_')} {v}" for c, v in zip(groups[1:], key[1:])])
+        where = ", ".join(
+            [f"{int(key[0]):,} tokens/step"] + [f"{c.removeprefix('cfg_')} {v}" for c, v in zip(groups[1:], key[1:])]
+        )
         w = g.dropna(subset=["crossover_hidden"])
         if w.empty:
             never.append(where)
@@ -103,8 +114,10 @@ def intro(df: pd.DataFrame) -> str:
     lines = [f"**{headline(crossover(df), env['GPU'].split(' (')[0], reference)}**", ""]
     bad = df[(df["student"] == reference) & df["unstable"]]
     for _, r in bad.iterrows():
-        lines.append(f"- Not counted: at hidden {r['cfg_hidden']} / {r['tokens']:,} tokens the {pretty(reference)} "
-                     f"reference is unstable ({r['unstable_reason']}), so FP8's speedup and loss ratio there are no evidence.")
+        lines.append(
+            f"- Not counted: at hidden {r['cfg_hidden']} / {r['tokens']:,} tokens the {pretty(reference)} "
+            f"reference is unstable ({r['unstable_reason']}), so FP8's speedup and loss ratio there are no evidence."
+        )
     lines += ["", "| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in env.items()] + [""]
     lines += [f"- **{k}**: {v}" for k, v in DEFINITIONS.items()]
     return "\n".join(lines)
@@ -161,7 +174,6 @@ def write_files(df: pd.DataFrame, out_dir: str | Path, sweep_dir: str | Path | N
 def to_html(executed: str | Path, html_path: str | Path, title: str | None = None) -> Path:
     """The executed report notebook as a standalone HTML page, code hidden (a report, not a program)."""
     import nbformat
-
     from nbconvert import HTMLExporter  # `run` says what to install when it is missing
 
     nb = nbformat.read(str(executed), as_version=4)

@@ -15,7 +15,16 @@ from workbench import config, results
 from workbench.config import ConfigError
 from workbench.sweep.cluster import SchedulerError, check_workers, point_events, probe_scheduler
 from workbench.sweep.index import Index, cell, damaged_points, point_folders
-from workbench.sweep.plan import DEFAULT_ROOT, SPEC_FILE, Point, Spec, load_spec_file, parse_grid_args, plan, stored_spec
+from workbench.sweep.plan import (
+    DEFAULT_ROOT,
+    SPEC_FILE,
+    Point,
+    Spec,
+    load_spec_file,
+    parse_grid_args,
+    plan,
+    stored_spec,
+)
 from workbench.sweep.point import now
 
 LOCK_FILE = "sweep.lock"

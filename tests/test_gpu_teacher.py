@@ -5,9 +5,10 @@ import pytest
 import torch
 
 from workbench import backends, config
+from workbench.models.lm import HeadFeatures
 from workbench.train import lm_objectives as lo
 from workbench.train import lm_task, loop, teacher_targets as tt
-from workbench.train.head_loss import HeadFeatures, head_fused_loss
+from workbench.train.head_loss import head_fused_loss
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")

@@ -18,7 +18,7 @@ from workbench.config import ConfigError
 
 
 def add_arguments(p) -> None:
-    from workbench.cli import add_run_arguments
+    from workbench.run.arguments import add_run_arguments
 
     add_run_arguments(p)
 

@@ -4,7 +4,6 @@ configuration a leaf, and every dynamic import named with its reason."""
 import ast
 import pathlib
 
-import pytest
 
 import workbench
 

@@ -1,9 +1,9 @@
 """The package's shape: no import cycles (function-local imports included: a local import that dodges a
 cycle is still a cycle), no knot between its sub-packages, leaves that import nothing of ours back, the
-configuration a leaf, and every dynamic import named with its reason."""
+configuration a leaf, every dynamic import named with its reason, the layers read bottom-up, and modules
+and functions of a size a reader can hold."""
 import ast
 import pathlib
-
 
 import workbench
 

@@ -97,8 +97,9 @@ def _measure(fn, iters: int = 10, warmup: int = 3) -> tuple[float, float, float]
 
 
 def loss(out: Path) -> None:
+    from workbench.models.lm import HeadFeatures
     from workbench.train import lm_objectives as lo
-    from workbench.train.head_loss import HeadFeatures, head_fused_loss
+    from workbench.train.head_loss import head_fused_loss
 
     torch.manual_seed(0)
     hidden = 2048  # Llama-3.2-1B's width

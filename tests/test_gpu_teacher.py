@@ -5,10 +5,11 @@ import pytest
 import torch
 
 from workbench import backends, config
+from workbench.models.lm import HeadFeatures
 from workbench.train import lm_objectives as lo
 from workbench.train import lm_task, loop
 from workbench.train import teacher_targets as tt
-from workbench.train.head_loss import HeadFeatures, head_fused_loss
+from workbench.train.head_loss import head_fused_loss
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")

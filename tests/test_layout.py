@@ -1,10 +1,9 @@
 """The package's shape: no import cycles (function-local imports included: a local import that dodges a
 cycle is still a cycle), no knot between its sub-packages, leaves that import nothing of ours back, the
-configuration a leaf, and every dynamic import named with its reason."""
+configuration a leaf, every dynamic import named with its reason, the layers read bottom-up, and modules
+and functions of a size a reader can hold."""
 import ast
 import pathlib
-
-import pytest
 
 import workbench
 
@@ -163,9 +162,6 @@ def test_the_package_graph_folds_modules_into_their_parts():
     assert cycles(folded) == [["wb.a", "wb.b"]]  # ... but the parts a and b form a knot
 
 
-@pytest.mark.xfail(strict=True, reason="backends, measure, models and train still import each other "
-                                       "(models -> train.head_loss, models -> backends._hf_layers, train <-> "
-                                       "backends); remove this mark when they no longer do")
 def test_no_knot_between_sub_packages():
     """The layers read bottom-up (config -> results -> data, env -> models -> backends -> measure -> train ->
     run -> drivers): a part that imports a module of another which imports one of it back is a knot,
@@ -178,6 +174,7 @@ DYNAMIC_IMPORTS = {  # file (relative to the package) -> (dynamic import calls i
     "cli.py": (1, ("imports only the chosen command's module, so an optional module's dependencies cannot "
                    "break the other commands")),
     "backends/__init__.py": (1, "discovers the backend files of its folder: a backend is one file"),
+    "models/kinds/__init__.py": (1, "discovers the kind files of its folder: a model kind is one file"),
 }
 
 
@@ -208,3 +205,65 @@ def test_every_dynamic_import_is_declared():
     found = {p.relative_to(PKG).as_posix(): n for mod, p in package_files().items()
              if (n := dynamic_imports(p.read_text()))}
     assert found == {f: n for f, (n, _) in DYNAMIC_IMPORTS.items()}
+
+
+# ---- the layers read bottom-up ---------------------------------------------------------------
+LAYERS = [  # bottom-up; a part may import its own layer's peers and any layer below, never one above
+    {"config"}, {"results"}, {"data", "env"}, {"models"}, {"backends"}, {"measure"}, {"train"}, {"run"},
+    {"notebook"},  # executes the notebooks: the `notebook` command, and the sweep's and the study's points
+    {"bench", "sweep", "study", "teacher"}, {"panel", "cli", "__main__"},
+]
+
+
+def arrows_up(folded: dict[str, set[str]], layers: list[set[str]], root: str = PKG.name) -> list[tuple[str, str]]:
+    """(part, what it imports) for each import of a part in a higher layer than its own."""
+    floor = {f"{root}.{name}": i for i, layer in enumerate(layers) for name in layer}
+    return sorted((p, t) for p, targets in folded.items() for t in targets if floor[t] > floor[p])
+
+
+def test_the_layer_check_finds_an_arrow_up():
+    folded = {"wb.models": {"wb.train"}, "wb.train": {"wb.models"}, "wb.data": set()}
+    assert arrows_up(folded, [{"data"}, {"models"}, {"train"}], root="wb") == [("wb.models", "wb.train")]
+    assert arrows_up({"wb.train": {"wb.models", "wb.data"}}, [{"data"}, {"models"}, {"train"}], root="wb") == []
+
+
+def test_no_arrow_runs_up_the_layers():
+    folded = package_graph(import_graph())
+    assert set(folded) == {f"{PKG.name}.{name}" for layer in LAYERS for name in layer}  # every part has a layer
+    assert arrows_up(folded, LAYERS) == []
+
+
+# ---- sizes a reader can hold -----------------------------------------------------------------
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 60
+
+
+def long_modules(files: dict[str, pathlib.Path], limit: int = MAX_MODULE_LINES) -> dict[str, int]:
+    return {m: n for m, p in files.items() if (n := len(p.read_text().splitlines())) > limit}
+
+
+def long_functions(source: str, limit: int = MAX_FUNCTION_LINES) -> dict[str, int]:
+    """{name: lines} of each function (methods and nested ones too) longer than `limit`, def to its last line
+    (docstring included, decorators not)."""
+    return {node.name: n for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if (n := node.end_lineno - node.lineno + 1) > limit}
+
+
+def test_the_size_checks_find_a_long_module_and_a_long_function(tmp_path):
+    long, short = tmp_path / "long.py", tmp_path / "short.py"
+    long.write_text("x = 1\n" * 401)
+    short.write_text("x = 1\n" * 400)
+    assert long_modules({"long": long, "short": short}) == {"long": 401}
+    body = "".join(f"    y{i} = {i}\n" for i in range(60))
+    source = f"def long():\n{body}\nclass A:\n    def short(self):\n        return 1\n"
+    assert long_functions(source) == {"long": 61}
+    assert long_functions(f"def ok():\n{body[:-len('    y59 = 59')-1]}") == {}
+
+
+def test_no_module_is_too_long_to_read():
+    assert long_modules(package_files()) == {}
+
+
+def test_no_function_is_too_long_to_read():
+    found = {f"{m}.{name}": n for m, p in package_files().items() for name, n in long_functions(p.read_text()).items()}
+    assert found == {}

@@ -77,7 +77,8 @@ register(Kind("tiny_llama", task="lm", arch="llama"))
 
 def test_adding_a_model_kind_is_adding_one_file(tmp_path):
     """Copy the package, drop one kind file into models/kinds/: the registry lists it as a causal LM, the
-    FP8 dimension check treats it as one (its vocabulary is a GEMM), and it builds and runs a forward."""
+    FP8 dimension check treats it as one (its vocabulary is a GEMM), it builds and runs a forward, and the
+    run's task builds it as a Llama-style LM."""
     import pathlib
     import shutil
     import subprocess
@@ -97,13 +98,20 @@ assert "tiny_llama" in kinds.names() and kinds.is_lm("tiny_llama") and not kinds
 m = kinds.get("tiny_llama").build_lm(vocab=100, hidden=32, intermediate=64, layers=1, heads=2, seq_len=16)
 assert m(torch.randint(0, 100, (2, 16))).shape == (2, 16, 100)
 cfg = config.from_preset("gpt-cpu")
-cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, kind="tiny_llama", vocab=100))
-print(misaligned(cfg, 16))
+print(misaligned(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, kind="tiny_llama", vocab=100)), 16))
+# the run's task trains it as a causal LM of its architecture (a random teacher: nothing to train first)
+from workbench.train import tasks
+cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, kind="tiny_llama"),
+                          lm=dataclasses.replace(cfg.lm, teacher="random", corpus_mb=0.05))
+task = tasks.for_config(cfg, torch.device("cpu"), None, "cache")  # tdtype None: the teacher in fp32
+assert type(task).__name__ == "LMTask" and task.shape().kind == "llama", (type(task), task.shape())
+assert any(isinstance(m, torch.nn.RMSNorm) for m in task.reference.modules())
+print("task built")
 """
     env = {"PYTHONPATH": str(tmp_path / "src"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
-    assert "model.vocab=100" in p.stdout
+    assert "model.vocab=100" in p.stdout and "task built" in p.stdout
 
 
 def test_an_unknown_model_kind_names_the_field_and_the_kinds():

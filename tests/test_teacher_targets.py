@@ -15,10 +15,11 @@ import torch
 from workbench import backends, config
 from workbench.config import ConfigError
 from workbench.models import CausalLM, LMShape
+from workbench.models.lm import HeadFeatures
 from workbench.train import lm_objectives as lo
 from workbench.train import lm_task, loop
 from workbench.train import teacher_targets as tt
-from workbench.train.head_loss import HeadFeatures, head_fused_loss
+from workbench.train.head_loss import head_fused_loss
 
 CPU = torch.device("cpu")
 

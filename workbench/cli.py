@@ -18,6 +18,7 @@ import sys
 
 from workbench import __version__, results
 from workbench.config import ConfigError
+from workbench.run.arguments import add_run_arguments
 
 # command -> (module, help); each module has add_arguments(parser) and main(args) -> int
 COMMANDS = {
@@ -49,19 +50,6 @@ COMMANDS = {
         "benchmark variants (eager/compile/graphs, layouts) vs measured + datasheet peaks, + profiler cross-check",
     ),
 }
-
-
-def add_run_arguments(p: argparse.ArgumentParser) -> None:
-    from workbench import config
-
-    p.add_argument(
-        "--preset", default="auto", choices=config.PRESET_CHOICES, metavar="PRESET", help=config.preset_help()
-    )
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                   help="override a config field, e.g. --set hidden=1024 --set backends=torch_bf16,te_fp8:current")
-    p.add_argument("--out", default="results", help="parent folder of the run folder")
-    p.add_argument("--run-id", default=None,
-                   help="run folder name, new (letters, digits, . _ -; default: <timestamp>-<preset>)")
 
 
 add_arguments = add_run_arguments

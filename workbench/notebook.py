@@ -248,7 +248,7 @@ def execute(preset: str = "auto", overrides: dict[str, Any] | None = None, out: 
 
 
 def add_arguments(p) -> None:
-    from workbench.cli import add_run_arguments
+    from workbench.run.arguments import add_run_arguments
 
     add_run_arguments(p)
     p.add_argument("--notebook", type=Path, default=None, metavar="PATH",

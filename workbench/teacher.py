@@ -18,17 +18,18 @@ from workbench.config import ConfigError
 
 
 def add_arguments(p) -> None:
-    from workbench.cli import add_run_arguments
+    from workbench.run.arguments import add_run_arguments
 
     add_run_arguments(p)
 
 
 def main(args) -> int:
+    from workbench.models import kinds
     from workbench.run import runner
     from workbench.train import lm_metrics, lm_task, task_setup
 
     cfg = config.from_preset(args.preset, **config.parse_set(args.overrides))
-    if cfg.model.kind == "mlp" or cfg.lm.teacher != "train":
+    if not kinds.is_lm(cfg.model.kind) or cfg.lm.teacher != "train":
         raise ConfigError("workbench teacher trains a language-model teacher: set model.kind to gpt or llama "
                           f"and lm.teacher to 'train' (got kind {cfg.model.kind!r}, teacher {cfg.lm.teacher!r})")
     device = runner.resolve_device(cfg)

@@ -223,6 +223,11 @@ class TEDecoderLayer(nn.Module):
             if name in own and not any(p in self.shape.biases for p in owners):
                 own[name].requires_grad_(False)
 
+    def from_hf_state(self, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """An HF layer's weights (HF's names) under this layer's own names ('block.' + TE's): the inverse of
+        `hf_state`, so a model holding this layer translates a reference state without knowing TE's layout."""
+        return {f"block.{k}": v for k, v in to_te_state(hf, self.shape).items()}
+
     def hf_state(self, state: dict[str, torch.Tensor] | None = None, prefix: str = "") -> dict[str, torch.Tensor]:
         """This layer's weights under HF's names, from `state` (keys `prefix` + 'block.' + TE's) or its own."""
         if state is None:

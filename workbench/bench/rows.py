@@ -14,6 +14,7 @@ from workbench import config as config_mod
 from workbench import results
 from workbench.bench.cells import div, integer, num, pct, precision_of, read, text, truthy
 from workbench.measure import flops, peaks, profiler
+from workbench.models import kinds
 from workbench.measure.profiler import host_bound  # one rule for bench and runs
 
 COLUMNS = [  # bench.csv, in order (env stamp and cfg_* columns follow)
@@ -158,7 +159,8 @@ def _teacher_cells(r: dict, step: float | None, peak: dict) -> dict[str, Any]:
     a third of the student's train FLOPs) against the measured peak of the precision it ran in."""
     t = num(r.get("teacher_ms_median"))
     share = pct(t, (t + step) if t is not None and step is not None else None)
-    same_shape = r.get("cfg_kind") in (None, "mlp") or (
+    kind = r.get("cfg_kind")
+    same_shape = kind is None or not kinds.is_lm(kind) or (
         all(not num(r.get(f"cfg_teacher_{k}")) for k in ("hidden", "layers", "intermediate", "heads"))
         and r.get("cfg_teacher") in ("train", "random"))
     gflop = num(r.get("train_gflop_per_step"))  # rows from before it was a cell: no teacher TFLOP/s

@@ -19,7 +19,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from workbench.config import ConfigError
 from workbench.models import shared_parameters
-from workbench.models.lm import lm_train_flops_per_token
+from workbench.models.lm import HeadFeatures, _head_input, lm_train_flops_per_token
 
 
 class HFCausalLM(nn.Module):
@@ -38,9 +38,6 @@ class HFCausalLM(nn.Module):
         weight (HeadFeatures, for the head-fused loss: logits = h @ W^T, which holds for a head without bias,
         scaling or soft-capping)."""
         if features:
-            from workbench.models.lm import _head_input
-            from workbench.train.head_loss import HeadFeatures
-
             head = self.model.get_output_embeddings()
             if getattr(head, "bias", None) is not None:
                 raise ValueError("the head-fused loss computes logits = h @ W^T; this model's LM head has a bias")
@@ -77,13 +74,11 @@ class HFCausalLM(nn.Module):
     def from_reference_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The Hugging Face model's state (the reference's names) under this model's own names: converted
         layers' weights in TE's layout (fused QKV, gate/up), everything else as it is."""
-        from workbench.backends._hf_layers import to_te_state  # the layout belongs to the TE conversion
-
         layers = self.converted_layers()
         out = {k: v for k, v in state.items() if not any(k.startswith(n + ".") for n in layers)}
         for name, layer in layers.items():
             own = {k[len(name) + 1:]: v for k, v in state.items() if k.startswith(name + ".")}
-            out.update({f"{name}.block.{k}": v for k, v in to_te_state(own, layer.shape).items()})
+            out.update({f"{name}.{k}": v for k, v in layer.from_hf_state(own).items()})
         return out
 
     def to_reference_state(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:

@@ -193,8 +193,6 @@ class CausalLM(nn.Module):
             x = block(x)
             hidden.append(x)
         if features:
-            from workbench.train.head_loss import HeadFeatures
-
             return HeadFeatures((_head_input(self.norm(x), x.device), self.head.weight))
         logits = self.head(self.norm(x))
         return (logits, hidden) if return_hidden else logits
@@ -209,6 +207,23 @@ class CausalLM(nn.Module):
 
     def to_reference_state(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         return {k: v for k, v in (self.state_dict() if state is None else state).items() if not k.endswith("_extra_state")}
+
+
+class HeadFeatures(tuple):
+    """(hidden [..., hidden], head weight [vocab, hidden]): a student's output in place of its logits, for the
+    head-fused loss. A tuple, so compile and graph capture pass it through like any output."""
+
+    @property
+    def hidden(self) -> torch.Tensor:
+        return self[0]
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self[1]
+
+    def logits(self) -> torch.Tensor:
+        """The logits the head would have produced (evaluation, reference tests): h @ W^T in h's dtype."""
+        return self.hidden @ self.weight.to(self.hidden.dtype).t()
 
 
 def _head_input(h: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -33,7 +33,9 @@ def ensure_teacher(study: Study, study_dir: Path) -> dict[str, Any] | None:
     trained here (lm.teacher is a Hugging Face folder, or 'random')."""
     first = {**study.fixed, **point_overrides(study)[0]}
     cfg = config.from_preset(study.preset, **first)
-    if cfg.model.kind == "mlp" or cfg.lm.teacher != "train":
+    from workbench.models import kinds  # torch: only once a study needs its teacher
+
+    if not kinds.is_lm(cfg.model.kind) or cfg.lm.teacher != "train":
         return None
     sets = [f"--set={k}={_cli_value(v)}" for k, v in first.items()]
     cmd = [sys.executable, "-m", "workbench", "teacher", "--preset", study.preset, "--out", str(study_dir), *sets]

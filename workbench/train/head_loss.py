@@ -18,24 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from workbench.models.lm import HeadFeatures
 from workbench.train.lm_objectives import IGNORE_INDEX, _chunk_fn
-
-
-class HeadFeatures(tuple):
-    """(hidden [..., hidden], head weight [vocab, hidden]): a student's output in place of its logits, for the
-    head-fused loss. A tuple, so compile and graph capture pass it through like any output."""
-
-    @property
-    def hidden(self) -> torch.Tensor:
-        return self[0]
-
-    @property
-    def weight(self) -> torch.Tensor:
-        return self[1]
-
-    def logits(self) -> torch.Tensor:
-        """The logits the head would have produced (evaluation, reference tests): h @ W^T in h's dtype."""
-        return self.hidden @ self.weight.to(self.hidden.dtype).t()
 
 
 def _chunks(h, w, t, y, temperature: float, kd_w: float, ce_w: float, chunk_tokens: int, with_grad: bool):

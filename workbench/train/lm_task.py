@@ -75,18 +75,19 @@ class LMTask:
 
     # ---- models ---------------------------------------------------------------------------------
     def shape(self, teacher: bool = False):
-        from workbench.models import LMShape
+        from workbench.models import kinds
 
         m, lm = self.cfg.model, self.cfg.lm
+        kind = kinds.get(m.kind)  # the architecture is the kind's (the registry's), the sizes the config's
         if not teacher:
-            return LMShape(kind=m.kind, vocab=m.vocab, hidden=m.hidden, intermediate=m.intermediate, layers=m.layers,
-                           heads=m.heads, seq_len=m.seq_len)
+            return kind.lm_shape(vocab=m.vocab, hidden=m.hidden, intermediate=m.intermediate, layers=m.layers,
+                                 heads=m.heads, seq_len=m.seq_len)
         hidden = lm.teacher_hidden or m.hidden
         # unset teacher fields follow the student's proportions (MLP ratio, head size) at the teacher's width
         intermediate = lm.teacher_intermediate or int(hidden * m.intermediate / m.hidden)
         heads = lm.teacher_heads or max(1, hidden // (m.hidden // m.heads))
-        return LMShape(kind=m.kind, vocab=m.vocab, hidden=hidden, intermediate=intermediate,
-                       layers=lm.teacher_layers or m.layers, heads=heads, seq_len=m.seq_len)
+        return kind.lm_shape(vocab=m.vocab, hidden=hidden, intermediate=intermediate,
+                             layers=lm.teacher_layers or m.layers, heads=heads, seq_len=m.seq_len)
 
     def _student(self) -> torch.nn.Module:
         from workbench.models import CausalLM

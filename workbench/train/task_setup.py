@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from workbench.config import ConfigError
+from workbench.models import kinds
 
 SHARD_SEED_STRIDE = 7919  # a data-parallel rank's batch seeds: seed + offset + this x rank (apart from rank 0's)
 
@@ -13,7 +14,7 @@ SHARD_SEED_STRIDE = 7919  # a data-parallel rank's batch seeds: seed + offset + 
 def resolve_lm(cfg):
     """The config with model.vocab from its Hugging Face teacher / student (their embeddings must agree), after
     checking their tokenizers up front (a shared one, no larger than the embedding). Other configs as they are."""
-    folders = cfg.lm.hf_folders() if cfg.model.kind != "mlp" else {}
+    folders = cfg.lm.hf_folders() if kinds.is_lm(cfg.model.kind) else {}
     if not folders:
         return cfg
     from workbench.models.hf import check_folder, config_vocab
@@ -40,7 +41,7 @@ def lm_tokenizer(cfg):
     None): lm.tokenizer 'auto' takes the teacher's or student's own, refusing two that differ."""
     from workbench.data import tokenizer as hf_tokenizer
 
-    folders = cfg.lm.hf_folders() if cfg.model.kind != "mlp" else {}
+    folders = cfg.lm.hf_folders() if kinds.is_lm(cfg.model.kind) else {}
     if not folders:
         return None, None
     if cfg.lm.tokenizer != "auto":
@@ -65,7 +66,7 @@ def check_teacher_output(out: torch.Tensor, cfg) -> None:
     it is finite exactly when every value is (a logit is far below the float32 range)."""
     if not torch.isfinite(out.sum(dtype=torch.float32)):
         lm = cfg.lm
-        source = ("" if cfg.model.kind == "mlp" else
+        source = ("" if not kinds.is_lm(cfg.model.kind) else
                   f", lm.teacher={lm.teacher!r}" + (f", lm.teacher_lr={lm.teacher_lr}" if lm.teacher == "train" else ""))
         raise ConfigError(f"the teacher's outputs are not finite (NaN or inf), so no student can train on them "
                           f"(distill.teacher_precision={cfg.distill.teacher_precision!r}{source}): try "

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from workbench.models import Student, Teacher, reference_student
+from workbench.models import Student, Teacher, kinds, reference_student
 from workbench.train import objectives, teacher_precision
 from workbench.train.lm_task import LMTask
 from workbench.train.loop import Data
@@ -24,7 +24,10 @@ from workbench.train.task_setup import SHARD_SEED_STRIDE, check_teacher_output
 
 
 def for_config(cfg, device: torch.device, tdtype, cache_dir: str | Path) -> "MLPTask | LMTask":
-    return MLPTask(cfg, device, tdtype) if cfg.model.kind == "mlp" else LMTask(cfg, device, tdtype, cache_dir)
+    """The task that trains model.kind (the kinds' registry says which: workbench.models.kinds)."""
+    if kinds.is_lm(cfg.model.kind):
+        return LMTask(cfg, device, tdtype, cache_dir)
+    return MLPTask(cfg, device, tdtype)
 
 
 class MLPTask:

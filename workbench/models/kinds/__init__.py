@@ -35,11 +35,18 @@ class Kind:
         if self.task == "lm" and self.arch is None:
             raise ConfigError(f"model kind {self.name!r}: a causal LM names its architecture (arch)")
 
-    def build_lm(self, **shape):
-        """This kind's causal LM for the shape's fields (vocab, hidden, …; see workbench.models.lm.LMShape)."""
-        from workbench.models.lm import CausalLM, LMShape
+    def lm_shape(self, **shape):
+        """The LMShape of this kind's causal LM for the shape's fields (vocab, hidden, …; see
+        workbench.models.lm.LMShape): the kind's architecture, the caller's sizes."""
+        from workbench.models.lm import LMShape
 
-        return CausalLM(LMShape(kind=self.arch, **shape))
+        return LMShape(kind=self.arch, **shape)
+
+    def build_lm(self, **shape):
+        """This kind's causal LM for the shape's fields (as `lm_shape` takes them)."""
+        from workbench.models.lm import CausalLM
+
+        return CausalLM(self.lm_shape(**shape))
 
 
 KINDS: dict[str, Kind] = {}

@@ -277,7 +277,6 @@ def run_student(backend: Backend, cfg, task, data: Data, device: torch.device,
         curve.append({"step": len(losses), **final})
     train_flops = flops.tokens_per_step(cfg.model) * task.reference.train_flops_per_token()
     metrics.update(time_steps(step, cfg, data, device, train_flops))
-    del model, step
     return metrics, losses
 
 

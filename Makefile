@@ -18,6 +18,9 @@ KERNEL ?= te-workbench
 PRESET ?= auto
 OUT    ?= results
 SET    ?=
+# pytest-xdist workers for make test / test-fast: each test file runs whole on one worker (--dist loadfile,
+# so a file's module fixtures are built once); 2 fits a 2-core machine, raise it on a bigger one.
+JOBS   ?= 2
 
 .PHONY: setup run lint test test-fast lab bench clean-venv
 setup: $(VENV)/.installed
@@ -37,17 +40,17 @@ $(VENV)/.installed: pyproject.toml
 run: setup
 	$(BIN)/python -m workbench notebook --preset $(PRESET) --out $(OUT) $(SET)
 
-# The whole suite (about 12 minutes on 2 CPU cores), and without the tests marked slow, which execute notebooks and
-# subprocesses (about 5 minutes); see the README for the figures measured.
+# The whole suite, and without the tests marked slow, which execute notebooks and subprocesses; the README gives
+# the durations measured from a fresh clone on 2 CPU cores.
 # ruff (pinned in the `dev` extra; its settings are pyproject.toml's [tool.ruff]) before either test target.
 lint: setup
 	$(BIN)/ruff check .
 
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile
 
 test-fast: lint
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile -m "not slow"
 
 # JupyterLab on notebooks/, with the te-workbench kernel (this venv).
 lab: setup

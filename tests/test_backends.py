@@ -2,16 +2,17 @@
 real path runs on the H200 via scripts/gpu_core.sh). Only availability logic is exercised here."""
 import pytest
 import torch
+from fake_te import FakeRecipes, FakeTEModules
 
 from workbench import backends, config
 from workbench.env import te as _te
-from fake_te import FakeRecipes, FakeTEModules
 
 
 class FakeTE:
     """Stands in for transformer_engine.pytorch: capability checks answer like TE's, with reasons."""
 
-    def __init__(self, fp8=(True, ""), block=(True, ""), mxfp8=(False, "Device compute capability 10.0 or higher required for MXFP8 execution.")):
+    def __init__(self, fp8=(True, ""), block=(True, ""),
+                 mxfp8=(False, "Device compute capability 10.0 or higher required for MXFP8 execution.")):
         self._fp8, self._block, self._mx = fp8, block, mxfp8
 
     def is_fp8_available(self, return_reason=False):
@@ -134,8 +135,9 @@ def test_adding_a_backend_is_adding_one_file(tmp_path):
     (pkg / "backends" / "my_bf16.py").write_text(NEW_BACKEND)
     (pkg / "backends" / "my_fp8.py").write_text(NEW_FP8_BACKEND)
     env = {"PYTHONPATH": str(tmp_path / "src"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    p = subprocess.run([sys.executable, "-m", "workbench", "run", "--preset", "cpu-smoke", "--out", str(tmp_path / "out"),
-                        "--run-id", "r", "--set", "backends=torch_fp32,my_bf16,my_fp8", "--set", "baseline=torch_fp32",
+    p = subprocess.run([sys.executable, "-m", "workbench", "run", "--preset", "cpu-smoke",
+                        "--out", str(tmp_path / "out"), "--run-id", "r",
+                        "--set", "backends=torch_fp32,my_bf16,my_fp8", "--set", "baseline=torch_fp32",
                         "--set", "steps=2", "--set", "iters=2", "--set", "warmup=1", "--set", "eval_batches=1"],
                        capture_output=True, text=True, env=env, cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -167,7 +169,8 @@ def test_te_conversion_swaps_every_layer_and_keeps_the_weights(monkeypatch, layo
     model = reference_student(cfg.model, reference.state_dict() if layout == "separate" else
                               reference.to_reference_state())
     swapped = convert_to_te(model, cfg, torch.device("cpu"))
-    want = {"separate": {FakeTEModules.Linear, FakeTEModules.LayerNorm}, "fused": {FakeTEModules.Linear, FakeTEModules.LayerNormMLP}}[layout]
+    want = {"separate": {FakeTEModules.Linear, FakeTEModules.LayerNorm},
+            "fused": {FakeTEModules.Linear, FakeTEModules.LayerNormMLP}}[layout]
     assert {type(m) for m in model.modules() if type(m).__qualname__.startswith("FakeTEModules")} == want
     n_blocks = cfg.model.layers
     assert len(swapped) == (3 * n_blocks + 1 if layout == "separate" else n_blocks + 1)  # + the head
@@ -197,8 +200,8 @@ def test_te_delayed_scaling_takes_its_history_from_the_config(monkeypatch):
     b = backends.make("te_fp8:delayed")
     monkeypatch.setattr(te_fp8.TEBackend, "build", lambda self, reference, cfg, device: torch.nn.Identity())
     b.build(None, cfg, torch.device("cpu"))
-    assert b.fp8_recipe == {"margin": 0, "fp8_format": "HYBRID", "amax_history_len": 1024, "amax_compute_algo": "most_recent",
-                            "reduce_amax": True}
+    assert b.fp8_recipe == {"margin": 0, "fp8_format": "HYBRID", "amax_history_len": 1024,
+                            "amax_compute_algo": "most_recent", "reduce_amax": True}
     with pytest.raises(config.ConfigError, match="options.te_amax_compute_algo"):
         config.from_preset("cpu-smoke", te_amax_compute_algo="min")
 
@@ -227,7 +230,8 @@ def test_te_whole_step_graph_is_a_switch_that_names_what_blocks_it():
     # the whole-step graph has no output-only restriction: the hidden-state loss graphs too
     hidden = config.from_preset("seed", graphs=True, te_graph="step", loss="hidden")
     assert backends.make("te_fp8:current").policy(hidden, cuda).graph == "step"
-    assert backends.make("te_fp8:current").policy(config.from_preset("seed", graphs=True, loss="hidden"), cuda).graph is None
+    assert backends.make("te_fp8:current").policy(config.from_preset("seed", graphs=True, loss="hidden"),
+                                                  cuda).graph is None
     # FP8 weights: TE's FusedAdam cannot capture their update, so the step runs eager, and the row says why
     fp8w = backends.make("te_fp8:delayed")
     fp8w.fp8_weights = True

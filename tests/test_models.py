@@ -5,10 +5,8 @@ import pytest
 import torch
 
 from workbench import config, results
-
+from workbench.models import LayerNormMLP, Student, load_matched
 from workbench.run import runner
-from workbench.models import load_matched
-from workbench.models import LayerNormMLP, Student
 
 
 def test_fused_layout_is_the_same_function_from_the_same_weights():
@@ -63,7 +61,8 @@ def test_bf16_params_and_layout_keep_students_matched(tmp_path):
 def test_torchao_and_te_rows_on_cpu_say_why(tmp_path):
     cfg = config.from_preset("cpu-smoke", steps=2, iters=1, warmup=0, backends="torch_bf16,torchao_float8:rowwise",
                              device="cpu")
-    row = results.load(runner.run(cfg, out=tmp_path, run_id="r", progress=False)).set_index("student").loc["torchao_float8:rowwise"]
+    row = (results.load(runner.run(cfg, out=tmp_path, run_id="r", progress=False))
+           .set_index("student").loc["torchao_float8:rowwise"])
     assert row["status"] == "skipped" and ("torchao" in row["reason"])
 
 

@@ -74,7 +74,8 @@ def refusal(hf_model: nn.Module, seq_len: int | None) -> str:
     if float(getattr(rotary, "attention_scaling", 1.0)) != 1.0:
         return f"rope type {rope_type!r} scales attention ({rotary.attention_scaling}), which TE's rope does not"
     window = getattr(c, "sliding_window", None)
-    sliding = window is not None and (kind == "mistral" or "sliding_attention" in (getattr(c, "layer_types", None) or ()))
+    sliding = window is not None and (kind == "mistral"
+                                      or "sliding_attention" in (getattr(c, "layer_types", None) or ()))
     if sliding and (seq_len is None or window < seq_len):
         return (f"sliding_window={window} is shorter than the sequence ({seq_len}): the converted layers run "
                 "full causal attention")
@@ -141,7 +142,8 @@ def to_hf_state(te: dict[str, torch.Tensor], s: LayerShape) -> dict[str, torch.T
            "self_attn.q_proj.weight": q, "self_attn.k_proj.weight": k, "self_attn.v_proj.weight": v,
            "self_attn.o_proj.weight": te["self_attention.proj.weight"],
            "post_attention_layernorm.weight": te["layernorm_mlp.layer_norm_weight"],
-           "mlp.gate_proj.weight": gate, "mlp.up_proj.weight": up, "mlp.down_proj.weight": te["layernorm_mlp.fc2_weight"]}
+           "mlp.gate_proj.weight": gate, "mlp.up_proj.weight": up,
+           "mlp.down_proj.weight": te["layernorm_mlp.fc2_weight"]}
     if s.te_bias:
         qb, kb, vb = split_qkv(te["self_attention.layernorm_qkv.bias"], s)
         gb, ub = te["layernorm_mlp.fc1_bias"].chunk(2)

@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 
 import torch
-
 from torch import nn
 
 from workbench.backends import Backend, Context, _hf_layers, amp_dtype, autocast, replace_modules, to_param_dtype
@@ -252,7 +251,8 @@ def convert_to_te(model: nn.Module, cfg, device, meta: bool = False, layers: boo
             return new
         missing, unexpected = new.load_state_dict(m.state_dict(), strict=False)
         if unexpected or [k for k in missing if not k.endswith("_extra_state")]:
-            raise RuntimeError(f"TE {type(new).__name__} does not take {type(m).__name__}'s weights: {missing} {unexpected}")
+            raise RuntimeError(f"TE {type(new).__name__} does not take {type(m).__name__}'s weights: "
+                               f"{missing} {unexpected}")
         return new
 
     return done + replace_modules(model, swap, skip=tuple(done))
@@ -303,7 +303,8 @@ def rmsnorm_eps(m: nn.Module) -> float | None:
         return m.eps if m.eps is not None else torch.finfo(m.weight.dtype).eps
     weight = getattr(m, "weight", None)
     eps = getattr(m, "eps", getattr(m, "variance_epsilon", None))
-    if not type(m).__name__.endswith("RMSNorm") or not isinstance(weight, torch.Tensor) or weight.dim() != 1 or eps is None:
+    if (not type(m).__name__.endswith("RMSNorm") or not isinstance(weight, torch.Tensor) or weight.dim() != 1
+            or eps is None):
         return None
     # a fixed probe, not random: a conversion must not move the caller's RNG stream
     x = torch.linspace(-3.0, 2.0, 2 * weight.shape[0], device=weight.device).view(2, -1)

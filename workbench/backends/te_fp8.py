@@ -16,9 +16,9 @@ from packaging.version import Version
 from torch.distributed.tensor import distribute_tensor
 
 from workbench.backends import MASTER_INIT, Context, autocast, check_matched, reference_state, register, to_param_dtype
-from workbench.env import te as te_env
 from workbench.backends._gemm import misaligned
 from workbench.backends._te import TEBackend, te_usable
+from workbench.env import te as te_env
 
 # recipe name -> (TE capability check, required dim multiple)
 RECIPES = {
@@ -53,8 +53,8 @@ def fsdp2_refusal(recipe: str, version: Version | None) -> str:
                 "options.te_fp8_weights=false")
     if recipe not in FSDP2_RECIPES:
         return (f"recipe {recipe} cannot keep FP8 weights under parallel.strategy='fsdp2' (TE does not shard "
-                f"quantized_model_init's {recipe} weights with FSDP2); recipes allowed with options.te_fp8_weights=true "
-                f"there: {', '.join(FSDP2_RECIPES)}")
+                f"quantized_model_init's {recipe} weights with FSDP2); recipes allowed with "
+                f"options.te_fp8_weights=true there: {', '.join(FSDP2_RECIPES)}")
     return ""
 
 
@@ -120,7 +120,8 @@ class TEFP8(TEBackend):
                            f"not recipe {self.recipe}")
         bad = misaligned(ctx.cfg, multiple)
         if bad:
-            return False, f"recipe {self.recipe} needs GEMM dims that are multiples of {multiple}; not: {', '.join(bad)}"
+            return False, (f"recipe {self.recipe} needs GEMM dims that are multiples of {multiple}; "
+                           f"not: {', '.join(bad)}")
         why = fsdp2_refusal(self.recipe, te_version()) if shards_fp8_weights(ctx.cfg) else ""
         return not why, why
 
@@ -129,7 +130,8 @@ class TEFP8(TEBackend):
         o = cfg.options
         # A student not spread over the ranks (a distributed run's one-GPU reference, timed on rank 0 while the
         # others wait) must not all-reduce: on the H200 pair that collective waited forever for the idle ranks.
-        alone = self.amax_reduction_group is None and torch.distributed.is_available() and torch.distributed.is_initialized()
+        alone = (self.amax_reduction_group is None and torch.distributed.is_available()
+                 and torch.distributed.is_initialized())
         self.fp8_recipe = make_recipe(recipe_mod, self.recipe, o.te_amax_history_len, o.te_amax_compute_algo,
                                       reduce_amax=not alone, fp8_dpa=o.te_fp8_dpa and self.recipe in FP8_DPA_RECIPES)
         self.fp8_dpa = o.te_fp8_dpa and self.recipe in FP8_DPA_RECIPES
@@ -247,7 +249,8 @@ def kept_fp8_scaling(model):
     without NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1), synchronizes the device and also overwrites the
     modules' bookkeeping in fp8_meta. A module not yet initialised for FP8 on entry returns to TE's
     initial state (scale 1, empty history), which is what its first training step would have found."""
-    modules = [m for m in model.modules() if hasattr(m, "get_fp8_meta_tensors") and hasattr(m, "reset_fp8_meta_tensors")]
+    modules = [m for m in model.modules()
+               if hasattr(m, "get_fp8_meta_tensors") and hasattr(m, "reset_fp8_meta_tensors")]
     saved = [m.get_fp8_meta_tensors() for m in modules]
     try:
         yield

@@ -16,7 +16,8 @@ class TorchBF16(Autocast):
 
     def availability(self, ctx: Context) -> tuple[bool, str]:
         if not native_bf16(ctx.device):
-            return False, f"{torch.cuda.get_device_name(ctx.device)} has no bf16 (compute capability < 8.0); use torch_fp16"
+            return False, (f"{torch.cuda.get_device_name(ctx.device)} has no bf16 (compute capability < 8.0); "
+                           "use torch_fp16")
         return True, ""
 
 

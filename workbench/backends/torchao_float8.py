@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from workbench.backends import Context, register
-from workbench.backends._gemm import misaligned
 from workbench.backends._autocast import Autocast
+from workbench.backends._gemm import misaligned
 
 MIN_CC = {"tensorwise": (8, 9), "rowwise": (9, 0)}
 
@@ -38,7 +38,8 @@ class TorchaoFloat8(Autocast):
         cc = torch.cuda.get_device_capability(ctx.device)
         if cc < MIN_CC[self.recipe]:
             need = ".".join(map(str, MIN_CC[self.recipe]))
-            return False, f"torchao float8 {self.recipe} needs compute capability >= {need}; this GPU is {cc[0]}.{cc[1]}"
+            return False, (f"torchao float8 {self.recipe} needs compute capability >= {need}; "
+                           f"this GPU is {cc[0]}.{cc[1]}")
         if ctx.cfg.model.layout == "fused":
             return False, "torchao converts nn.Linear modules; the fused torch layout has none"
         bad = misaligned(ctx.cfg, 16)

@@ -14,8 +14,8 @@ from workbench import config as config_mod
 from workbench import results
 from workbench.bench.cells import div, integer, num, pct, precision_of, read, text, truthy
 from workbench.measure import flops, peaks, profiler
-from workbench.models import kinds
 from workbench.measure.profiler import host_bound  # one rule for bench and runs
+from workbench.models import kinds
 
 COLUMNS = [  # bench.csv, in order (env stamp and cfg_* columns follow)
     "schema_version", "bench_id", "preset", "variant", "student", "backend", "recipe", "precision",

@@ -21,8 +21,8 @@ from typing import Any, Callable
 
 import torch
 
-from workbench.measure import timing
 from workbench.env.probe import native_bf16
+from workbench.measure import timing
 
 PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
 

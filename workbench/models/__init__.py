@@ -5,10 +5,9 @@ import collections
 
 from torch import nn
 
-from workbench.models.mlp import (  # noqa: F401
-    FUSED_TO_SEPARATE, LayerNormMLP, Student, Teacher, load_matched, reference_student)
-from workbench.models.lm import CausalLM, LMShape, SDPACore, attention_masks  # noqa: F401
 from workbench.models import kinds  # noqa: F401
+from workbench.models.lm import CausalLM, LMShape, SDPACore, attention_masks  # noqa: F401
+from workbench.models.mlp import FUSED_TO_SEPARATE, LayerNormMLP, Student, Teacher, load_matched, reference_student  # noqa: F401
 
 
 def shared_parameters(model: nn.Module) -> set[int]:

@@ -141,7 +141,8 @@ def linear_shapes(path: str, tied_head: bool = False) -> dict[str, tuple[int, in
     shared = shared_parameters(model)  # a tied LM head stays torch: its vocabulary is no FP8 GEMM
     head = model.get_output_embeddings() if tied_head else None
     return {name: (m.in_features, m.out_features) for name, m in model.named_modules()
-            if isinstance(m, nn.Linear) and (m is head or not any(id(p) in shared for p in m.parameters(recurse=False)))}
+            if isinstance(m, nn.Linear)
+            and (m is head or not any(id(p) in shared for p in m.parameters(recurse=False)))}
 
 
 @functools.lru_cache(maxsize=8)

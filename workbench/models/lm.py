@@ -40,7 +40,8 @@ class LMShape:
         if self.hidden % self.heads:
             raise ConfigError(f"hidden={self.hidden} must be a multiple of heads={self.heads}")
         if self.kind == "llama" and (self.hidden // self.heads) % 2:
-            raise ConfigError(f"llama's rotary embedding needs an even head size; hidden/heads={self.hidden // self.heads}")
+            raise ConfigError(f"llama's rotary embedding needs an even head size; "
+                              f"hidden/heads={self.hidden // self.heads}")
 
     @property
     def head_dim(self) -> int:
@@ -206,7 +207,8 @@ class CausalLM(nn.Module):
         return state  # one layout: the reference names are the model's own
 
     def to_reference_state(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-        return {k: v for k, v in (self.state_dict() if state is None else state).items() if not k.endswith("_extra_state")}
+        return {k: v for k, v in (self.state_dict() if state is None else state).items()
+                if not k.endswith("_extra_state")}
 
 
 class HeadFeatures(tuple):

@@ -56,7 +56,8 @@ class LayerNormMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.layer_norm(x, x.shape[-1:], self.layer_norm_weight, self.layer_norm_bias, self.eps)
-        return F.linear(F.gelu(F.linear(y, self.fc1_weight, self.fc1_bias), approximate="tanh"), self.fc2_weight, self.fc2_bias)
+        return F.linear(F.gelu(F.linear(y, self.fc1_weight, self.fc1_bias), approximate="tanh"),
+                        self.fc2_weight, self.fc2_bias)
 
 
 # fused parameter name -> separate-layout name (block index filled in)
@@ -125,7 +126,8 @@ class Student(nn.Module):
 
     def to_reference_state(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """`state` (under this model's names; default its own) under the separate layout's names."""
-        own = {k: v for k, v in (self.state_dict() if state is None else state).items() if not k.endswith("_extra_state")}
+        own = {k: v for k, v in (self.state_dict() if state is None else state).items()
+               if not k.endswith("_extra_state")}
         return own if self.blocks is None else self._renamed(own, to_fused=False)
 
 

@@ -8,7 +8,8 @@ import argparse
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     from workbench import config
 
-    p.add_argument("--preset", default="auto", choices=config.PRESET_CHOICES, metavar="PRESET", help=config.preset_help())
+    p.add_argument("--preset", default="auto", choices=config.PRESET_CHOICES, metavar="PRESET",
+                   help=config.preset_help())
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a config field, e.g. --set hidden=1024 --set backends=torch_bf16,te_fp8:current")
     p.add_argument("--out", default="results", help="parent folder of the run folder")

@@ -84,7 +84,8 @@ def head_fused_loss(features: HeadFeatures, teacher_logits: torch.Tensor | None,
                          f"{tuple(next_tokens.shape)} do not fit together")
     t = None if teacher_logits is None else teacher_logits.detach().reshape(-1, vocab)
     if t is not None and t.shape[0] != next_tokens.numel():
-        raise ValueError(f"teacher logits {tuple(teacher_logits.shape)} do not match next tokens {tuple(next_tokens.shape)}")
+        raise ValueError(f"teacher logits {tuple(teacher_logits.shape)} do not match "
+                         f"next tokens {tuple(next_tokens.shape)}")
     h2, y = h.reshape(-1, h.shape[-1]), next_tokens.reshape(-1)
     if torch.is_grad_enabled() and (h2.requires_grad or w.requires_grad):
         return _HeadFusedForwardKL.apply(h2, w, t, y, float(temperature), kd_w, float(ce_weight), chunk_tokens)

@@ -45,7 +45,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from workbench.config import LM_LOSSES as KINDS, LOSS_IMPLS as IMPLS
+from workbench.config import LM_LOSSES as KINDS
+from workbench.config import LOSS_IMPLS as IMPLS
 from workbench.config import ConfigError
 from workbench.train.objectives import mse
 
@@ -119,7 +120,8 @@ def topk_lm_loss(student_logits: torch.Tensor, values: torch.Tensor, indices: to
     sums = s.new_zeros(2, dtype=torch.float32)
     for parts in zip(*(x.split(chunk_tokens) for x in (s, v, i, r, y))):
         args = (*parts, kind, temperature, beta, kd_w, ce_weight)
-        sums = sums + (checkpoint(_topk_chunk_sums, *args, use_reentrant=False) if recompute else _topk_chunk_sums(*args))
+        sums = sums + (checkpoint(_topk_chunk_sums, *args, use_reentrant=False) if recompute
+                       else _topk_chunk_sums(*args))
     counted = (y != IGNORE_INDEX).sum().clamp(min=1)
     return (kd_w * sums[0] + ce_weight * sums[1]) / counted
 

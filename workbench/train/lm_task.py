@@ -13,13 +13,27 @@ from typing import Any
 
 import torch
 
-from workbench.env.probe import _memory_gb
 from workbench.config import ConfigError
-from workbench.train import head_loss, lm_metrics, lm_objectives, lm_teacher, objectives, teacher_precision, teacher_targets
+from workbench.env.probe import _memory_gb
+from workbench.train import (
+    head_loss,
+    lm_metrics,
+    lm_objectives,
+    lm_teacher,
+    objectives,
+    teacher_precision,
+    teacher_targets,
+)
 from workbench.train.logits_placement import HostBatches, place_teacher_logits
 from workbench.train.loop import Data
-from workbench.train.task_setup import (SHARD_SEED_STRIDE, bpe_vocab, check_teacher_output, lm_tokenizer, resolve_lm,
-                                        teacher_seed)
+from workbench.train.task_setup import (
+    SHARD_SEED_STRIDE,
+    bpe_vocab,
+    check_teacher_output,
+    lm_tokenizer,
+    resolve_lm,
+    teacher_seed,
+)
 
 LM_BENCH_BATCHES = 4  # distinct timed batches, cycled: an LM batch's teacher logits take GBs at vocab 32k
 
@@ -41,7 +55,8 @@ class LMTask:
                                        vocab_size=bpe_vocab(m.vocab) if kind == "bpe" else 256,
                                        heldout_fraction=lm.heldout_fraction,
                                        pretrained=pretrained.folder if pretrained else ""), self.cache_dir)
-        for split, n in ((s, len(t)) for s, t in self.text.tokens.items()):  # every batch is a window of seq_len + 1 tokens
+        # every batch is a window of seq_len + 1 tokens
+        for split, n in ((s, len(t)) for s, t in self.text.tokens.items()):
             if n < m.seq_len + 1:
                 raise ConfigError(f"the text's {split} split has {n} tokens, fewer than model.seq_len + 1 = "
                                   f"{m.seq_len + 1}: raise lm.corpus_mb ({lm.corpus_mb})"

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from workbench import backends
-from workbench.data import cache
 from workbench.config import ConfigError
+from workbench.data import cache
 from workbench.train import lm_objectives, teacher_precision
 from workbench.train.task_setup import teacher_seed
 

@@ -25,25 +25,28 @@ def place_teacher_logits(choice: str, train_bytes: int, kept_bytes: int, gpu_fre
     if gpu_free is not None:
         budget = GPU_LOGITS_SHARE * gpu_free
         if kept_bytes > budget:
-            raise ConfigError(f"the teacher's logits of the timed and held-out batches need {kept_bytes / gib:.1f} GiB on "
-                              f"the GPU, {gpu_free / gib:.1f} GiB are free; lower train.eval_batches, model.batch or "
-                              "model.seq_len")
+            raise ConfigError(f"the teacher's logits of the timed and held-out batches need "
+                              f"{kept_bytes / gib:.1f} GiB on the GPU, {gpu_free / gib:.1f} GiB are free; "
+                              "lower train.eval_batches, model.batch or model.seq_len")
         fits_gpu = train_bytes + kept_bytes <= budget
         if choice == "gpu" and not fits_gpu:
-            raise ConfigError(f"distill.teacher_logits='gpu': the teacher's logits need {(train_bytes + kept_bytes) / gib:.1f} "
-                              f"GiB on the GPU, {gpu_free / gib:.1f} GiB are free ({GPU_LOGITS_SHARE:.0%} of it is their "
-                              "budget); set distill.teacher_logits=host or auto, or lower train.steps, model.batch or "
+            raise ConfigError(f"distill.teacher_logits='gpu': the teacher's logits need "
+                              f"{(train_bytes + kept_bytes) / gib:.1f} GiB on the GPU, {gpu_free / gib:.1f} GiB "
+                              f"are free ({GPU_LOGITS_SHARE:.0%} of it is their budget); set "
+                              "distill.teacher_logits=host or auto, or lower train.steps, model.batch or "
                               "model.seq_len")
         if choice == "auto":
             choice = "gpu" if fits_gpu else "host"
     elif choice == "auto":
         choice = "gpu"
-    if choice == "host" and host_available is not None and host_ranks * train_bytes > HOST_LOGITS_SHARE * host_available:
+    if (choice == "host" and host_available is not None
+            and host_ranks * train_bytes > HOST_LOGITS_SHARE * host_available):
         gpu = "" if gpu_free is None else f"the GPU has {gpu_free / gib:.1f} GiB free, "
         each = f" on each of this host's {host_ranks} ranks" if host_ranks > 1 else ""
-        raise ConfigError(f"the teacher's logits of the training batches ({train_bytes / gib:.1f} GiB{each}) fit neither place: "
-                          f"{gpu}the host {host_available / gib:.1f} GiB available ({HOST_LOGITS_SHARE:.0%} of it is "
-                          "their budget); lower train.steps, model.batch or model.seq_len")
+        raise ConfigError(f"the teacher's logits of the training batches ({train_bytes / gib:.1f} GiB{each}) "
+                          f"fit neither place: {gpu}the host {host_available / gib:.1f} GiB available "
+                          f"({HOST_LOGITS_SHARE:.0%} of it is their budget); lower train.steps, model.batch or "
+                          "model.seq_len")
     return choice
 
 

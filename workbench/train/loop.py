@@ -1,8 +1,8 @@
 """Train, evaluate and time one student against precomputed teacher targets.
 
 Every student sees the same batches in the same order (the lists in `Data`), starts from the same
-weights (each is a converted copy of one reference model), and its timed step contains only its own forward, loss, backward and
-optimizer update: teacher targets were computed and synchronized before (REFERENCE §1.2).
+weights (each is a converted copy of one reference model), and its timed step contains only its own forward, loss,
+backward and optimizer update: teacher targets were computed and synchronized before (REFERENCE §1.2).
 """
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from typing import Any, Callable
 import torch
 from torch.distributed.tensor import DTensor
 
-from workbench.measure import profiler, flops, timing
 from workbench.backends import MASTER_INIT, Backend
 from workbench.env import te as _te
+from workbench.measure import flops, profiler, timing
 from workbench.train import objectives
 
 
@@ -35,9 +35,9 @@ class Data:
         writes into them (e.g. a graph keeping a batch as its static input) silently changes what the
         next students train and are measured on; the runner compares this before and after each."""
         # Training batches that are streamed (host-placed logits, an online teacher, a top-k store: see
-        # logits_placement.HostBatches, teacher_targets) hand a student only fresh device copies of their targets, which it
-        # cannot write back: only what they keep and share (`shared_tensors`) is checked, and nothing is copied
-        # to the device for this check.
+        # logits_placement.HostBatches, teacher_targets) hand a student only fresh device copies of their targets,
+        # which it cannot write back: only what they keep and share (`shared_tensors`) is checked, and nothing is
+        # copied to the device for this check.
         streamed = getattr(self.train, "shared_tensors", None)
         checked = [(t, []) for t in streamed()] if streamed else []
         checked += [(tokens, targets.tensors()) for tokens, targets in (*(self.train if streamed is None else []),
@@ -105,7 +105,8 @@ def make_optimizer(model: torch.nn.Module, cfg, device: torch.device, capturable
         te, _, why = _te.load() if device.type == "cuda" else (None, None, "it needs a CUDA GPU")
         if te is not None and not scaled:
             return te_fused_adam(te, model, cfg, capturable), ""
-        note = f"optimizer te_fused_adam not applied ({why or 'the fp16 grad scaler drives torch optimizers'}); ran AdamW"
+        note = (f"optimizer te_fused_adam not applied ({why or 'the fp16 grad scaler drives torch optimizers'}); "
+                "ran AdamW")
     kw: dict[str, Any] = {}
     if device.type == "cuda" and (t.fused_optimizer or scaled):
         kw["fused"] = True

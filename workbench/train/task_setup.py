@@ -47,7 +47,8 @@ def lm_tokenizer(cfg):
     if cfg.lm.tokenizer != "auto":
         with_one = [f"{who} ({f})" for who, f in folders.items() if hf_tokenizer.has_tokenizer(f)]
         return None, (f"lm.tokenizer={cfg.lm.tokenizer!r}: the text is not tokenized by the tokenizer of "
-                      f"{' and '.join(with_one)}, so a pretrained model reads ids it never learned" if with_one else None)
+                      f"{' and '.join(with_one)}, so a pretrained model reads ids it never learned"
+                      if with_one else None)
     tok = hf_tokenizer.shared(folders)
     if tok is None:
         return None, (f"{' and '.join(f'{who} ({f})' for who, f in folders.items())} has no tokenizer: the text is "
@@ -67,7 +68,8 @@ def check_teacher_output(out: torch.Tensor, cfg) -> None:
     if not torch.isfinite(out.sum(dtype=torch.float32)):
         lm = cfg.lm
         source = ("" if not kinds.is_lm(cfg.model.kind) else
-                  f", lm.teacher={lm.teacher!r}" + (f", lm.teacher_lr={lm.teacher_lr}" if lm.teacher == "train" else ""))
+                  f", lm.teacher={lm.teacher!r}"
+                  + (f", lm.teacher_lr={lm.teacher_lr}" if lm.teacher == "train" else ""))
         raise ConfigError(f"the teacher's outputs are not finite (NaN or inf), so no student can train on them "
                           f"(distill.teacher_precision={cfg.distill.teacher_precision!r}{source}): try "
                           "teacher_precision=fp32 or bf16 (fp16 overflows), or another teacher")

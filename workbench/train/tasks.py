@@ -66,7 +66,8 @@ class MLPTask:
         def tokens(n: int):
             return [torch.randint(0, m.vocab, (m.batch, m.seq_len), generator=gen) for _ in range(n)]
 
-        train, bench, held_out = tokens(cfg.train.steps), tokens(cfg.bench.warmup + cfg.bench.iters), tokens(cfg.train.eval_batches)
+        train, bench, held_out = (tokens(cfg.train.steps), tokens(cfg.bench.warmup + cfg.bench.iters),
+                                  tokens(cfg.train.eval_batches))
         if shard:
             gen = torch.Generator().manual_seed(cfg.train.seed + 1 + SHARD_SEED_STRIDE * shard)
             train, bench = tokens(cfg.train.steps), tokens(cfg.bench.warmup + cfg.bench.iters)

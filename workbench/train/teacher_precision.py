@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from workbench import backends
-from workbench.backends._te import te_usable
 from workbench.backends._gemm import not_multiples
+from workbench.backends._te import te_usable
 from workbench.backends.te_fp8 import RECIPES
 from workbench.env import te as _te
 from workbench.models import LayerNormMLP, shared_parameters
@@ -57,7 +57,8 @@ class TeacherPrecision:
         return {"teacher_precision": self.requested, **self.cells()}
 
 
-def prepare(teacher: nn.Module, cfg, device: torch.device, dtype: torch.dtype | None) -> tuple[nn.Module, TeacherPrecision]:
+def prepare(teacher: nn.Module, cfg, device: torch.device,
+            dtype: torch.dtype | None) -> tuple[nn.Module, TeacherPrecision]:
     """The teacher to run (the TE FP8 conversion for 'fp8' where it can run, else `teacher` itself) and its
     precision. `dtype` is `runner.teacher_dtype`. Consumes none of the caller's random numbers (TE's layer
     constructors draw an init the conversion then overwrites): students built after it start the same."""

@@ -2,7 +2,8 @@
 with train.steps.
 
   precomputed  the teacher's full logits for every batch, computed once (on the GPU or pinned host memory:
-               logits_placement.place_teacher_logits). steps x tokens x vocab: 2.1 GB a step at vocab 128256, 8192 tokens.
+               logits_placement.place_teacher_logits). steps x tokens x vocab: 2.1 GB a step at vocab 128256,
+               8192 tokens.
   online       OnlineBatches: the teacher's forward when a batch is fetched, before the student's step (never
                inside its timed or graphed step). Holds the token windows only (int32), nothing per vocabulary.
   topk         TopKStore: the teacher's k largest logits, their ids and the log-sum-exp of the rest per token,
@@ -36,8 +37,8 @@ import numpy as np
 import torch
 
 from workbench import results
-from workbench.data.cache import sha256
 from workbench.config import ConfigError
+from workbench.data.cache import sha256
 from workbench.train import objectives
 
 FORMAT = 1  # of the store's files; a store of another format is rebuilt
@@ -79,7 +80,8 @@ class Layout:
     def arrays(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         lead = (self.steps, self.batch, self.seq_len)
         return {"values": ((*lead, self.k), np.dtype(_NUMPY[self.value_dtype])),
-                "indices": ((*lead, self.k), np.dtype(np.int16 if index_dtype(self.vocab) == torch.int16 else np.int32)),
+                "indices": ((*lead, self.k),
+                            np.dtype(np.int16 if index_dtype(self.vocab) == torch.int16 else np.int32)),
                 "rest_lse": (lead, np.dtype(np.float32)),
                 "windows": ((self.steps, self.batch, self.seq_len + 1), np.dtype(np.int32))}
 

@@ -11,7 +11,7 @@ import pytest
 from te_fixtures import fake_nvcc, machine
 
 from workbench import cli
-from workbench.env import probe
+from workbench.env import probe, probe_cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -181,7 +181,7 @@ def test_pip_cudnn_headers_are_found_on_sys_path(tmp_path, monkeypatch):
 
 
 def test_human_table_groups_sections_and_lists_every_capability_with_reason(env):
-    text = probe.table(env)
+    text = probe_cli.table(env)
     for section in ("[system]", "[torch]", "[GPU]", "[toolkit]", "[Transformer Engine]", "[TE capability]"):
         assert section in text
     for key in probe.CAPABILITY_CHECKS:

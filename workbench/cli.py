@@ -22,7 +22,7 @@ from workbench.run.arguments import add_run_arguments
 
 # command -> (module, help); each module has add_arguments(parser) and main(args) -> int
 COMMANDS = {
-    "probe": ("workbench.env.probe", "print the environment probe (GPU, CUDA, nvcc, cuDNN, TE)"),
+    "probe": ("workbench.env.probe_cli", "print the environment probe (GPU, CUDA, nvcc, cuDNN, TE)"),
     "run": ("workbench.cli", "run every student of a preset and write results/<run_id>/"),
     "config": ("workbench.cli", "print the resolved config of --preset and --set (JSON), run nothing"),
     "notebook": ("workbench.notebook", "execute notebooks/distill_benchmark.ipynb with papermill"),

@@ -18,8 +18,8 @@ KERNEL ?= te-workbench
 PRESET ?= auto
 OUT    ?= results
 SET    ?=
-# pytest-xdist workers for make test / test-fast: each test file runs whole on one worker (--dist loadfile,
-# so a file's module fixtures are built once); 2 fits a 2-core machine, raise it on a bigger one.
+# pytest-xdist workers for make test / test-fast: each test file runs whole on one worker (--dist worksteal,
+# a module fixture is built at most once per worker); 2 fits a 2-core machine, raise it on a bigger one.
 JOBS   ?= 2
 
 .PHONY: setup run lint test test-fast lab bench clean-venv
@@ -47,10 +47,10 @@ lint: setup
 	$(BIN)/ruff check .
 
 test: lint
-	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist worksteal
 
 test-fast: lint
-	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile -m "not slow"
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist worksteal -m "not slow"
 
 # JupyterLab on notebooks/, with the te-workbench kernel (this venv).
 lab: setup

@@ -22,8 +22,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _build_wheel(tmp: Path) -> Path:
     src = tmp / "src"
-    shutil.copytree(ROOT, src, symlinks=True,
-                    ignore=shutil.ignore_patterns(".git", ".venv", "results", "build", "*.egg-info", "__pycache__"))
+    common = shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__")
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        # the repository's results/ (evidence, not package data), never the package's own workbench/results/
+        return set(common(folder, names)) | ({"results"} & set(names) if Path(folder) == ROOT else set())
+
+    shutil.copytree(ROOT, src, symlinks=True, ignore=ignore)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                     "-w", str(tmp / "dist"), str(src)], check=True)
     (wheel,) = (tmp / "dist").glob("te_workbench-*.whl")

@@ -18,7 +18,7 @@ KERNEL ?= te-workbench
 PRESET ?= auto
 OUT    ?= results
 SET    ?=
-# pytest-xdist workers for make test / test-fast: each test file runs whole on one worker (--dist worksteal,
+# pytest-xdist workers for make test / test-fast: an idle worker takes tests from a busy one (--dist worksteal;
 # a module fixture is built at most once per worker); 2 fits a 2-core machine, raise it on a bigger one.
 JOBS   ?= 2
 

@@ -163,7 +163,8 @@ def test_cpu_study_end_to_end_resumes_after_a_kill(tmp_path):
     """The tiny study through the command and the report notebook; killed after its first point, rerun: the
     finished points are not run again (their done.json untouched), the others are, and the report is written."""
     pytest.importorskip("distributed")
-    args = ["--preset", "distill-quality-cpu", "--out", str(tmp_path)]
+    # two Dask workers: the six points run two at a time (the suite runs on two cores; a CPU study defaults to one)
+    args = ["--preset", "distill-quality-cpu", "--out", str(tmp_path), "--workers", "2"]
     folder = tmp_path / "distill-quality-cpu"
     first = _run(args)
     deadline = time.monotonic() + 600

@@ -53,7 +53,7 @@ preset: str = "auto"  # Preset to start from: seed | cpu-smoke | large | gpt-cpu
 out: Optional[str] = None  # Parent folder of the run folder (None: results/ at the repository root in a checkout, else ./results).
 run_id: Optional[str] = None  # Run folder name (None: <timestamp>-<preset>).
 # Config overrides; None keeps the preset's value
-kind: Optional[str] = None  # The student architecture: 'mlp' (the tutorial's MLP blocks on random tokens, regressing the teacher's output), 'gpt' or 'llama' (decoder-only language models distilled on real text).
+kind: Optional[str] = None  # The student architecture: 'mlp' (the tutorial's MLP blocks on random tokens, regressing the teacher's output), 'gpt' or 'llama' (decoder-only language models distilled on real text), or a kind added by a file in workbench/models/kinds/ (the run checks the name against that registry).
 vocab: Optional[int] = None  # Vocabulary size of the token embedding (mlp: random tokens are drawn from it; gpt/llama: the tokenizer's vocabulary, trained to this size; a multiple of 64). A Hugging Face lm.teacher / lm.student sets it: its embedding's rows (recorded in config.json).
 hidden: Optional[int] = None  # Width of the residual stream (LayerNorm / Linear in-out features).
 intermediate: Optional[int] = None  # Width of each block's MLP (fc1 out / fc2 in).

@@ -1,6 +1,7 @@
 """Layouts, the compile/graph switches on the CPU-safe parts, and matched init across all of them."""
 import functools
 
+import pandas as pd
 import pytest
 import torch
 
@@ -111,10 +112,34 @@ print("task built")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "model.vocab=100" in p.stdout and "task built" in p.stdout
+    # and a whole run of it, with no other edit: the configuration accepts the name, the run's registry knows it
+    out = tmp_path / "out"
+    run = subprocess.run([sys.executable, "-m", "workbench", "run", "--preset", "gpt-cpu", "--out", str(out),
+                          "--run-id", "k", "--set", "kind=tiny_llama", "--set", "teacher=random",
+                          "--set", "corpus_mb=0.05", "--set", "steps=2", "--set", "iters=1", "--set", "warmup=0",
+                          "--set", "eval_batches=1", "--set", "backends=torch_fp32", "--set", "baseline=torch_fp32",
+                          "--set", "no_kd_student=false"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    row = pd.read_csv(out / "k" / "students.csv").iloc[0]
+    assert row["status"] == "ok" and row["cfg_kind"] == "tiny_llama" and row["heldout_ppl"] > 0
 
 
-def test_an_unknown_model_kind_names_the_field_and_the_kinds():
+def test_an_unknown_model_kind_names_the_field_and_the_kinds(tmp_path):
     from workbench.models import kinds
 
     with pytest.raises(config.ConfigError, match=r"model.kind must be one of \['gpt', 'llama', 'mlp'\], got 'rnn'"):
         kinds.get("rnn")
+    # the configuration takes any name (a kind file may add it); the run refuses an unknown one before any work
+    cfg = config.from_preset("gpt-cpu", kind="rnn", device="cpu")
+    with pytest.raises(config.ConfigError, match=r"model.kind must be one of .*got 'rnn'"):
+        runner.run(cfg, out=tmp_path, run_id="r", progress=False)
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_mistyped_kind_on_an_mlp_preset_names_the_kind_too():
+    """Every kind but 'mlp' is checked as a language model, so a typo on an MLP preset trips an LM check
+    first: the error names that field and says the kind is none shipped here."""
+    with pytest.raises(config.ConfigError, match=r"distill.loss.*model.kind='mpl' is no kind shipped here: mlp, gpt"):
+        config.from_preset("cpu-smoke", kind="mpl")
+    with pytest.raises(config.ConfigError, match=r"model.kind must be a kind's name"):
+        config.from_preset("cpu-smoke", kind="Not A Name")

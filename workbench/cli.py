@@ -82,9 +82,11 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
 
 def main_config(args: argparse.Namespace) -> int:
     from workbench import backends, config
+    from workbench.models import kinds
 
     cfg = config.from_preset(args.preset, **config.parse_set(args.overrides))
     backends.check_specs(cfg.backends)  # the config a run would take: its students name known backends
+    kinds.get(cfg.model.kind)  # and a known model kind
     print(cfg.to_json())
     return 0
 

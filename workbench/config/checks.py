@@ -13,14 +13,27 @@ from dataclasses import fields
 from typing import Any
 
 from workbench.config.errors import ConfigError
-from workbench.config.fields import LM_LOSSES, MLP_LOSSES, SECTIONS, choices
+from workbench.config.fields import KINDS, LM_LOSSES, MLP_LOSSES, SECTIONS, choices
 
 MAX_INT = 2**31 - 1  # every integer field's bound: an index or size torch takes in int32 arithmetic
 FUSED_IMPLS = ("fused", "fused_head")  # loss_impl values that compute forward_kl from full teacher logits
 
 
 def validate(cfg: Any) -> None:
-    """Raise ConfigError on the first bad field of `cfg` (a workbench.config.Config)."""
+    """Raise ConfigError on the first bad field of `cfg` (a workbench.config.Config). Every kind but 'mlp' is
+    checked as a language model; whether a kind's name exists is the kinds registry's check when a run starts
+    (workbench.models.kinds), so a kind added in one file needs no edit here."""
+    try:
+        _checks(cfg)
+    except ConfigError as e:
+        if cfg.model.kind in KINDS:
+            raise
+        # an unshipped name: a new kind, or a typo that the LM checks above may have tripped over first
+        raise ConfigError(f"{e} (model.kind={cfg.model.kind!r} is no kind shipped here: {', '.join(KINDS)}; "
+                          "a kind file in workbench/models/kinds/ adds one)") from e
+
+
+def _checks(cfg: Any) -> None:
     _sizes(cfg)
     _choices(cfg)
     _train_and_bench(cfg)
@@ -57,6 +70,9 @@ def _sizes(cfg: Any) -> None:
                 raise ConfigError(f"{section}.{f.name} must be at most {MAX_INT} (2**31 - 1), got {v}")
     for name in ("vocab", "hidden", "intermediate", "layers", "seq_len", "batch"):
         _positive(f"model.{name}", getattr(cfg.model, name))
+    kind = cfg.model.kind
+    if not (isinstance(kind, str) and re.fullmatch(r"[a-z][a-z0-9_]*", kind)):
+        raise ConfigError(f"model.kind must be a kind's name (shipped: {', '.join(KINDS)}), got {kind!r}")
 
 
 def _choices(cfg: Any) -> None:

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field, fields
 from typing import Literal
 
 LMKind = Literal["gpt", "llama"]
-"""The decoder-only language models (the lm section's path); 'mlp' is the tutorial's MLP."""
+"""The decoder-only language-model architectures CausalLM builds (the kinds of that name shipped here); every
+kind but 'mlp' takes the lm section's path."""
 MLPLoss = Literal["mse", "cosine", "hidden"]
 """distill.loss of model.kind 'mlp': regressions on the teacher's output."""
 LMLoss = Literal["forward_kl", "reverse_kl", "jsd"]
@@ -22,9 +23,10 @@ LMLoss = Literal["forward_kl", "reverse_kl", "jsd"]
 
 @dataclass
 class ModelConfig:
-    kind: Literal["mlp", LMKind] = "mlp"
+    kind: str = "mlp"
     """The student architecture: 'mlp' (the tutorial's MLP blocks on random tokens, regressing the
-    teacher's output), 'gpt' or 'llama' (decoder-only language models distilled on real text)."""
+    teacher's output), 'gpt' or 'llama' (decoder-only language models distilled on real text), or a kind
+    added by a file in workbench/models/kinds/ (the run checks the name against that registry)."""
     vocab: int = 4096
     """Vocabulary size of the token embedding (mlp: random tokens are drawn from it; gpt/llama: the
     tokenizer's vocabulary, trained to this size; a multiple of 64). A Hugging Face lm.teacher / lm.student
@@ -267,8 +269,8 @@ def type_name(f: typing.Any) -> str:
     return "str" if t.startswith("Literal[") else t
 
 
-KINDS = choices(ModelConfig)["kind"]
-"""Every model.kind: 'mlp', then the language models (LM_KINDS)."""
 LM_KINDS = typing.get_args(LMKind)
+KINDS = ("mlp", *LM_KINDS)
+"""The model kinds shipped: 'mlp', then the language models; workbench.models.kinds may hold more."""
 MLP_LOSSES, LM_LOSSES = typing.get_args(MLPLoss), typing.get_args(LMLoss)
 LOSS_IMPLS = choices(DistillConfig)["loss_impl"]

@@ -28,6 +28,7 @@ from workbench.config import Config
 from workbench.env import probe
 from workbench.env import te as _te
 from workbench.measure import profiler, timing
+from workbench.models import kinds
 from workbench.run import parallel, rows, slow_path
 from workbench.train import Data, Diverged, lm_teacher, run_student, task_setup, tasks
 
@@ -98,6 +99,7 @@ def run(cfg: Config, out: str | Path = "results", run_id: str | None = None, req
     """Run every student in `cfg.backends`; return the run folder. `out` is the parent folder.
     With parallel.nproc > 1 outside torchrun, the run is launched under torchrun (workbench.run.parallel)."""
     backends.check_specs(cfg.backends)  # the students name backends of the registry (config does not know them)
+    kinds.get(cfg.model.kind)  # and the model kind is one of the kinds' registry
     cfg = task_setup.resolve_lm(cfg.validate())  # model.vocab from a Hugging Face teacher / student, tokenizers checked
     device = resolve_device(cfg)
     if parallel.should_launch(cfg):

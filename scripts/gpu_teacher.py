@@ -126,7 +126,7 @@ def loss(out: Path) -> None:
         return fn
 
     cases = [("checkpointed", 4096, materialised("checkpointed", 4096)), ("fused", 4096, materialised("fused", 4096)),
-             ("fused_head", 4096, fused_head(4096)), ("fused_head", 1024, fused_head(1024))]
+             *(("fused_head", c, fused_head(c)) for c in (4096, 2048, 1024, 512))]
     rows = []
     for impl, chunk, fn in cases:
         ms, mem, value = _measure(fn)

@@ -12,7 +12,7 @@
 #  quality: lm-distill's student for 150 steps with full logits and top-k k in 8, 64, 256: held-out KL to the
 #           full teacher, perplexity, top-1 agreement (the teacher is trained once and cached).
 #  loss:    the logit loss at vocab 128256, 8192 tokens, hidden 2048, alone on the GPU (it is timed):
-#           checkpointed, fused, fused_head (chunk 4096 and 1024), Liger-Kernel's fused linear JSD at beta=0
+#           checkpointed, fused, fused_head (chunks of 4096, 2048, 1024, 512), Liger-Kernel's fused linear JSD at beta=0
 #           if it is importable: loss memory, ms, loss values.
 # Each part has a time limit; a part that runs out leaves its files out and the README says so.
 set -uo pipefail

@@ -83,6 +83,27 @@ def test_the_head_fused_loss_equals_the_checkpointed_loss_on_cuda(dtype):
     torch.testing.assert_close(got_w, ref_w, **tol)
 
 
+def test_the_compiled_chunk_takes_more_variants_than_dynamos_default_limit():
+    """A GPU suite (or a sweep in one process) meets the compiled chunk in many dtypes and with or without
+    each term; dynamo's default of 8 graphs per code object raised at the 9th under fullgraph=True."""
+    fn = lo.compiled_chunk()
+    y = torch.randint(0, 256, (64,), device=CUDA)
+    counted = torch.tensor(64.0, device=CUDA)
+    scalars = [torch.tensor(v, device=CUDA) for v in (1.0, 0.5, 0.5)]
+    variants = [(d, terms, g) for d in (torch.bfloat16, torch.float16, torch.float32)
+                for terms in ((True, True), (True, False), (False, True)) for g in (d, torch.float32)]
+    variants = list(dict.fromkeys(variants))  # 15 distinct graphs: more than 8
+    assert len(variants) > 8
+    for dtype, (with_kd, with_ce), grad_dtype in variants:
+        s = torch.randn(64, 256, device=CUDA).to(dtype)
+        t = torch.randn(64, 256, device=CUDA).to(dtype)
+        args = (s, t, y, counted, *scalars, with_kd, with_ce, grad_dtype)
+        value, grad = fn(*args)
+        ref_value, ref_grad = lo._chunk_loss_and_grad(*args)
+        assert grad.dtype == grad_dtype
+        torch.testing.assert_close(value, ref_value, rtol=1e-3, atol=1e-5)
+
+
 def test_the_head_fused_loss_replays_in_a_cuda_graph():
     """No host sync, no branch on data: captured once, replayed on new inputs, the same as eager."""
     torch.manual_seed(0)

@@ -335,3 +335,17 @@ def test_a_run_with_the_head_fused_loss_trains_like_the_fused_one(tmp_path):
         runs[impl] = losses, task.cells()["loss_impl"]
     np.testing.assert_allclose(runs["fused_head"][0], runs["fused"][0], rtol=1e-5)
     assert runs["fused_head"][1] == "fused_head"
+
+
+def test_a_top_k_runs_task_json_records_its_store(tmp_path):
+    """task.json is written after the data are made, so it names the store the run streamed and its size."""
+    from workbench import results
+    from workbench.run import runner
+
+    cfg = tiny(teacher_mode="topk", topk=8, backends="torch_fp32", baseline="torch_fp32", no_kd_student=False)
+    run_dir = runner.run(cfg.validate(), out=tmp_path / "runs", run_id="topk", progress=False)
+    task = results.read_json(run_dir / "task.json")
+    assert task["teacher_mode"] == "topk"
+    assert Path(task["teacher_topk_store"]).is_dir()
+    assert task["teacher_topk_store_bytes"] > 0
+    assert task["teacher_topk_store_gib"] == round(task["teacher_topk_store_bytes"] / 2**30, 4)

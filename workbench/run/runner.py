@@ -127,11 +127,11 @@ def _run(cfg: Config, world: parallel.World, device, out, run_id, requested, pro
         task = tasks.for_config(cfg, device, tdtype, cache_dir=results.cache_dir(out))
         if task.teacher_precision.reason:
             _say(progress, f"[teacher] {task.teacher_precision.reason}")
-        if world.writes:
-            results.write_json(run_dir / "task.json", task.info)
         # every rank distils rank 0's teacher into its weights
         world.share_modules((task.teacher, task.reference), device)
         data = task.make_data(shard=world.rank)
+        if world.writes:  # after the data: making it records the top-k store's folder and size in task.info
+            results.write_json(run_dir / "task.json", task.info)
     except Exception:  # refused before any student ran: no folder of a run that never was
         if world.writes:
             results.discard_run_dir(run_dir)

@@ -6,8 +6,9 @@ The fused loss of lm_objectives still takes the student's logits: at vocab 12825
 [tokens, hidden] (after the final norm) and the head's weight W [vocab, hidden]; each chunk of `chunk_tokens`
 rows computes its logits h_c @ W^T, the loss and the closed-form d(loss)/d(logits) (lm_objectives'
 compiled chunk), and from that at once d/dh_c = g_c @ W and d/dW += g_c^T @ h_c, the latter summed over chunks
-in fp32. The forward keeps only grad_h [tokens, hidden] and grad_W [vocab, hidden] (fp32); the backward scales
-them. Its extra memory: one chunk's fp32 [chunk_tokens, vocab] temporaries, whatever the token count.
+in fp32 (inside the GEMM on CUDA). The forward keeps only grad_h [tokens, hidden] and grad_W [vocab, hidden]
+(fp32); the backward scales them. Its extra memory: one chunk's [chunk_tokens, vocab] logits and gradient in
+h's dtype, whatever the token count.
 
 Like Liger-Kernel's fused linear losses and Apple's cut-cross-entropy, but with no host sync and no branch on
 data (the chunk count follows from shapes alone, the token count stays on the device), so a whole-step CUDA
@@ -15,6 +16,8 @@ graph captures it. The head GEMM runs in torch in the dtype of h (the forward's 
 hands it over), not in a precision backend's FP8: the rows say loss_impl=fused_head.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -34,15 +37,42 @@ def _chunks(h, w, t, y, temperature: float, kd_w: float, ce_w: float, chunk_toke
     for start in range(0, h.shape[0], chunk_tokens):
         part = slice(start, start + chunk_tokens)
         hc = h[part]
-        s = (hc @ wc.t()).float()
+        # the chunk's logits stay in h's dtype: the compiled chunk upcasts them inside its kernels, so no fp32
+        # [chunk, vocab] copy is written, and its gradient comes back in that dtype for the two GEMMs below
+        s = hc @ wc.t()
         tc = s if t is None else t[part]  # without a KD term (kd_w == 0) the teacher is never read
-        value, g = fn(s, tc, y[part], counted, *scalars, kd_w > 0, ce_w > 0, torch.float32)
+        value, g = fn(s, tc, y[part], counted, *scalars, kd_w > 0, ce_w > 0, h.dtype)
         if with_grad:
-            g = g.to(h.dtype)
-            grad_h[part] = g @ wc
-            grad_w += (g.t() @ hc).float()  # each chunk's GEMM accumulates in fp32 inside; the sum is fp32
+            torch.mm(g, wc, out=grad_h[part])
+            _accumulate_weight_grad(grad_w, g, hc)
         loss = loss + value
     return loss, grad_h, grad_w
+
+
+def _accumulate_weight_grad(grad_w: torch.Tensor, g: torch.Tensor, hc: torch.Tensor) -> None:
+    """grad_w (fp32) += g^T @ hc. On CUDA the GEMM itself accumulates into grad_w (cuBLAS's bf16-in, fp32-out
+    product with beta=1, as Megatron's gradient-accumulation fusion does), so no [vocab, hidden] temporary is
+    written: a bf16 one is 0.5 GiB at vocab 128256 and hidden 2048, its fp32 copy 1 GiB. Elsewhere, or where
+    this torch lacks that product, the chunk's product is added from a temporary in its own dtype."""
+    if g.dtype != grad_w.dtype and _fp32_out_gemm(g.device):
+        torch.addmm(grad_w, g.t(), hc, out_dtype=grad_w.dtype, out=grad_w)
+    else:
+        grad_w += g.t() @ hc  # the sum over chunks stays fp32 (in-place promotion)
+
+
+@functools.cache
+def _fp32_out_gemm(device: torch.device) -> bool:
+    """Whether this torch has addmm's out_dtype on `device` (CUDA only, torch >= 2.9). Asked once per device,
+    on tiny tensors, by the first (eager) step, before any CUDA graph capture."""
+    if device.type != "cuda":
+        return False
+    try:
+        a = torch.ones(2, 2, device=device, dtype=torch.bfloat16)
+        c = torch.zeros(2, 2, device=device)
+        torch.addmm(c, a, a, out_dtype=torch.float32, out=c)
+        return True
+    except (RuntimeError, TypeError):
+        return False
 
 
 class _HeadFusedForwardKL(torch.autograd.Function):

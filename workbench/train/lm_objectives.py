@@ -160,13 +160,21 @@ def _chunk_loss_and_grad(s, t, y, counted, temperature, kd_w, ce_w, with_kd: boo
 
 
 _COMPILED: dict[str, object] = {}
+_RECOMPILE_LIMIT = 64
 
 
 def compiled_chunk():
     """_chunk_loss_and_grad through torch.compile: one graph (fullgraph: a graph break would split the fused
     kernels); the token count may vary (the last chunk), the vocabulary is what the kernels are built for.
-    Made once per process."""
+    Made once per process.
+
+    One process meets many variants of this graph: the no-KD and the KD students, bf16, fp16 and fp32 logits
+    and teachers, the head-fused path's own dtypes, a sweep's vocabularies, a test session's dozens of cases.
+    dynamo keeps 8 graphs per code object by default and, with fullgraph=True, raises at the 9th (the GPU
+    suite met it): the limit is raised to _RECOMPILE_LIMIT, never lowered. Each graph is a few small kernels."""
     if "chunk" not in _COMPILED:
+        dynamo = torch._dynamo.config
+        dynamo.recompile_limit = max(dynamo.recompile_limit, _RECOMPILE_LIMIT)
         _COMPILED["chunk"] = torch.compile(_chunk_loss_and_grad, fullgraph=True)
     return _COMPILED["chunk"]
 

@@ -183,8 +183,9 @@ class LMTask:
 
         store, why = teacher_targets.ensure_store(folder, recipe, lambda: teacher_targets.build_store(
             folder, recipe, windows, logits))
-        self.info.update(teacher_topk_store=str(folder), teacher_topk_store_gib=round(store.layout.nbytes() / 2**30, 4),
-                         teacher_topk_rebuilt=why or None)
+        nbytes = store.layout.nbytes()
+        self.info.update(teacher_topk_store=str(folder), teacher_topk_store_bytes=nbytes,
+                         teacher_topk_store_gib=round(nbytes / 2**30, 4), teacher_topk_rebuilt=why or None)
         return store
 
     def bench_batches(self) -> int:

@@ -145,17 +145,24 @@ def _chunk_loss_and_grad(s, t, y, counted, temperature, kd_w, ce_w, with_kd: boo
     keep = (y != IGNORE_INDEX).to(torch.float32)
     total, grad = s32.new_zeros(()), 0.0
     if with_kd:
-        ls = F.log_softmax(s32 / temperature, dim=-1)
-        lt = F.log_softmax(t.float() / temperature, dim=-1)
+        # log-softmax as x - logsumexp(x): compiled, only the row's log-sum-exp is a buffer and ls, lt are
+        # recomputed where they are read (F.log_softmax's result was written out, an fp32 [chunk, vocab] each)
+        st, tt = s32 / temperature, t.float() / temperature
+        ls = st - torch.logsumexp(st, dim=-1, keepdim=True)
+        lt = tt - torch.logsumexp(tt, dim=-1, keepdim=True)
         pt = lt.exp()
         total = total + kd_w * temperature ** 2 * ((pt * (lt - ls)).sum(-1) * keep).sum()
         grad = grad + kd_w * temperature * (ls.exp() - pt)
     if with_ce:
-        ls1 = F.log_softmax(s32, dim=-1)
+        lse = torch.logsumexp(s32, dim=-1, keepdim=True)
         target = y.clamp(min=0).unsqueeze(-1)  # ignored positions pick token 0; `keep` zeroes them
-        total = total - ce_w * (ls1.gather(-1, target).squeeze(-1) * keep).sum()
-        # softmax(s) - onehot(y), without a [chunk, vocab] one-hot tensor
-        grad = grad + ce_w * ls1.exp().scatter_add(-1, target, s32.new_full(target.shape, -1.0))
+        total = total - ce_w * ((s32.gather(-1, target) - lse).squeeze(-1) * keep).sum()
+        # softmax(s) - onehot(y) as one elementwise expression (the one-hot a comparison with the column
+        # index): compiled, it is fused into the kernel that writes the gradient, where a scatter into
+        # softmax(s) needs softmax(s) written out first, an fp32 [chunk, vocab] buffer (0.5 GiB at 1,024
+        # tokens and vocab 128256)
+        columns = torch.arange(s32.shape[-1], device=s32.device)
+        grad = grad + ce_w * ((s32 - lse).exp() - (columns == target).to(torch.float32))
     return total / counted, (grad * keep.unsqueeze(-1) / counted).to(grad_dtype)
 
 

@@ -136,34 +136,56 @@ def _chunk_sums(student, teacher, next_tokens, kind, temperature, beta, kd_w, ce
     return torch.stack([kd, ce])
 
 
-def _chunk_loss_and_grad(s, t, y, counted, temperature, kd_w, ce_w, with_kd: bool, with_ce: bool, grad_dtype):
+def _chunk_stats(s, t, y, counted, temperature, kd_w, ce_w, with_kd: bool, with_ce: bool):
+    """Stage 1 of a chunk, reductions only: (the chunk's kd_w * KD sum + ce_w * CE sum over `counted`, the
+    per-token log-sum-exps [student at T, teacher at T, student at 1] that stage 2 needs). KL(p_t || p_s) of
+    a token is sum_v p_t (t/T - s/T) - lse_t + lse_s, so no [chunk, vocab] tensor is needed here."""
+    s32 = s.float()
+    keep = (y != IGNORE_INDEX).to(torch.float32)
+    total, zero = s32.new_zeros(()), s32.new_zeros(s32.shape[:-1] + (1,))
+    lse_st = lse_tt = lse_s = zero
+    if with_kd:
+        st, tt = s32 / temperature, t.float() / temperature
+        lse_st, lse_tt = torch.logsumexp(st, -1, keepdim=True), torch.logsumexp(tt, -1, keepdim=True)
+        kl = ((tt - lse_tt).exp() * (tt - st)).sum(-1) - lse_tt.squeeze(-1) + lse_st.squeeze(-1)
+        total = total + kd_w * temperature ** 2 * (kl * keep).sum()
+    if with_ce:
+        lse_s = torch.logsumexp(s32, -1, keepdim=True)
+        target = y.clamp(min=0).unsqueeze(-1)  # ignored positions pick token 0; `keep` zeroes them
+        total = total - ce_w * ((s32.gather(-1, target) - lse_s).squeeze(-1) * keep).sum()
+    return total / counted, torch.cat([lse_st, lse_tt, lse_s], dim=-1)
+
+
+def _chunk_grad(s, t, y, counted, lse, temperature, kd_w, ce_w, with_kd: bool, with_ce: bool, grad_dtype):
+    """Stage 2 of a chunk, elementwise only: d(loss)/ds = (kd_w * T * (softmax(s/T) - softmax(t/T)) +
+    ce_w * (softmax(s) - onehot(y))) * keep / counted, from stage 1's log-sum-exps; the one-hot is a
+    comparison with the column index, so nothing but the gradient itself is written."""
+    s32 = s.float()
+    keep = (y != IGNORE_INDEX).to(torch.float32).unsqueeze(-1)
+    grad = s32.new_zeros(())
+    if with_kd:
+        grad = grad + kd_w * temperature * ((s32 / temperature - lse[:, 0:1]).exp()
+                                            - (t.float() / temperature - lse[:, 1:2]).exp())
+    if with_ce:
+        columns = torch.arange(s32.shape[-1], device=s32.device)
+        grad = grad + ce_w * ((s32 - lse[:, 2:3]).exp() - (columns == y.clamp(min=0).unsqueeze(-1)).float())
+    return (grad * keep / counted).to(grad_dtype)
+
+
+def _chunk_loss_and_grad(s, t, y, counted, temperature, kd_w, ce_w, with_kd: bool, with_ce: bool, grad_dtype,
+                         stages=(_chunk_stats, _chunk_grad)):
     """(kd_w * KD sum + ce_w * CE sum, d(loss)/ds in `grad_dtype`) of one chunk of forward_kl + CE, where
     loss = that sum / counted. No autograd: the gradient is written out (see the module's docstring).
     temperature, kd_w, ce_w are 0-dim tensors, so a new value is no new compiled graph; with_kd / with_ce
-    leave out a term whose weight is 0 (the no-KD student reads no teacher logits)."""
-    s32 = s.float()
-    keep = (y != IGNORE_INDEX).to(torch.float32)
-    total, grad = s32.new_zeros(()), 0.0
-    if with_kd:
-        # log-softmax as x - logsumexp(x): compiled, only the row's log-sum-exp is a buffer and ls, lt are
-        # recomputed where they are read (F.log_softmax's result was written out, an fp32 [chunk, vocab] each)
-        st, tt = s32 / temperature, t.float() / temperature
-        ls = st - torch.logsumexp(st, dim=-1, keepdim=True)
-        lt = tt - torch.logsumexp(tt, dim=-1, keepdim=True)
-        pt = lt.exp()
-        total = total + kd_w * temperature ** 2 * ((pt * (lt - ls)).sum(-1) * keep).sum()
-        grad = grad + kd_w * temperature * (ls.exp() - pt)
-    if with_ce:
-        lse = torch.logsumexp(s32, dim=-1, keepdim=True)
-        target = y.clamp(min=0).unsqueeze(-1)  # ignored positions pick token 0; `keep` zeroes them
-        total = total - ce_w * ((s32.gather(-1, target) - lse).squeeze(-1) * keep).sum()
-        # softmax(s) - onehot(y) as one elementwise expression (the one-hot a comparison with the column
-        # index): compiled, it is fused into the kernel that writes the gradient, where a scatter into
-        # softmax(s) needs softmax(s) written out first, an fp32 [chunk, vocab] buffer (0.5 GiB at 1,024
-        # tokens and vocab 128256)
-        columns = torch.arange(s32.shape[-1], device=s32.device)
-        grad = grad + ce_w * ((s32 - lse).exp() - (columns == target).to(torch.float32))
-    return total / counted, (grad * keep.unsqueeze(-1) / counted).to(grad_dtype)
+    leave out a term whose weight is 0 (the no-KD student reads no teacher logits).
+
+    Two stages, compiled apart on CUDA (`stages`): as one graph, inductor wrote an fp32 and a bf16 [chunk,
+    vocab] buffer besides the gradient (751 MiB at 1,024 tokens and vocab 128256, measured on the H200: the
+    largest part of the head-fused loss's memory); split at the log-sum-exps, stage 1 is reductions over
+    the inputs and stage 2 elementwise, and neither has a [chunk, vocab] intermediate to keep."""
+    stats, grad = stages
+    value, lse = stats(s, t, y, counted, temperature, kd_w, ce_w, with_kd, with_ce)
+    return value, grad(s, t, y, counted, lse, temperature, kd_w, ce_w, with_kd, with_ce, grad_dtype)
 
 
 _COMPILED: dict[str, object] = {}
@@ -171,9 +193,9 @@ _RECOMPILE_LIMIT = 64
 
 
 def compiled_chunk():
-    """_chunk_loss_and_grad through torch.compile: one graph (fullgraph: a graph break would split the fused
-    kernels); the token count may vary (the last chunk), the vocabulary is what the kernels are built for.
-    Made once per process.
+    """_chunk_loss_and_grad with its two stages through torch.compile, each one graph (fullgraph: a graph
+    break would split the fused kernels); the token count may vary (the last chunk), the vocabulary is what
+    the kernels are built for. Made once per process.
 
     One process meets many variants of this graph: the no-KD and the KD students, bf16, fp16 and fp32 logits
     and teachers, the head-fused path's own dtypes, a sweep's vocabularies, a test session's dozens of cases.
@@ -182,7 +204,8 @@ def compiled_chunk():
     if "chunk" not in _COMPILED:
         dynamo = torch._dynamo.config
         dynamo.recompile_limit = max(dynamo.recompile_limit, _RECOMPILE_LIMIT)
-        _COMPILED["chunk"] = torch.compile(_chunk_loss_and_grad, fullgraph=True)
+        stages = tuple(torch.compile(f, fullgraph=True) for f in (_chunk_stats, _chunk_grad))
+        _COMPILED["chunk"] = functools.partial(_chunk_loss_and_grad, stages=stages)
     return _COMPILED["chunk"]
 
 

@@ -350,8 +350,8 @@ def gap_vs_noise(study: Study, gaps: pd.DataFrame):
         ax.invert_yaxis()
         ax.set(xlabel=f"gap to {REFERENCE_ARM}, % (95% interval over seeds)", title=METRIC_NAMES[m])
         ax.grid(True, axis="x", alpha=0.3)
-        if len(floor):
-            ax.legend(fontsize=8, loc="lower right")
+        if len(floor):  # below the axes: inside, it covered the last arm's interval
+            ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13))
     fig.suptitle(f"Study {study.name}: paired gaps vs the bf16 noise floor", fontsize=10)
     fig.tight_layout()
     return fig

@@ -194,3 +194,34 @@ def test_cpu_study_end_to_end_resumes_after_a_kill(tmp_path):
     head = json.loads((folder / "headline.json").read_text())
     assert head["sentence"] == summary["headline"] and "noise floor" in head["sentence"]
     assert (folder / "quality_report.ipynb").exists() and (folder / "heldout_curves.png").exists()
+
+
+@pytest.mark.slow
+def test_the_study_runs_on_your_own_hugging_face_model_with_a_top_k_teacher(tmp_path, monkeypatch):
+    """`study --set lm.student=DIR --set lm.teacher=DIR --set teacher_mode=topk`: the same points, run as the
+    sweep runs them (here in-process, the first seed's main and noise points), on a local Hugging Face model
+    with a top-k teacher: every student row ok, the teacher read from the folder and its top-k store shared."""
+    from test_lm_run import tiny_llama
+
+    from workbench.results import plots
+    from workbench.run import runner
+
+    monkeypatch.setattr(plots, "plot_run", lambda run_dir: None)  # the figures are not what this test is about
+    hf = tiny_llama(tmp_path / "tiny-llama", vocab=256, layers=1)
+    overrides = {"lm.student": str(hf), "lm.teacher": str(hf), "kind": "llama", "vocab": 256, "tokenizer": "bytes",
+                 "teacher_mode": "topk", "topk": 16, "corpus_mb": 0.1, "steps": 4, "eval_every": 2}
+    s = spec.from_preset("distill-quality-cpu", overrides)
+    points = plan(spec.sweep_spec(s))
+    teacher_ppl = set()
+    for p in points[:2]:  # seed 1: the reference arm (and TE FP8, a row with its reason here); seed 1001: noise
+        cfg = config.from_preset(s.preset, **p.overrides)
+        run_dir = runner.run(cfg, out=tmp_path / "runs", run_id=p.id, progress=False)
+        rows = results.load(run_dir)
+        ran = rows[rows["student"].str.startswith("torch_bf16")]
+        assert len(ran) and (ran["status"] == "ok").all(), ran["reason"].to_dict()
+        assert (ran["teacher_mode"] == "topk").all()
+        task = results.read_json(run_dir / "task.json")
+        assert task["teacher_source"] == str(hf) and task["teacher_topk"] == 16
+        assert Path(task["teacher_topk_store"]).is_dir()
+        teacher_ppl.add(round(float(ran["teacher_heldout_ppl"].iloc[0]), 6))
+    assert len(teacher_ppl) == 1  # one teacher and one held-out set for every seed: the students' seed is not in it

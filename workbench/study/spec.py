@@ -62,7 +62,8 @@ GPU_ARMS = [Arm("torch_bf16", "torch_bf16"), Arm("te_bf16", "te_bf16"), Arm("te_
 
 # distill-quality: sized for one H200 in ~8 minutes with the teacher (scripts/gpu_quality.sh). The teacher is
 # 3x wider and 1.5x deeper than the student and trains 1.5x the students' steps on the whole built-in corpus;
-# the students train long enough for their held-out curves to flatten (checked in arms.csv). Fastest correct
+# whether the students' held-out curves have flattened is checked (arms.csv `flattened`; on the H200 at 800 steps
+# they had not: results/reference/h200/quality/, raise `--set steps=`). Fastest correct
 # path: torch and torchao students compiled with their whole step in one CUDA graph, TE students' whole step
 # in one graph (options.te_graph=step).
 PRESETS: dict[str, dict[str, Any]] = {

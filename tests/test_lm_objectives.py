@@ -207,7 +207,7 @@ def test_the_fused_loss_and_gradient_equal_the_checkpointed_ones(temperature, ce
     got = lm_loss(s, teacher, y, temperature=temperature, ce_weight=ce_weight, chunk_tokens=4, impl="fused")
     (g_got,) = torch.autograd.grad(got * 3.0, s)  # the backward scales the stored gradient by grad_output
     assert got.item() == pytest.approx(ref.item(), rel=1e-6)
-    # atol: the gradient's entries are up to ~0.03 here and are differences of probabilities of up to ~0.5,
+    # atol: the gradient's entries are up to ~0.05 here and are differences of probabilities of up to ~0.5,
     # scaled by 1/18 counted tokens: fp32 rounding of those is a few 1e-9
     assert torch.allclose(g_got, 3.0 * g_ref, rtol=1e-5, atol=1e-8)
 

@@ -141,5 +141,19 @@ def test_a_mistyped_kind_on_an_mlp_preset_names_the_kind_too():
     first: the error names that field and says the kind is none shipped here."""
     with pytest.raises(config.ConfigError, match=r"distill.loss.*model.kind='mpl' is no kind shipped here: mlp, gpt"):
         config.from_preset("cpu-smoke", kind="mpl")
-    with pytest.raises(config.ConfigError, match=r"model.kind must be a kind's name"):
+    with pytest.raises(config.ConfigError, match=r"model.kind must be a kind's name") as e:
         config.from_preset("cpu-smoke", kind="Not A Name")
+    assert "no kind shipped here" not in str(e.value)  # the name's own error lists the kinds once
+
+
+def test_a_sweep_refuses_an_unknown_kind_or_backend_before_any_point_runs():
+    """The configuration, a leaf, takes any kind name; the plan asks the registries for every point, so a
+    typo in a grid is one error naming the point, not a failed point among good ones."""
+    from workbench.sweep.plan import Spec, plan
+
+    assert len(plan(Spec("s", preset="gpt-cpu", grid={"kind": ["gpt", "llama"]}))) == 2
+    with pytest.raises(config.ConfigError, match=r"sweep point \{'kind': 'lama'\}: model.kind must be one of"):
+        plan(Spec("s", preset="gpt-cpu", grid={"kind": ["gpt", "lama"]}))
+    with pytest.raises(config.ConfigError, match=r"sweep point .*torch_bf17"):
+        plan(Spec("s", preset="gpt-cpu", grid={"backends": [["torch_fp32", "torch_bf16"],
+                                                            ["torch_fp32", "torch_bf17"]]}))

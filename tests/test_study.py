@@ -200,7 +200,8 @@ def test_cpu_study_end_to_end_resumes_after_a_kill(tmp_path):
 def test_the_study_runs_on_your_own_hugging_face_model_with_a_top_k_teacher(tmp_path, monkeypatch):
     """`study --set lm.student=DIR --set lm.teacher=DIR --set teacher_mode=topk`: the same points, run as the
     sweep runs them (here in-process, the first seed's main and noise points), on a local Hugging Face model
-    with a top-k teacher: every student row ok, the teacher read from the folder and its top-k store shared."""
+    with a top-k teacher: every torch student row ok, the TE row saying why it did not run as TE (no TE on a
+    CPU), the teacher read from the folder, its top-k store made, one teacher and held-out set for both seeds."""
     from test_lm_run import tiny_llama
 
     from workbench.results import plots
@@ -212,7 +213,7 @@ def test_the_study_runs_on_your_own_hugging_face_model_with_a_top_k_teacher(tmp_
                  "teacher_mode": "topk", "topk": 16, "corpus_mb": 0.1, "steps": 4, "eval_every": 2}
     s = spec.from_preset("distill-quality-cpu", overrides)
     points = plan(spec.sweep_spec(s))
-    teacher_ppl = set()
+    teacher_ppl, te_rows = set(), []
     for p in points[:2]:  # seed 1: the reference arm (and TE FP8, a row with its reason here); seed 1001: noise
         cfg = config.from_preset(s.preset, **p.overrides)
         run_dir = runner.run(cfg, out=tmp_path / "runs", run_id=p.id, progress=False)
@@ -220,8 +221,11 @@ def test_the_study_runs_on_your_own_hugging_face_model_with_a_top_k_teacher(tmp_
         ran = rows[rows["student"].str.startswith("torch_bf16")]
         assert len(ran) and (ran["status"] == "ok").all(), ran["reason"].to_dict()
         assert (ran["teacher_mode"] == "topk").all()
+        te_rows.append(rows[rows["student"].str.startswith("te_")])
         task = results.read_json(run_dir / "task.json")
         assert task["teacher_source"] == str(hf) and task["teacher_topk"] == 16
         assert Path(task["teacher_topk_store"]).is_dir()
         teacher_ppl.add(round(float(ran["teacher_heldout_ppl"].iloc[0]), 6))
+    te = pd.concat(te_rows)
+    assert len(te) and (te["status"] != "ok").all() and te["reason"].fillna("").astype(str).str.len().gt(0).all()
     assert len(teacher_ppl) == 1  # one teacher and one held-out set for every seed: the students' seed is not in it

@@ -81,12 +81,11 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main_config(args: argparse.Namespace) -> int:
-    from workbench import backends, config
-    from workbench.models import kinds
+    from workbench import config
+    from workbench.run import runner
 
     cfg = config.from_preset(args.preset, **config.parse_set(args.overrides))
-    backends.check_specs(cfg.backends)  # the config a run would take: its students name known backends
-    kinds.get(cfg.model.kind)  # and a known model kind
+    runner.check_registered(cfg)  # the config a run would take: known backends and model kind
     print(cfg.to_json())
     return 0
 

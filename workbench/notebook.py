@@ -216,15 +216,13 @@ def execute(preset: str = "auto", overrides: dict[str, Any] | None = None, out: 
     """
     import papermill as pm
 
-    from workbench import backends, results
-    from workbench.models import kinds
+    from workbench import results
     from workbench.run import runner
     if importlib.util.find_spec("ipykernel") is None:  # else papermill's "No such kernel named python3"
         raise ModuleNotFoundError(NO_KERNEL)
     overrides = overrides or {}
     cfg = config.from_preset(preset, **overrides)  # validate before starting a kernel
-    backends.check_specs(cfg.backends)
-    kinds.get(cfg.model.kind)
+    runner.check_registered(cfg)
     names = {config.locate(k)[1] for k in overrides}
     typed = {k: v for k, v in cfg.flat().items() if k in names}  # coerced values, papermill writes them as literals
     run_dir = results.create_run_dir(out, run_id, runner.new_run_id(cfg))

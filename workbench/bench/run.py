@@ -46,6 +46,7 @@ def run_bench(opts: BenchOptions, out: str | Path = "results/bench", run_id: str
     _refuse_measured_overrides(opts.overrides)
     preset = config_mod.default_preset_name() if opts.preset == "auto" else opts.preset
     base_cfg = config_mod.from_preset(preset, **opts.overrides, repeats=opts.repeats, profile=opts.crosscheck)
+    runner.check_registered(base_cfg)  # before the peak probe: a mistyped kind or backend is one line, not N rows
     variants = resolve_variants(preset, opts.variants)
     device = runner.resolve_device(base_cfg)
     bench_dir = results.create_run_dir(out, run_id, f"{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-bench-{preset}")

@@ -26,8 +26,8 @@ def validate(cfg: Any) -> None:
     try:
         _checks(cfg)
     except ConfigError as e:
-        if cfg.model.kind in KINDS:
-            raise
+        if cfg.model.kind in KINDS or str(e).startswith("model.kind must be"):
+            raise  # a shipped kind's error, or the name's own shape, which already lists the shipped kinds
         # an unshipped name: a new kind, or a typo that the LM checks above may have tripped over first
         raise ConfigError(f"{e} (model.kind={cfg.model.kind!r} is no kind shipped here: {', '.join(KINDS)}; "
                           "a kind file in workbench/models/kinds/ adds one)") from e

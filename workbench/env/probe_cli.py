@@ -6,7 +6,7 @@ from typing import Any
 
 from workbench.env.probe import CAPABILITY_CHECKS, probe
 
-SECTIONS = {  # the human table's groups, in order; keys not listed go to "other"
+SECTIONS = {  # the human table's groups, in order; keys not listed are not shown
     "system": ["python", "python_executable", "platform", "cpu_cores", "mem_total_gb", "mem_available_gb",
                "ngc_pytorch_container", "colab", "git_sha"],
     "torch": ["torch", "torch_cuda", "torch_cxx11_abi", "cudnn_torch", "cudnn_torch_error", "cudnn_mapped_dirs"],
@@ -19,7 +19,7 @@ SECTIONS = {  # the human table's groups, in order; keys not listed go to "other
 
 
 def rows(env: dict[str, Any]) -> list[dict[str, Any]]:
-    """The probe as (section, item, value, note) rows: the notebook shows them as a DataFrame."""
+    """The probe as (section, item, value, note) rows, what `table` prints."""
     out = [
         {"section": s, "item": k, "value": env.get(k), "note": ""}
         for s, keys in SECTIONS.items()

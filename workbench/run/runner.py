@@ -94,12 +94,19 @@ def new_run_id(cfg: Config) -> str:
     return f"{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{cfg.preset}"
 
 
+def check_registered(cfg: Config) -> None:
+    """What the configuration, a leaf, cannot check: that its students name backends of the backends' registry
+    and its model kind is one of the kinds' registry. Every driver asks it before it starts anything: a run, a
+    notebook run, `workbench config`, the bench and each point of a sweep's plan."""
+    backends.check_specs(cfg.backends)
+    kinds.get(cfg.model.kind)
+
+
 def run(cfg: Config, out: str | Path = "results", run_id: str | None = None, requested: dict | None = None,
         progress: bool = True) -> Path:
     """Run every student in `cfg.backends`; return the run folder. `out` is the parent folder.
     With parallel.nproc > 1 outside torchrun, the run is launched under torchrun (workbench.run.parallel)."""
-    backends.check_specs(cfg.backends)  # the students name backends of the registry (config does not know them)
-    kinds.get(cfg.model.kind)  # and the model kind is one of the kinds' registry
+    check_registered(cfg)
     cfg = task_setup.resolve_lm(cfg.validate())  # model.vocab from a Hugging Face teacher / student, tokenizers checked
     device = resolve_device(cfg)
     if parallel.should_launch(cfg):

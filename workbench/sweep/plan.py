@@ -109,7 +109,10 @@ def point_id(cfg: config.Config, overrides: dict[str, Any]) -> str:
 
 
 def plan(spec: Spec) -> list[Point]:
-    """The sweep's points in grid order; every point's config is validated before anything runs."""
+    """The sweep's points in grid order; every point's config is validated, and its backends and model kind
+    checked against their registries, before anything runs."""
+    from workbench.run.runner import check_registered  # torch: only when a sweep is planned
+
     points: dict[str, Point] = {}
     for combo in itertools.product(*spec.axes()):
         grid: dict[str, Any] = {}
@@ -118,6 +121,7 @@ def plan(spec: Spec) -> list[Point]:
         overrides = {**spec.fixed, **grid}
         try:
             cfg = config.from_preset(spec.preset, **overrides)
+            check_registered(cfg)
         except ConfigError as e:
             raise ConfigError(f"sweep point {grid}: {e}") from None
         flat = cfg.flat()

@@ -79,7 +79,7 @@ class LMTask:
         self.teacher, self.teacher_precision = teacher_precision.prepare(self.teacher, cfg, device, tdtype)
         self.info.update(self.teacher_precision.info())
         if with_batches:  # False for `workbench teacher`: no training batch, so no logits to place or refuse over
-            self.place_logits()  # now, with the teacher on the device: task.json is written before the batches
+            self.place_logits()  # now, with the teacher on the device, before the batches are made
 
     def cells(self) -> dict[str, Any]:
         """What every student row of the run carries from its task: the teacher's precision, the logit loss,

@@ -133,6 +133,12 @@ def test_kernel_breakdown_skips_annotations_and_names_what_takes_the_time():
     assert (
         profiler.category("void cunn_SoftMaxForward<4, float, float, float, LogSoftMaxForwardEpilogue>") == "logit loss"
     )
+    # attention kernels as the profiler names them: cuDNN's (TE, with "wgmma" in the name), flash, efficient
+    for name in ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x128_4x1x1_kernel0_0",
+                 "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4>>",
+                 "fmha_cutlassB_bf16_aligned_64x64_k128_sm80"):
+        assert profiler.category(name) == "attention", name
+    assert profiler.category("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1") == "gemm"
 
 # ---- variants, targets, Markdown ------------------------------------------------------------------
 def test_variant_config_rejects_unknown_students_as_rows():
@@ -258,6 +264,33 @@ def test_targets_at_large_and_not_evaluated_elsewhere():
     assert a["P6-vs-torchao"]["achieved"] == pytest.approx(17 / 20) and a["P6-vs-torchao"]["met"] is True
     b = {r["id"]: r for r in evaluate_targets(_rows("lm-b"), "lm-b")}
     assert b["P6"]["target"] == "<= 33.5 ms" and b["P6"]["met"] is True
+
+
+def test_hf_shape_targets_judge_the_te_decoder_layers_and_always_show_the_fp8_split(tmp_path, monkeypatch):
+    cats = {"gemm": 15.2, "attention": 3.1, "cast/amax/transpose": 3.0}
+    monkeypatch.setattr(crosscheck, "kernel_breakdown", lambda d, row: {"kernel_categories_ms_per_step": cats}
+                        if row["student"] == "te_fp8:delayed" else {})
+    t = {r["id"]: r for r in evaluate_targets(_rows("hf-llama-4l"), "hf-llama-4l", tmp_path)}
+    # the fastest TE FP8 row (17 ms) against the compiled bf16 student (25 ms) and torchao (20 ms)
+    assert t["H1"]["achieved"] == pytest.approx(25 / 17) and t["H1"]["met"] is True
+    assert t["H1"]["by"] == "graphs / te_fp8:delayed" and t["H1"]["breakdown"] is None
+    assert t["H1-vs-torchao"]["achieved"] == pytest.approx(17 / 20) and t["H1-vs-torchao"]["met"] is True
+    assert t["P5"]["achieved"] == pytest.approx(1.1) and t["P5"]["met"] is False
+    # H2 reports (no goal) and carries the split of the fastest FP8 row, met or not
+    assert t["H2"]["met"] is None and t["H2"]["achieved"] == 17.0 and t["H2"]["breakdown"] == cats
+    assert t["P6"]["met"] is None  # lm-a's goals are not judged on a Hugging Face shape
+    # the full shapes: H2 is judged there, the 4-layer cut's speed target is not
+    full = {r["id"]: r for r in evaluate_targets(_rows("hf-llama-1b"), "hf-llama-1b", tmp_path)}
+    assert full["H2"]["breakdown"] == cats and full["H1"]["met"] is None
+    table = tables.targets_table([_targets_dir(tmp_path, "hf-llama-1b", list(full.values()))])
+    assert "gemm 15.2, attention 3.1, cast/amax/transpose 3" in table
+
+
+def _targets_dir(tmp_path, preset, targets):
+    d = tmp_path / preset
+    d.mkdir()
+    (d / "targets.json").write_text(json.dumps({"preset": preset, "targets": targets}))
+    return d
 
 
 def test_a_missed_target_carries_the_profilers_split_of_its_row(tmp_path, monkeypatch):

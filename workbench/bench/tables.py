@@ -106,16 +106,23 @@ def _own_targets(doc: dict) -> list[dict]:
             if not (t.get("achieved") is None and str(t.get("note", "")).startswith("evaluated on"))]
 
 
-def _breakdown(cats: dict | None, top: int = 4) -> str:
-    """'gemm 15.2, optimizer 4.7, …' (ms per step): the profiler's view of what takes a missed target's time."""
+def _breakdown(cats: dict | None, top: int = 6) -> str:
+    """'gemm 15.2, optimizer 4.7, …' (ms per step): the profiler's view of what takes a missed target's time
+    (or a split target's, such as H2)."""
     return ", ".join(f"{k} {v:.3g}" for k, v in list((cats or {}).items())[:top]) or "–"
+
+
+def _split(t: dict, met: bool | None) -> str:
+    """The split cell: a missed target's, or a report target's that carries one (H2); never a met one's."""
+    return _breakdown(t.get("breakdown")) if met is not True and t.get("breakdown") else ""
 
 
 def targets_table(dirs: list[Path], with_preset: bool = True) -> str:
     """The Markdown table of the targets.json of every bench folder in `dirs` (each at its own preset):
-    goal, best achieved, by which row, met, and where missed the profiler's split of that row's step."""
+    goal, best achieved, by which row, met, and where missed (or asked for: H2) the profiler's split of that
+    row's step."""
     head = (["preset"] if with_preset else []) + ["target", "what", "goal", "achieved", "by", "met",
-                                                  "where the time goes (ms/step), if missed"]
+                                                  "where the time goes (ms/step), if missed or asked"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for d in dirs:
         doc = read(d / "targets.json") or {}
@@ -124,7 +131,7 @@ def targets_table(dirs: list[Path], with_preset: bool = True) -> str:
             met = t.get("met", t.get("pass"))  # benches before 'met' wrote 'pass'
             cells = ([f"`{preset}`"] if with_preset else []) + [
                 t["id"], t["what"], t["target"], _fmt(t["achieved"], ".3g"), t["by"] or "–",
-                {True: "yes", False: "**no**", None: "–"}[met], _breakdown(t.get("breakdown")) if met is False else ""]
+                {True: "yes", False: "**no**", None: "–"}[met], _split(t, met)]
             lines.append("| " + " | ".join(map(md_cell, cells)) + " |")
     return "\n".join(lines) if len(lines) > 2 else ""
 

@@ -111,6 +111,10 @@ DEFAULT_VARIANTS: dict[str, tuple[str, ...]] = {
     "lm-b": ("lm-te-step", "lm-compile", "lm-te", "lm-te-fp8-weights", "lm-checkpointed-loss",
              "lm-te-step-checkpointed-loss"),
     "cpu-smoke": ("smoke",),
+    # a Hugging Face folder as student: TE's best path first, its peers, then the levers and the slower TE paths
+    **dict.fromkeys(("hf-llama-4l", "hf-llama-1b", "hf-qwen2.5-0.5b"),
+                    ("hf-te-layer-step", "hf-compile", "hf-te-layer-fp8-head", "hf-te-layer-fp8-dpa", "hf-te-layer",
+                     "hf-te-linear")),
 }
 
 

@@ -41,6 +41,8 @@ DETAIL = ("kernel_categories_ms_per_step", "top_kernels")
 # (cuBLAS / cuBLASLt / CUTLASS GEMMs, TE's cast/transpose/amax kernels, Triton kernels from torch.compile).
 CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
     ("memcpy/memset", ("memcpy", "memset")),
+    # before gemm: cuDNN's fused attention kernels carry "wgmma" in their names, torch's efficient one "cutlass"
+    ("attention", ("sdpa", "flash", "fmha", "fused_attn", "attention")),
     ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "wgmma", "cublas", "_mm_")),
     # before casts: the fused logit loss's Triton kernel is named after its ops, amax and to_copy among them
     ("logit loss", ("log_softmax", "logsoftmax", "cross_entropy", "nll_loss")),

@@ -53,8 +53,11 @@ def _accumulate_weight_grad(grad_w: torch.Tensor, g: torch.Tensor, hc: torch.Ten
     """grad_w (fp32) += g^T @ hc. On CUDA the GEMM itself accumulates into grad_w (cuBLAS's bf16-in, fp32-out
     product with beta=1, as Megatron's gradient-accumulation fusion does), so no [vocab, hidden] temporary is
     written: a bf16 one is 0.5 GiB at vocab 128256 and hidden 2048, its fp32 copy 1 GiB. Elsewhere, or where
-    this torch lacks that product, the chunk's product is added from a temporary in its own dtype."""
-    if g.dtype != grad_w.dtype and _fp32_out_gemm(g.device):
+    this torch lacks that product, the chunk's product is added from a temporary in its own dtype. An fp32 chunk
+    accumulates in place (addmm_: no temporary either)."""
+    if g.dtype == grad_w.dtype:
+        grad_w.addmm_(g.t(), hc)
+    elif _fp32_out_gemm(g.device):
         torch.addmm(grad_w, g.t(), hc, out_dtype=grad_w.dtype, out=grad_w)
     else:
         grad_w += g.t() @ hc  # the sum over chunks stays fp32 (in-place promotion)

@@ -10,8 +10,9 @@
 #   llama-1b    hf-llama-1b      Llama-3.2-1B (16 layers, vocab 128256)
 #   qwen-0.5b   hf-qwen2.5-0.5b  Qwen2.5-0.5B (24 layers, hidden 896, 14/2 heads, SwiGLU 4864, QKV bias, tied, vocab 151936)
 # After `bash .gpu/install.sh`. Knobs: SHAPES (default "llama-4l llama-1b qwen-0.5b"), HF_BUDGET_S (each bench's
-# budget; variants not started by then are rows saying so; default 150), HF_SET (extra --set arguments; default
-# "--set no_kd_student=false": the no-KD rows time the same student again).
+# budget; variants not started by then are rows saying so; default 150. Measured at 2b27141: hf-init of
+# llama-3.2-1b 51 s, then its first variant (3 TE students) 96 s: one full shape needs a call of its own),
+# HF_SET (extra --set arguments; default "--set no_kd_student=false": the no-KD rows time the same student again).
 # Writes $OUT/gpu_tests_hf.log, $OUT/hf/<shape>.log and $OUT/hf.tar.gz: every bench folder's small files
 # (bench.csv / .md / .json, targets.json, crosscheck.json, runs/*/students.csv and profile-*.json).
 set -uo pipefail
@@ -46,5 +47,6 @@ try:
 except Exception as e:
     print("no bench.csv / targets.json:", e)
 PY
+  # after every shape, so that a call cut by its limit still brings back the shapes it finished
+  (cd "$B" && tar -czf "$OUT/hf.tar.gz" $(find . \( -name '*.csv' -o -name '*.md' -o -name '*.json' \) -size -4M))
 done
-(cd "$B" && tar -czf "$OUT/hf.tar.gz" $(find . \( -name '*.csv' -o -name '*.md' -o -name '*.json' \) -size -4M))

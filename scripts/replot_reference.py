@@ -31,6 +31,17 @@ def png(fig) -> bytes:
     return results.compact_png(buf.getvalue())
 
 
+def study_curves(folder: Path):
+    """A study's held-out curves from its curves.csv, the teacher's line from its headline.json."""
+    import pandas as pd
+
+    from workbench.study import report, spec
+
+    study = spec.Study.from_dict(results.read_json(folder / "study.json"))
+    head = results.read_json(folder / "headline.json") if (folder / "headline.json").exists() else {}
+    return report.heldout_curves(study, pd.read_csv(folder / "curves.csv"), head.get("teacher_heldout_ppl"))
+
+
 def replot(root: Path) -> list[Path]:
     written = []
     for folder in sorted({p.parent for p in root.rglob("*.png")}):
@@ -38,6 +49,8 @@ def replot(root: Path) -> list[Path]:
             drawers = plots.run_plots(folder)
         elif (folder / "bench.csv").exists():
             drawers = plots.BENCH_PLOTS
+        elif (folder / "study.json").exists() and (folder / "curves.csv").exists():
+            drawers = {"heldout_curves": study_curves}
         else:
             continue  # a sweep report's figures: workbench.sweep.figures redraws those
         for old in sorted(folder.glob("*.png")):

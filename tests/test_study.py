@@ -14,7 +14,7 @@ import pytest
 from workbench import config, results
 from workbench.config import ConfigError
 from workbench.study import spec
-from workbench.study.report import report
+from workbench.study.report import collect, heldout_curves, report
 from workbench.sweep.plan import plan
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,6 +137,33 @@ def test_report_refuses_when_a_kd_student_beats_its_teacher(tmp_path):
     assert head["sentence"].startswith("Refused: no distillation-quality answer")
     assert not (folder / "gaps.csv").exists() and not (folder / "gap_vs_noise.png").exists()
     assert head["sentence"] in (folder / "README.md").read_text()
+
+
+@pytest.mark.parametrize("teacher_train_loss, no_kd, why", [
+    # the teacher's last training loss far below its held-out loss (ln 50 = 3.91 nats): it learnt its text
+    (1.0, 70.0, "The text alone does not (no-KD students 70.00); the teacher learnt its training text by heart "
+                "(last training loss 1.00 nats against 3.91 held out)"),
+    (3.8, 70.0, "The text alone does not (no-KD students 70.00); train a stronger teacher"),
+    # the text alone passes the teacher: a weak teacher, whatever its training loss
+    (1.0, 45.0, "The text alone takes a student past it (no-KD students 45.00 < teacher 50.00): train a stronger"),
+])
+def test_a_refusal_says_why_the_students_passed_their_teacher(tmp_path, teacher_train_loss, no_kd, why):
+    folder = _fake_study(tmp_path, {**BASE, "te_fp8_current": [40.0, 61.0, 65.0], "no_kd_bf16": [no_kd] * 3})
+    results.write_json(folder / spec.TEACHER_FILE, {"teacher_heldout_ppl": TEACHER_PPL,
+                                                    "teacher_final_loss": teacher_train_loss})
+    head = report(folder)
+    assert head["refused"] is True and why in head["sentence"], head["sentence"]
+    assert ("lm.corpus_mb" in head["sentence"]) == (teacher_train_loss == 1.0 and no_kd == 70.0)
+
+
+def test_the_perplexity_panel_draws_the_teachers_line(tmp_path):
+    folder = _fake_study(tmp_path, BASE)
+    study = spec.Study.from_dict(results.read_json(folder / spec.STUDY_FILE))
+    _, curves = collect(study, folder)
+    fig = heldout_curves(study, curves, TEACHER_PPL)
+    labels = [t.get_text() for t in fig.axes[1].get_legend().get_texts()]
+    assert "teacher (50.00)" in labels and "teacher (50.00)" not in [
+        t.get_text() for t in fig.axes[0].get_legend().get_texts()]
 
 
 def test_no_kd_student_beating_the_teacher_is_no_refusal(tmp_path):

@@ -19,6 +19,24 @@ def test_builtin_corpus_is_non_empty_bounded_and_deterministic():
     assert any(n.startswith("stdlib/") for n in wider) and not any("/test/" in n for n in wider)
 
 
+def test_a_corpus_larger_than_the_stdlib_goes_on_into_the_installed_packages(tmp_path, monkeypatch):
+    """Past the standard library the built-in corpus takes site-packages' sources (tests left out), in path
+    order after every stdlib file; asking for more than there is warns with what there is."""
+    std, site = tmp_path / "lib", tmp_path / "lib" / "site-packages"
+    for path, body in {std / "json" / "a.py": "x = 1\n" * 50, site / "pkg" / "m.py": "y = 2\n" * 50,
+                       site / "pkg" / "tests" / "t.py": "z = 3\n", std / "test" / "t.py": "w = 4\n"}.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(body)
+    monkeypatch.setattr(text.sysconfig, "get_paths", lambda: {"stdlib": str(std), "purelib": str(site)})
+    monkeypatch.setattr(text.pydoc_data.topics, "topics", {"k": "prose " * 10})
+    with pytest.warns(UserWarning, match=r"the built-in corpus has 0\.0 MB here, less than the 1\.0 MB asked"):
+        docs = documents(TextSpec(max_bytes=1_000_000))
+    assert [n for n, _ in docs] == ["pydoc_data.topics/k", "stdlib/json/a.py", "site/pkg/m.py"]
+    assert text._by_source(docs) == {"pydoc_data.topics": 60, "stdlib": 300, "site": 300}
+    # a budget the stdlib fills reads no package source
+    assert [n for n, _ in documents(TextSpec(max_bytes=200))][-1] == "stdlib/json/a.py"
+
+
 def test_split_is_disjoint_stable_and_never_empty():
     named = pieces(documents(SMALL))
     parts = split_pieces(named, 0.1)

@@ -148,8 +148,33 @@ def _pct(v: float | None, sign: bool = True) -> str:
     )
 
 
-def headline(study: Study, df: pd.DataFrame, gaps: pd.DataFrame | None, beaten: list[dict]) -> dict[str, Any]:
-    """The headline's numbers and its sentence, from the tables above."""
+OVERFIT_NATS = 0.5  # a teacher whose held-out loss exceeds its last training loss by this much learnt its text
+
+
+def why_beaten(df: pd.DataFrame, teacher: dict[str, Any]) -> str:
+    """Why KD students passed the teacher, from the files: the no-KD students (the text alone) and the teacher's
+    own last training loss against its held-out loss name the lever."""
+    ran = _ran(df) if len(df) else df
+    no_kd = ran[~ran["kd"].astype(bool)]["heldout_ppl"].dropna() if len(ran) else pd.Series(dtype=float)
+    t_ppl, t_train = teacher.get("teacher_heldout_ppl"), teacher.get("teacher_final_loss")
+    if not t_ppl:
+        return "Train a stronger teacher (lm.teacher_steps, lm.teacher_hidden, lm.teacher_layers)."
+    if len(no_kd) and no_kd.mean() < t_ppl:
+        return (f"The text alone takes a student past it (no-KD students {no_kd.mean():.2f} < teacher {t_ppl:.2f}): "
+                "train a stronger teacher (lm.teacher_steps, lm.teacher_hidden, lm.teacher_layers).")
+    alone = f"The text alone does not (no-KD students {no_kd.mean():.2f}); " if len(no_kd) else ""
+    gap = math.log(t_ppl) - t_train if t_train is not None else None
+    if gap is not None and gap > OVERFIT_NATS:
+        return (f"{alone}the teacher learnt its training text by heart (last training loss {t_train:.2f} nats "
+                f"against {math.log(t_ppl):.2f} held out), so its soft labels carry the students past it: give it "
+                "more text (lm.corpus_mb: the built-in corpus goes on into the installed packages' sources; or "
+                "lm.corpus_files) rather than more steps.")
+    return f"{alone}train a stronger teacher (lm.teacher_steps, lm.teacher_hidden, lm.teacher_layers)."
+
+
+def headline(study: Study, df: pd.DataFrame, gaps: pd.DataFrame | None, beaten: list[dict],
+             teacher: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The headline's numbers and its sentence, from the tables above (and teacher.json, for a refusal's why)."""
     metric, arm = study.headline_metric, study.headline_arm
     out: dict[str, Any] = {"study": study.name, "arm": arm, "reference": REFERENCE_ARM, "metric": metric,
                            "refused": bool(beaten), "teacher_beaten_by": beaten}
@@ -157,9 +182,8 @@ def headline(study: Study, df: pd.DataFrame, gaps: pd.DataFrame | None, beaten: 
         who = "; ".join(f"{b['arm']} seed {b['seed']}: {b['heldout_ppl']:.2f} < teacher {b['teacher_heldout_ppl']:.2f}"
                         for b in beaten[:5])
         out["sentence"] = (f"Refused: no distillation-quality answer, because {len(beaten)} KD student(s) ended better "
-                           f"than their teacher on held-out perplexity ({who}); they learned past the teacher from the "
-                           "text, so the gaps would measure the cross-entropy term, not distillation. Train a stronger "
-                           "teacher (lm.teacher_steps, lm.teacher_hidden, lm.teacher_layers).")
+                           f"than their teacher on held-out perplexity ({who}), so the gaps would not measure "
+                           f"distillation from a better model. {why_beaten(df, teacher or {})}")
         return out
     label = arm.replace("te_fp8_", "FP8 ").replace("_", " ") if arm.startswith("te_fp8_") else arm
     row = gaps[(gaps["arm"] == arm) & (gaps["metric"] == metric)] if gaps is not None and len(gaps) else pd.DataFrame()
@@ -213,8 +237,8 @@ def report(
     if not beaten:
         gaps = gaps_table(study, df)
         results.write_csv(study_dir / "gaps.csv", gaps)
-    head = headline(study, df, gaps, beaten)
     teacher = results.read_json(study_dir / TEACHER_FILE) if (study_dir / TEACHER_FILE).exists() else {}
+    head = headline(study, df, gaps, beaten, teacher)
     ran = _ran(df)
     head["teacher_heldout_ppl"] = (float(ran["teacher_heldout_ppl"].dropna().iloc[0])
                                    if len(ran) and ran["teacher_heldout_ppl"].notna().any() else None)
@@ -223,7 +247,7 @@ def report(
     results.write_json(study_dir / "headline.json", head)
     from workbench.results import plots
 
-    fig = heldout_curves(study, curves)
+    fig = heldout_curves(study, curves, head["teacher_heldout_ppl"])
     results.write_figure(fig, study_dir, "heldout_curves")
     plots.plt.close(fig)
     if gaps is not None:
@@ -298,9 +322,10 @@ def _arm_style(study: Study, name: str) -> dict[str, Any]:
     return {"color": color, "ls": "--" if a and (a.noise or not a.kd) else "-"}
 
 
-def heldout_curves(study: Study, curves: pd.DataFrame):
+def heldout_curves(study: Study, curves: pd.DataFrame, teacher_ppl: float | None = None):
     """Held-out KL to the teacher and perplexity against the training step: per arm the mean over seeds,
-    the band its min and max."""
+    the band its min and max; the teacher's own held-out perplexity as a line (students below it fail the
+    study's check)."""
     from workbench.results import plots
 
     fig, axes = plots.plt.subplots(1, 2, figsize=(11, 4.8))
@@ -317,6 +342,8 @@ def heldout_curves(study: Study, curves: pd.DataFrame):
             ax.fill_between(mean.index, lo.values, hi.values, color=style["color"], alpha=0.15, lw=0)
     axes[0].set(xlabel="training step", ylabel="nats per token", title="KL(teacher ‖ student), T=1, held out")
     axes[1].set(xlabel="training step", ylabel="perplexity", title="held-out perplexity")
+    if teacher_ppl:
+        axes[1].axhline(teacher_ppl, color="black", ls=":", lw=1.2, label=f"teacher ({teacher_ppl:.2f})")
     axes[1].set_yscale("log")
     plots.plain_log_axis(axes[1].yaxis)
     for ax in axes:

@@ -157,19 +157,17 @@ def why_beaten(df: pd.DataFrame, teacher: dict[str, Any]) -> str:
     ran = _ran(df) if len(df) else df
     no_kd = ran[~ran["kd"].astype(bool)]["heldout_ppl"].dropna() if len(ran) else pd.Series(dtype=float)
     t_ppl, t_train = teacher.get("teacher_heldout_ppl"), teacher.get("teacher_final_loss")
-    if not t_ppl:
-        return "Train a stronger teacher (lm.teacher_steps, lm.teacher_hidden, lm.teacher_layers)."
-    if len(no_kd) and no_kd.mean() < t_ppl:
+    stronger = "train a stronger teacher (lm.teacher_steps, lm.teacher_hidden, lm.teacher_layers)."
+    if not t_ppl or (len(no_kd) and no_kd.mean() < t_ppl):
         return (f"The text alone takes a student past it (no-KD students {no_kd.mean():.2f} < teacher {t_ppl:.2f}): "
-                "train a stronger teacher (lm.teacher_steps, lm.teacher_hidden, lm.teacher_layers).")
+                if t_ppl else "") + (stronger if t_ppl else stronger.capitalize())
     alone = f"The text alone does not (no-KD students {no_kd.mean():.2f}); " if len(no_kd) else ""
-    gap = math.log(t_ppl) - t_train if t_train is not None else None
-    if gap is not None and gap > OVERFIT_NATS:
+    if t_train is not None and math.log(t_ppl) - t_train > OVERFIT_NATS:
         return (f"{alone}the teacher learnt its training text by heart (last training loss {t_train:.2f} nats "
                 f"against {math.log(t_ppl):.2f} held out), so its soft labels carry the students past it: give it "
                 "more text (lm.corpus_mb: the built-in corpus goes on into the installed packages' sources; or "
                 "lm.corpus_files) rather than more steps.")
-    return f"{alone}train a stronger teacher (lm.teacher_steps, lm.teacher_hidden, lm.teacher_layers)."
+    return alone + stronger if alone else stronger.capitalize()
 
 
 def headline(study: Study, df: pd.DataFrame, gaps: pd.DataFrame | None, beaten: list[dict],

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from workbench import config, results
+from workbench.config import ConfigError
 from workbench.models import LayerNormMLP, Student, load_matched
 from workbench.run import runner
 
@@ -73,6 +74,16 @@ from workbench.models.kinds import Kind, register
 
 register(Kind("tiny_llama", task="lm", arch="llama"))
 '''
+
+
+@pytest.mark.parametrize("kind", [dict(name="regression2", task="mlp"), dict(name="mlp", task="lm", arch="gpt")])
+def test_the_regression_task_is_the_kind_named_mlp_alone(kind):
+    """The config validates every kind but 'mlp' as a causal LM; the registry refuses a kind that would
+    disagree (a second regression kind, or an LM under the name 'mlp')."""
+    from workbench.models.kinds import Kind
+
+    with pytest.raises(ConfigError, match="task 'mlp' is the kind named 'mlp' alone"):
+        Kind(**kind)
 
 
 def test_adding_a_model_kind_is_adding_one_file(tmp_path):

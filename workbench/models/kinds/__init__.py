@@ -32,6 +32,11 @@ class Kind:
     def __post_init__(self):
         if self.task not in TASKS:
             raise ConfigError(f"model kind {self.name!r}: task {self.task!r} is not allowed; allowed: {list(TASKS)}")
+        # the config (a leaf: it cannot ask this registry) validates every kind but 'mlp' as a language model,
+        # so the regression task keeps that one name: one rule, in both places
+        if (self.task == "mlp") != (self.name == "mlp"):
+            raise ConfigError(f"model kind {self.name!r}: task 'mlp' is the kind named 'mlp' alone (the config "
+                              "checks every other kind as a causal LM); a new kind is task 'lm'")
         if self.task == "lm" and self.arch is None:
             raise ConfigError(f"model kind {self.name!r}: a causal LM names its architecture (arch)")
 

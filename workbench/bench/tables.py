@@ -56,7 +56,7 @@ def _markdown_one(d: Path, df: pd.DataFrame, targets: bool = True) -> str:
     ran = results.ran(df).sort_values("step_ms_median")
     head = _heading(d, df)
     lines = ["| variant | student | step ms (median) | TFLOP/s | % measured peak | % datasheet peak "
-             "| × tutorial bf16 | spread % | kernel/event | peak MB | capture ms | compile ms |",
+             "| × tutorial bf16 | spread % | kernel/event | peak MiB | capture ms | compile ms |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in ran.to_dict("records"):
         # not TE: say so

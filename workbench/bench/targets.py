@@ -102,16 +102,13 @@ def _memory_ratio(p: Pools) -> Figure:
     return worst, worst_ratio, "" if len(bf16) else "no bf16 student ran here"
 
 
-def _fp8_vs_compiled_bf16(p: Pools) -> Figure:
-    ran = p.ran
-    row, bf16 = best(p.fp8), best(ran[(ran["backend"] == "torch_bf16") & ran["compiled"].map(truthy)])
-    return row, div(bf16[STEP], row[STEP]) if row and bf16 else None, ""
-
-
-def _te_fp8_vs_compiled_bf16(p: Pools) -> Figure:
-    ran = p.ran
-    row, bf16 = best(p.te_fp8), best(ran[(ran["backend"] == "torch_bf16") & ran["compiled"].map(truthy)])
-    return row, div(bf16[STEP], row[STEP]) if row and bf16 else None, ""
+def _vs_compiled_bf16(pool: Callable[[Pools], pd.DataFrame]) -> Callable[[Pools], Figure]:
+    """The fastest row of `pool` as a speed-up over the fastest compiled torch bf16 student."""
+    def figure(p: Pools) -> Figure:
+        ran = p.ran
+        row, bf16 = best(pool(p)), best(ran[(ran["backend"] == "torch_bf16") & ran["compiled"].map(truthy)])
+        return row, div(bf16[STEP], row[STEP]) if row and bf16 else None, ""
+    return figure
 
 
 def _te_vs_torchao(p: Pools) -> Figure:
@@ -146,12 +143,12 @@ TARGETS = (
     Target("P6", LM_SHAPES, "fastest FP8 student step", "<=", {"lm-a": 20.0, "lm-b": 33.5}, "ms",
            _cell(lambda p: p.fp8)),
     Target("P6-vs-bf16", LM_SHAPES, "fastest FP8 student, × the fastest compiled bf16 student", ">=", 1.7, "x",
-           _fp8_vs_compiled_bf16),
+           _vs_compiled_bf16(lambda p: p.fp8)),
     Target("P6-vs-torchao", LM_SHAPES, "fastest TE FP8 step / fastest torchao float8 step", "<", 1.0, "x",
            _te_vs_torchao),
     # your own Llama-shaped model: the TE decoder-layer conversion against the compiled HF model and torchao
     Target("H1", ("hf-llama-4l",), "fastest TE FP8 student, × the fastest compiled bf16 student", ">=", 1.15, "x",
-           _te_fp8_vs_compiled_bf16),
+           _vs_compiled_bf16(lambda p: p.te_fp8)),
     Target("H1-vs-torchao", ("hf-llama-4l",), "fastest TE FP8 step / fastest torchao float8 step", "<", 1.0, "x",
            _te_vs_torchao),
     Target("H2", HF_SHAPES, "fastest FP8 student step, with the profiler's split of where its time goes", "report",

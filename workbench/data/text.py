@@ -3,10 +3,11 @@
 The built-in corpus needs no download: every Python install carries `pydoc_data.topics` (~465K characters of
 the language reference's prose) and the standard library's own sources (~12 MB of .py outside tests and
 site-packages). It takes the topics, then the sources in sorted path order, then -- for a corpus larger than
-those -- the installed packages' own Python sources (site-packages, tests left out; ~150 MB where torch is
-installed), until `max_bytes` of UTF-8. A teacher several times the student's size needs that much: on the 12 MB
-of the standard library alone it learns its training text by heart (H200: train loss 0.99 against 2.43 nats held
-out after 4,000 steps, results/reference/h200/quality/long_3200/) and its students pass it. Or
+those -- the installed packages' own Python sources (site-packages, tests left out; 161 MB on the CPU machine
+with torch, results/reference/cpu/corpus_tokens.json), until `max_bytes` of UTF-8. A teacher several times the
+student's size needs that much: on the 12 MB of the standard library alone it learns its training text by heart
+(H200: train loss 0.99 against 2.43 nats held out after 4,000 steps, results/reference/h200/quality/long_3200/)
+and its students pass it. Or
 `files` names the user's own text files (paths or globs, `**` allowed), read in sorted order.
 
 Documents are cut into pieces of about PIECE_CHARS characters at line ends; a piece goes to the held-out
@@ -95,14 +96,13 @@ def builtin_documents():
     for key in sorted(pydoc_data.topics.topics):
         yield f"pydoc_data.topics/{key}", pydoc_data.topics.topics[key]
     paths = sysconfig.get_paths()
-    yield from _sources(Path(paths["stdlib"]), "stdlib")
-    if Path(paths["purelib"]).resolve() != Path(paths["stdlib"]).resolve():
-        yield from _sources(Path(paths["purelib"]), "site", skip={"test", "tests", "idle_test", "__pycache__"})
+    yield from _sources(Path(paths["stdlib"]), "stdlib")  # skips a site-packages below it: that comes next
+    yield from _sources(Path(paths["purelib"]), "site")
 
 
-def _sources(root: Path, prefix: str, skip: set[str] = _SKIP_DIRS):
+def _sources(root: Path, prefix: str):
     for rel in sorted(p.relative_to(root).as_posix() for p in root.rglob("*.py")):
-        if not skip.intersection(rel.split("/")):
+        if not _SKIP_DIRS.intersection(rel.split("/")):
             yield f"{prefix}/{rel}", (root / rel).read_text(encoding="utf-8", errors="replace")
 
 

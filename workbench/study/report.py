@@ -151,22 +151,21 @@ def _pct(v: float | None, sign: bool = True) -> str:
 OVERFIT_NATS = 0.5  # a teacher whose held-out loss exceeds its last training loss by this much learnt its text
 
 
-def why_beaten(df: pd.DataFrame, teacher: dict[str, Any]) -> str:
-    """Why KD students passed the teacher, from the files: the no-KD students (the text alone) and the teacher's
-    own last training loss against its held-out loss name the lever."""
-    ran = _ran(df) if len(df) else df
-    no_kd = ran[~ran["kd"].astype(bool)]["heldout_ppl"].dropna() if len(ran) else pd.Series(dtype=float)
-    t_ppl, t_train = teacher.get("teacher_heldout_ppl"), teacher.get("teacher_final_loss")
+def why_beaten(df: pd.DataFrame, teacher_ppl: float, teacher_train_loss: float | None) -> str:
+    """Why KD students passed their teacher (held-out perplexity `teacher_ppl`), from the files: whether the
+    no-KD students (the text alone) pass it too, and the teacher's last training loss against its held-out loss."""
+    ran = _ran(df)
+    no_kd = ran[~ran["kd"].astype(bool)]["heldout_ppl"].dropna()
     stronger = "train a stronger teacher (lm.teacher_steps, lm.teacher_hidden, lm.teacher_layers)."
-    if not t_ppl or (len(no_kd) and no_kd.mean() < t_ppl):
-        return (f"The text alone takes a student past it (no-KD students {no_kd.mean():.2f} < teacher {t_ppl:.2f}): "
-                if t_ppl else "") + (stronger if t_ppl else stronger.capitalize())
+    if len(no_kd) and no_kd.mean() < teacher_ppl:
+        return (f"The text alone takes a student past it (no-KD students {no_kd.mean():.2f} < teacher "
+                f"{teacher_ppl:.2f}): {stronger}")
     alone = f"The text alone does not (no-KD students {no_kd.mean():.2f}); " if len(no_kd) else ""
-    if t_train is not None and math.log(t_ppl) - t_train > OVERFIT_NATS:
-        return (f"{alone}the teacher learnt its training text by heart (last training loss {t_train:.2f} nats "
-                f"against {math.log(t_ppl):.2f} held out), so its soft labels carry the students past it: give it "
-                "more text (lm.corpus_mb: the built-in corpus goes on into the installed packages' sources; or "
-                "lm.corpus_files) rather than more steps.")
+    if teacher_train_loss is not None and math.log(teacher_ppl) - teacher_train_loss > OVERFIT_NATS:
+        return (f"{alone}the teacher learnt its training text by heart (last training loss "
+                f"{teacher_train_loss:.2f} nats against {math.log(teacher_ppl):.2f} held out), so its soft labels "
+                "carry the students past it: give it more text (lm.corpus_mb: the built-in corpus goes on into the "
+                "installed packages' sources; or lm.corpus_files) rather than more steps.")
     return alone + stronger if alone else stronger.capitalize()
 
 
@@ -179,9 +178,10 @@ def headline(study: Study, df: pd.DataFrame, gaps: pd.DataFrame | None, beaten: 
     if beaten:
         who = "; ".join(f"{b['arm']} seed {b['seed']}: {b['heldout_ppl']:.2f} < teacher {b['teacher_heldout_ppl']:.2f}"
                         for b in beaten[:5])
+        why = why_beaten(df, beaten[0]["teacher_heldout_ppl"], (teacher or {}).get("teacher_final_loss"))
         out["sentence"] = (f"Refused: no distillation-quality answer, because {len(beaten)} KD student(s) ended better "
                            f"than their teacher on held-out perplexity ({who}), so the gaps would not measure "
-                           f"distillation from a better model. {why_beaten(df, teacher or {})}")
+                           f"distillation from a better model. {why}")
         return out
     label = arm.replace("te_fp8_", "FP8 ").replace("_", " ") if arm.startswith("te_fp8_") else arm
     row = gaps[(gaps["arm"] == arm) & (gaps["metric"] == metric)] if gaps is not None and len(gaps) else pd.DataFrame()

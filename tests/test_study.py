@@ -218,6 +218,10 @@ def test_cpu_study_end_to_end_resumes_after_a_kill(tmp_path):
         ("torch_bf16", [1, 2, 3]), ("torch_bf16_b", [1, 2, 3])]
     assert (rows[rows["arm"] == "te_fp8_delayed"]["reason"].str.len() > 0).all()  # a CPU cannot run TE: why
     assert (ran["teacher_heldout_ppl"].nunique()) == 1  # one teacher, one held-out set, every seed
+    # ... and it is the one the study trained before its first point, not a second one trained by a point
+    trained = json.loads((folder / "teacher.json").read_text())["teacher_checkpoint"]
+    used = {json.loads((folder / p / "task.json").read_text())["teacher_checkpoint"] for p in rows["point"]}
+    assert used == {trained} and trained.startswith(str(folder / "cache"))
     head = json.loads((folder / "headline.json").read_text())
     assert head["sentence"] == summary["headline"] and "noise floor" in head["sentence"]
     assert (folder / "quality_report.ipynb").exists() and (folder / "heldout_curves.png").exists()

@@ -99,7 +99,9 @@ def main(args) -> int:
     signal.signal(signal.SIGTERM, sweep.interrupt)  # a kill stops the study like Ctrl-C: a rerun resumes
     try:
         ensure_teacher(study, study_dir)
-        summary = sweep.run_sweep(spec, root=args.out, workers=args.workers)
+        # cache=None: the points' caches are <study>/cache, where ensure_teacher put the teacher (the sweep's
+        # default, results/cache under the working folder, had every study train its teacher a second time)
+        summary = sweep.run_sweep(spec, root=args.out, workers=args.workers, cache=None)
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

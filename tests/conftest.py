@@ -1,18 +1,15 @@
 import os
-import sys
 
 import pytest
 
 # Under pytest-xdist every worker, and every notebook kernel, Dask worker or torchrun rank a test starts, would
 # take all cores for torch's intra-op threads: on CI's 2 cores with 2 workers that oversubscribes the machine
-# and OpenMP's spinning threads make the tiny CPU models several times slower (tests/test_lm_run.py with
-# tests/test_caches.py: 609 s against 195 s with one thread each, measured here). Each worker gets its share of
-# the cores, set before torch is imported and inherited by what it starts; an explicit OMP_NUM_THREADS wins.
+# and OpenMP's spinning threads make the tiny CPU models several times slower
+# (results/reference/cpu/test_threads/). Each worker gets its share of the cores, set here, before any test
+# module imports torch, and inherited by what it starts; an explicit OMP_NUM_THREADS wins.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
-if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
-    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _WORKERS))
-    if "torch" in sys.modules:  # a plugin imported it first: tell it too
-        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
 
 
 @pytest.fixture(scope="session")

@@ -98,7 +98,8 @@ def test_the_users_own_files(tmp_path):
     # changes from run to run): each EOT-separated part of a window is a stretch of the user's text
     window, eot = data.batches("heldout", 1, 32, 1, seed=0)[0][0].tolist(), data.tokenizer.token_to_id(text.EOT)
     parts = [list(ids) for is_eot, ids in itertools.groupby(window, key=lambda i: i == eot) if not is_eot]
-    assert parts and all(data.decode(part) in "".join(lines) for part in parts)
+    whole = "".join(lines)
+    assert parts and all(data.decode(part) in whole for part in parts)
     with pytest.raises(TextDataError, match=r"text files '.*nothing\*.txt': no file matches"):
         load_text(TextSpec(files=[str(tmp_path / "nothing*.txt")]), tmp_path / "cache")
 

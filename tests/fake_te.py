@@ -155,15 +155,53 @@ class FakeTEModules:
             super().__init__(hidden_size, eps=eps, dtype=params_dtype)
 
     class RMSNorm(torch.nn.RMSNorm):
+        """x / rms(x) * weight, or * (1 + weight) with zero_centered_gamma (TE's; its weight then starts at 0)."""
+
         def __init__(self, hidden_size, eps=1e-5, sequence_parallel=None, params_dtype=None,
                      zero_centered_gamma=False, device="cuda"):
-            assert not zero_centered_gamma, "the fake computes x / rms(x) * weight only"
             super().__init__(hidden_size, eps=eps, dtype=params_dtype)
+            self.zero_centered_gamma = zero_centered_gamma
+            if zero_centered_gamma:
+                torch.nn.init.zeros_(self.weight)
+
+        def forward(self, x):
+            if not self.zero_centered_gamma:
+                return super().forward(x)
+            return _rms(x, 1.0 + self.weight.float(), self.eps).to(x.dtype)
 
     class LayerNormMLP(_DeferredInit, LayerNormMLP):
-        def __init__(self, hidden_size, ffn_hidden_size, eps=1e-5, params_dtype=None, device="cuda"):
+        """TE's LayerNormMLP: LayerNorm + tanh-GELU with biases (the workbench's fused layout), or, as the Hugging
+        Face conversion builds it, RMSNorm (zero-centered or not) + a gated activation (fc1 = [gate; up],
+        'swiglu' / 'geglu' with tanh-GELU, as TE's), with or without biases."""
+
+        def __init__(self, hidden_size, ffn_hidden_size, eps=1e-5, bias=True, normalization="LayerNorm",
+                     activation="gelu", zero_centered_gamma=False, params_dtype=None, device="cuda"):
             with _on(device):
                 super().__init__(hidden_size, ffn_hidden_size, eps)
+            self.normalization, self.activation = normalization, activation
+            self.zero_centered_gamma = zero_centered_gamma
+            if (normalization, activation, bias) == ("LayerNorm", "gelu", True):
+                return
+            assert normalization == "RMSNorm" and activation in ("swiglu", "geglu"), "the fake does these only"
+            del self.layer_norm_bias
+            if zero_centered_gamma:
+                torch.nn.init.zeros_(self.layer_norm_weight)
+            with _on(device):
+                self.fc1_weight = torch.nn.Parameter(torch.empty(2 * ffn_hidden_size, hidden_size).normal_(0, 0.02))
+            if not bias:
+                del self.fc1_bias, self.fc2_bias
+            else:
+                self.fc1_bias = torch.nn.Parameter(torch.zeros(2 * ffn_hidden_size))
+            if params_dtype is not None:
+                self.to(params_dtype)
+
+        def forward(self, x):
+            if self.normalization == "LayerNorm":
+                return super().forward(x)
+            w = self.layer_norm_weight.float() + 1.0 if self.zero_centered_gamma else self.layer_norm_weight
+            gate, up = F.linear(_rms(x, w, self.eps), self.fc1_weight, getattr(self, "fc1_bias", None)).chunk(2, -1)
+            act = F.silu(gate) if self.activation == "swiglu" else F.gelu(gate, approximate="tanh")
+            return F.linear((act * up).to(x.dtype), self.fc2_weight, getattr(self, "fc2_bias", None))
 
     class DotProductAttention(torch.nn.Module):
         """te.DotProductAttention: q, k, v [b, s, h, d] ('bshd') or [s, b, h, d] ('sbhd') -> [.., .., h*d];
@@ -222,10 +260,12 @@ def _rms(x, weight, eps):
 
 
 def _rotate(t, freqs):
-    """TE's non-interleaved RoPE on [b, s, h, d] with angles [s, 1, 1, d]: t cos + rotate_half(t) sin."""
-    f = freqs.transpose(0, 1).to(torch.float32)  # [1, s, 1, d]
-    x1, x2 = t.float().chunk(2, dim=-1)
-    return (t.float() * f.cos() + torch.cat((-x2, x1), dim=-1) * f.sin()).to(t.dtype)
+    """TE's non-interleaved RoPE on [b, s, h, d] with angles [s, 1, 1, r]: the first r of each head rotated
+    (t cos + rotate_half(t) sin), the rest passed through (a partial rotary when r < d)."""
+    f = freqs.transpose(0, 1).to(torch.float32)  # [1, s, 1, r]
+    rot, rest = t[..., :f.shape[-1]].float(), t[..., f.shape[-1]:]
+    x1, x2 = rot.chunk(2, dim=-1)
+    return torch.cat(((rot * f.cos() + torch.cat((-x2, x1), dim=-1) * f.sin()).to(t.dtype), rest), dim=-1)
 
 
 class _Params(torch.nn.Module):
@@ -238,33 +278,84 @@ class _Params(torch.nn.Module):
                 self.register_parameter(name, torch.nn.Parameter(torch.zeros(shape, dtype=dtype)))
 
 
+def _window_mask(s, window_size, device):
+    """TE's window_size (left, 0) under a causal mask: query i sees keys [i - left, i] (True = attend)."""
+    i = torch.arange(s, device=device)
+    d = i[:, None] - i[None, :]
+    return (d >= 0) & (d <= window_size[0])
+
+
+class FakeMultiheadAttention(torch.nn.Module):
+    """te.MultiheadAttention as the Hugging Face conversion builds it (TE 2.20: input RMSNorm, optionally zero-
+    centered, fused with the QKV GEMM, QKV interleaved per KV group, GQA, q/k RMSNorm per head before RoPE,
+    non-interleaved RoPE from `rotary_pos_emb`, causal 'bshd' attention with an optional window, output
+    projection): TE's parameter names and shapes (q_norm / k_norm are modules TE makes and a caller may
+    replace), that maths in torch."""
+
+    def __init__(self, hidden_size, num_attention_heads, kv_channels=None, attention_dropout=0.1,
+                 layernorm_epsilon=1e-5, attn_mask_type="causal", window_size=None, num_gqa_groups=None,
+                 params_dtype=None, input_layernorm=False, fuse_qkv_params=False, zero_centered_gamma=False,
+                 bias=True, normalization="LayerNorm", device="cuda", qkv_format="sbhd", qk_norm_type=None,
+                 qk_norm_eps=1e-6, qk_norm_before_rope=False):
+        super().__init__()
+        assert (normalization, qkv_format, attn_mask_type) == ("RMSNorm", "bshd", "causal"), "the fake does these only"
+        assert input_layernorm and fuse_qkv_params and attention_dropout == 0, "the fake does these only"
+        assert qk_norm_type in (None, "RMSNorm") and (qk_norm_type is None or qk_norm_before_rope)
+        self.heads, self.groups = num_attention_heads, num_gqa_groups or num_attention_heads
+        self.head_dim, self.eps = kv_channels or hidden_size // num_attention_heads, layernorm_epsilon
+        self.window_size, self.zero_centered_gamma = window_size, zero_centered_gamma
+        dtype = params_dtype or torch.float32
+        qkv = (self.heads + 2 * self.groups) * self.head_dim
+        b = (lambda name, n: {name: (n,)}) if bias else (lambda name, n: {})
+        self.layernorm_qkv = _Params({"layer_norm_weight": (hidden_size,), "weight": (qkv, hidden_size),
+                                      **b("bias", qkv)}, dtype, device)
+        self.proj = _Params({"weight": (hidden_size, self.heads * self.head_dim), **b("bias", hidden_size)},
+                            dtype, device)
+        self.q_norm = self.k_norm = None
+        if qk_norm_type:
+            self.q_norm = FakeTEModules.RMSNorm(self.head_dim, eps=qk_norm_eps, params_dtype=dtype)
+            self.k_norm = FakeTEModules.RMSNorm(self.head_dim, eps=qk_norm_eps, params_dtype=dtype)
+
+    def forward(self, hidden_states, attention_mask=None, rotary_pos_emb=None):
+        x, a = hidden_states, self.layernorm_qkv
+        bsz, s, _ = x.shape
+        w = a.layer_norm_weight.float() + 1.0 if self.zero_centered_gamma else a.layer_norm_weight
+        qkv = F.linear(_rms(x, w, self.eps).to(x.dtype), a.weight, getattr(a, "bias", None))
+        per = self.heads // self.groups
+        qkv = qkv.view(bsz, s, self.groups, per + 2, self.head_dim)
+        q = qkv[:, :, :, :per].reshape(bsz, s, self.heads, self.head_dim)
+        k, v = qkv[:, :, :, per], qkv[:, :, :, per + 1]
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rotary_pos_emb is not None:
+            q, k = _rotate(q, rotary_pos_emb), _rotate(k, rotary_pos_emb)
+        mask = None if self.window_size is None else _window_mask(s, self.window_size, x.device)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                             attn_mask=mask, is_causal=mask is None, enable_gqa=True)
+        return F.linear(out.transpose(1, 2).reshape(bsz, s, -1), self.proj.weight, getattr(self.proj, "bias", None))
+
+
 class FakeTransformerLayer(torch.nn.Module):
-    """te.TransformerLayer as the decoder-layer conversion builds it (TE 2.20: pre-norm RMSNorm, fused QKV
-    interleaved per KV group, GQA, non-interleaved RoPE from `rotary_pos_emb`, causal 'bshd' attention, SwiGLU
-    with fc1 = [gate; up], biases on all four GEMMs or none): TE's parameter names and shapes, that maths in torch."""
+    """te.TransformerLayer as the decoder-layer conversion builds it (TE 2.20: pre-norm RMSNorm, the attention
+    of FakeMultiheadAttention, SwiGLU with fc1 = [gate; up], biases on all four GEMMs or none): TE's parameter
+    names and shapes, that maths in torch."""
 
     def __init__(self, hidden_size, ffn_hidden_size, num_attention_heads, num_gqa_groups=None, kv_channels=None,
                  bias=True, layernorm_epsilon=1e-5, hidden_dropout=0.1, attention_dropout=0.1, fuse_qkv_params=False,
                  normalization="LayerNorm", activation="gelu", self_attn_mask_type="causal", attn_input_format="sbhd",
+                 window_size=None, qk_norm_type=None, qk_norm_eps=1e-6, qk_norm_before_rope=False,
                  params_dtype=None, device="cuda"):
         super().__init__()
-        assert (normalization, activation, attn_input_format, self_attn_mask_type) == (
-            "RMSNorm",
-            "swiglu",
-            "bshd",
-            "causal",
-        )
-        assert fuse_qkv_params and hidden_dropout == 0 and attention_dropout == 0, "the fake does these only"
-        self.heads, self.groups = num_attention_heads, num_gqa_groups or num_attention_heads
-        self.head_dim, self.eps = kv_channels or hidden_size // num_attention_heads, layernorm_epsilon
+        assert (normalization, activation) == ("RMSNorm", "swiglu") and hidden_dropout == 0, "the fake does these only"
         dtype = params_dtype or torch.float32
-        qkv = (self.heads + 2 * self.groups) * self.head_dim
+        self.eps = layernorm_epsilon
+        self.self_attention = FakeMultiheadAttention(
+            hidden_size, num_attention_heads, kv_channels=kv_channels, attention_dropout=attention_dropout,
+            layernorm_epsilon=layernorm_epsilon, attn_mask_type=self_attn_mask_type, window_size=window_size,
+            num_gqa_groups=num_gqa_groups, params_dtype=dtype, input_layernorm=True, fuse_qkv_params=fuse_qkv_params,
+            bias=bias, normalization=normalization, device=device, qkv_format=attn_input_format,
+            qk_norm_type=qk_norm_type, qk_norm_eps=qk_norm_eps, qk_norm_before_rope=qk_norm_before_rope)
         b = (lambda name, n: {name: (n,)}) if bias else (lambda name, n: {})
-        self.self_attention = torch.nn.Module()
-        self.self_attention.layernorm_qkv = _Params({"layer_norm_weight": (hidden_size,), "weight": (qkv, hidden_size),
-                                                     **b("bias", qkv)}, dtype, device)
-        self.self_attention.proj = _Params({"weight": (hidden_size, self.heads * self.head_dim),
-                                            **b("bias", hidden_size)}, dtype, device)
         self.layernorm_mlp = _Params(
             {
                 "layer_norm_weight": (hidden_size,),
@@ -278,19 +369,8 @@ class FakeTransformerLayer(torch.nn.Module):
         )
 
     def forward(self, hidden_states, attention_mask=None, rotary_pos_emb=None):
-        x, a, m = hidden_states, self.self_attention, self.layernorm_mlp
-        bsz, s, _ = x.shape
-        qkv = F.linear(_rms(x, a.layernorm_qkv.layer_norm_weight, self.eps), a.layernorm_qkv.weight,
-                       getattr(a.layernorm_qkv, "bias", None))
-        per = self.heads // self.groups
-        qkv = qkv.view(bsz, s, self.groups, per + 2, self.head_dim)
-        q = qkv[:, :, :, :per].reshape(bsz, s, self.heads, self.head_dim)
-        k, v = qkv[:, :, :, per], qkv[:, :, :, per + 1]
-        if rotary_pos_emb is not None:
-            q, k = _rotate(q, rotary_pos_emb), _rotate(k, rotary_pos_emb)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
-                                             enable_gqa=True)
-        x = x + F.linear(out.transpose(1, 2).reshape(bsz, s, -1), a.proj.weight, getattr(a.proj, "bias", None))
+        m = self.layernorm_mlp
+        x = hidden_states + self.self_attention(hidden_states, rotary_pos_emb=rotary_pos_emb)
         gate, up = F.linear(_rms(x, m.layer_norm_weight, self.eps), m.fc1_weight, getattr(m, "fc1_bias", None)).chunk(
             2, -1
         )
@@ -323,4 +403,5 @@ class FakeRotaryPositionEmbedding(torch.nn.Module):
 
 
 FakeTEModules.TransformerLayer = FakeTransformerLayer
+FakeTEModules.MultiheadAttention = FakeMultiheadAttention
 FakeTEModules.RotaryPositionEmbedding = FakeRotaryPositionEmbedding

@@ -1,16 +1,31 @@
 """The decoder-layer TE conversion of Hugging Face models on the CPU, with the named fake TE (tests/fake_te.py:
 TE's parameter names and shapes, TE's maths in torch): every mapped tensor round-trips HF -> TE -> HF bit for bit,
 the converted model's logits equal the HF model's, and what it cannot convert falls back with the reason."""
+import re
+
 import pytest
 import torch
 
 pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[lm]')")
 
 from fake_te import FakeRecipes, FakeTEModules  # noqa: E402
-from transformers import LlamaConfig, MistralConfig, Qwen2Config  # noqa: E402
+from transformers import (  # noqa: E402
+    Gemma2Config,
+    Gemma3TextConfig,
+    LlamaConfig,
+    MistralConfig,
+    MixtralConfig,
+    Olmo2Config,
+    Phi3Config,
+    Qwen2Config,
+    Qwen3Config,
+    Qwen3MoeConfig,
+    SmolLM3Config,
+)
 
 from workbench import backends, config  # noqa: E402
-from workbench.backends import _hf_layers  # noqa: E402
+from workbench.backends import hf_families  # noqa: E402
+from workbench.backends.hf_families import common, gemma3  # noqa: E402
 from workbench.config import ConfigError  # noqa: E402
 from workbench.env import te as _te  # noqa: E402
 from workbench.models.hf import load_causal_lm  # noqa: E402
@@ -27,6 +42,18 @@ FAMILIES = {
     "llama3-rope": (LlamaConfig, {"rope_parameters": LLAMA3_ROPE, "tie_word_embeddings": True}),
     "llama-linear-rope": (LlamaConfig, {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}}),
     "llama-biases": (LlamaConfig, {"attention_bias": True, "mlp_bias": True}),
+    # one row per family: its config class and what sets it apart (the shapes are TINY's)
+    "mistral-window": (MistralConfig, {"sliding_window": 8}),  # shorter than the sequence (16): TE's window_size
+    "qwen3": (Qwen3Config, {"head_dim": 32}),  # q/k norms, head_dim apart from hidden / heads
+    "qwen3-sliding": (Qwen3Config, {"use_sliding_window": True, "sliding_window": 6, "max_window_layers": 1}),
+    "phi3": (Phi3Config, {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                              "partial_rotary_factor": 0.5}, "pad_token_id": 0}),
+    "gemma3": (Gemma3TextConfig, {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 8,
+                                  "layer_types": ["sliding_attention", "full_attention"]}),
+    "gemma2": (Gemma2Config, {"head_dim": 16, "query_pre_attn_scalar": 16, "attn_logit_softcapping": None,
+                              "final_logit_softcapping": None, "sliding_window": 8}),
+    "smollm3": (SmolLM3Config, {"no_rope_layers": [1, 0], "pad_token_id": 0, "bos_token_id": 0,  # the second
+                                "eos_token_id": 0}),  # layer has no positions
 }
 
 
@@ -57,9 +84,12 @@ def test_each_decoder_layer_becomes_one_te_layer_with_the_same_logits(family):
     model = student.build(ref, cfg(), torch.device("cpu"))
     assert student.conversion == "layer" and student.conversion_note == ""
     layers = model.model.model.layers
-    assert all(type(layer.block) is FakeTEModules.TransformerLayer for layer in layers)
+    want_block = gemma3.GemmaBlock if family.startswith("gemma") else FakeTEModules.TransformerLayer
+    assert all(type(layer.block) is want_block for layer in layers)
     assert student.converted[:2] == ["model.model.layers.0", "model.model.layers.1"]
-    assert type(model.model.model.norm) is FakeTEModules.RMSNorm  # the final norm, swapped alone
+    # the final norm, swapped alone (Gemma's scales by 1 + weight, which te.RMSNorm without zero_centered_gamma
+    # does not: it stays torch)
+    assert (type(model.model.model.norm) is FakeTEModules.RMSNorm) != family.startswith("gemma")
     assert type(model.model.lm_head) is torch.nn.Linear  # the head stays bf16 torch by default
     assert not any("Attention" in k or "DecoderLayer" in k or "MLP" in k for k in student.kept_torch)
     tokens = torch.randint(0, 256, (2, 16))
@@ -106,17 +136,18 @@ def test_qwen2s_qkv_bias_is_mapped_and_the_biases_it_lacks_are_zero_and_frozen()
     model = backends.make("te_bf16").build(ref, cfg(), torch.device("cpu"))
     te = model.model.model.layers[0].block
     hf = ref.model.model.layers[0].self_attn
-    q, k, v = _hf_layers.split_qkv(te.self_attention.layernorm_qkv.bias, model.model.model.layers[0].shape)
+    q, k, v = common.split_qkv(te.self_attention.layernorm_qkv.bias, model.model.model.layers[0].shape)
     assert torch.equal(q, hf.q_proj.bias) and torch.equal(k, hf.k_proj.bias) and torch.equal(v, hf.v_proj.bias)
     frozen = {n for n, p in te.named_parameters() if not p.requires_grad}
     assert frozen == {"self_attention.proj.bias", "layernorm_mlp.fc1_bias", "layernorm_mlp.fc2_bias"}
     assert all(not p.any() for n, p in te.named_parameters() if n in frozen)
 
 
-def test_a_training_step_moves_the_same_weights_as_the_hf_model():
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_training_step_moves_the_same_weights_as_the_hf_model(family):
     """One SGD step on the same tokens: every HF weight of the converted student moves as the HF model's
     does (the fake's maths is TE's in fp32, so equal to rounding)."""
-    ref = reference("qwen2")
+    ref = reference(family)
     model = backends.make("te_bf16").build(ref, cfg(), torch.device("cpu"))
     tokens = torch.randint(0, 256, (2, 17))
     for m in (ref, model):
@@ -130,20 +161,66 @@ def test_a_training_step_moves_the_same_weights_as_the_hf_model():
 
 
 def test_what_it_cannot_convert_falls_back_to_per_linear_and_says_why():
-    ref = reference("mistral", sliding_window=8)  # shorter than the sequence (16): TE's layers run full causal
+    ref = reference("llama", rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0})
     student = backends.make("te_bf16")
     model = student.build(ref, cfg(), torch.device("cpu"))
-    assert student.conversion == "linear" and "sliding_window=8" in student.conversion_note
+    assert student.conversion == "linear" and "rope type 'yarn'" in student.conversion_note
     assert type(model.model.model.layers[0].self_attn.q_proj) is FakeTEModules.Linear
     row = student.describe(model)
-    assert row["te_conversion"] == "linear" and "sliding_window=8" in row["te_conversion_note"]
-    with pytest.raises(ConfigError, match="options.te_conversion='layer' cannot convert this model: sliding_window"):
+    assert row["te_conversion"] == "linear" and "rope type 'yarn'" in row["te_conversion_note"]
+    with pytest.raises(ConfigError, match="options.te_conversion='layer' cannot convert this model: rope type 'yarn'"):
         backends.make("te_bf16").build(ref, cfg(te_conversion="layer"), torch.device("cpu"))
-    for change, why in [
-        ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
-        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}}, "rope type 'yarn'"),
+    for family, change, why in [
+        ("llama", {"hidden_act": "gelu"}, "hidden_act='gelu'"),
+        ("gemma3", {"query_pre_attn_scalar": 32}, "query_pre_attn_scalar=32 differs from head_dim=16"),
+        ("gemma2", {"attn_logit_softcapping": 50.0}, "attn_logit_softcapping=50.0"),
+        ("phi3", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 8,
+                                      "long_factor": [1.0] * 8, "original_max_position_embeddings": 32}},
+         "rope type 'longrope'"),
     ]:
-        assert why in _hf_layers.refusal(reference("llama", **change).model, 16)
+        assert why in hf_families.refusal(reference(family, **change).model, 16)
+
+
+REFUSED_FAMILIES = {  # a family TE's layers cannot hold: refused by name with 'layer', per-Linear with 'auto'
+    "olmo2": (Olmo2Config, {}, "model_type 'olmo2': OLMo2 normalises each sublayer's output (post-norm)"),
+    "qwen3_moe": (Qwen3MoeConfig, {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                                   "head_dim": 16}, "model_type 'qwen3_moe': a mixture-of-experts MLP"),
+    "mixtral": (MixtralConfig, {"num_local_experts": 4, "num_experts_per_tok": 2},
+                "model_type 'mixtral': a mixture-of-experts MLP"),
+}
+
+
+@pytest.mark.parametrize("family", sorted(REFUSED_FAMILIES))
+def test_a_family_te_cannot_hold_is_refused_by_name_and_auto_falls_back(family):
+    cls, extra, why = REFUSED_FAMILIES[family]
+    torch.manual_seed(0)
+    ref = load_causal_lm(cls(**{**TINY, **extra}), seq_len=16)
+    with pytest.raises(ConfigError, match=f"cannot convert this model: {re.escape(why)}"):
+        backends.make("te_bf16").build(ref, cfg(te_conversion="layer"), torch.device("cpu"))
+    student = backends.make("te_bf16")
+    model = student.build(ref, cfg(), torch.device("cpu"))
+    assert student.conversion == "linear" and why in student.conversion_note
+    tokens = torch.randint(0, 256, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), ref(tokens), rtol=1e-5, atol=1e-5)
+
+
+def test_every_family_has_an_adapter_and_a_test_row():
+    """Adding a family is one file in hf_families/ plus its row in FAMILIES above."""
+    tested = {FAMILIES[f][0]().model_type for f in FAMILIES}
+    assert set(hf_families.ADAPTERS) <= tested, set(hf_families.ADAPTERS) - tested
+    want = {"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text", "gemma2", "smollm3"}
+    assert want <= set(hf_families.ADAPTERS)
+
+
+def test_nope_layers_get_no_rotary_angles_and_sliding_layers_their_window():
+    model = backends.make("te_bf16").build(reference("smollm3"), cfg(), torch.device("cpu"))
+    layers = model.model.model.layers
+    assert layers[0].rope is not None and layers[1].rope is None
+    g = backends.make("te_bf16").build(reference("gemma3"), cfg(), torch.device("cpu")).model.model.layers
+    assert g[0].block.self_attention.window_size == (7, 0) and g[1].block.self_attention.window_size is None
+    assert g[0].rope is not g[1].rope  # sliding and global layers: their own theta
+    assert not torch.equal(g[0].rope.rope.inv_freq, g[1].rope.rope.inv_freq)
 
 
 def test_linear_conversion_on_request_and_the_row_says_which_ran():

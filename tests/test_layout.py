@@ -174,6 +174,8 @@ DYNAMIC_IMPORTS = {  # file (relative to the package) -> (dynamic import calls i
     "cli.py": (1, ("imports only the chosen command's module, so an optional module's dependencies cannot "
                    "break the other commands")),
     "backends/__init__.py": (1, "discovers the backend files of its folder: a backend is one file"),
+    "backends/hf_families/__init__.py": (1, "discovers the family files of its folder: a Hugging Face family is one "
+                                            "file"),
     "models/kinds/__init__.py": (1, "discovers the kind files of its folder: a model kind is one file"),
 }
 

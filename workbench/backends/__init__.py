@@ -258,7 +258,7 @@ def _load_all() -> None:
     """Import every backend file of this package; each registers itself. Files starting with '_' are
     private helpers, not backends. Discovery from the files is what makes a backend one file."""
     for mod in pkgutil.iter_modules(__path__):
-        if not mod.name.startswith("_"):
+        if not mod.name.startswith("_") and not mod.ispkg:  # a folder (hf_families) is a helper package
             importlib.import_module(f"{__name__}.{mod.name}")
 
 

@@ -12,9 +12,9 @@ import dataclasses
 import torch
 from torch import nn
 
-from workbench.backends import Backend, Context, _hf_layers, amp_dtype, autocast, replace_modules, to_param_dtype
+from workbench.backends import Backend, Context, amp_dtype, autocast, hf_families, replace_modules, to_param_dtype
 from workbench.backends._autocast import Fallback
-from workbench.backends._hf_layers import TEDecoderLayer
+from workbench.backends.hf_families.common import TEDecoderLayer
 from workbench.config import ConfigError
 from workbench.env import te as te_env
 from workbench.models import LayerNormMLP, SDPACore, kinds, shared_parameters
@@ -197,7 +197,7 @@ def conversion_for(model: nn.Module, cfg) -> tuple[str | None, str]:
     choice = cfg.options.te_conversion
     if choice == "linear":
         return "linear", ""
-    why = _hf_layers.refusal(model.model, getattr(model, "seq_len", None))
+    why = hf_families.refusal(model.model, getattr(model, "seq_len", None))
     if not why:
         return "layer", ""
     if choice == "layer":
@@ -217,7 +217,7 @@ def convert_to_te(model: nn.Module, cfg, device, meta: bool = False, layers: boo
     made on the meta device without their weights, which TE's FSDP2 recipe gives them after sharding.
 
     A Hugging Face model (`layers`: see `conversion_for`) first has each decoder layer replaced by one
-    te.TransformerLayer (workbench.backends._hf_layers); its LM head stays torch (bf16, as every peer keeps
+    te.TransformerLayer (workbench.backends.hf_families); its LM head stays torch (bf16, as every peer keeps
     it) unless `head_fp8`: then it is a te.Linear, sharing the embedding's weight when the two are tied."""
     te, _, _ = te_env.load()
     dtype = torch.bfloat16 if cfg.model.param_dtype == "bf16" else torch.float32
@@ -225,7 +225,7 @@ def convert_to_te(model: nn.Module, cfg, device, meta: bool = False, layers: boo
     shared = shared_parameters(model)
     kw = {"params_dtype": dtype, "device": device}
     gemm_kw = {**kw, "device": "meta"} if meta else kw
-    done = _hf_layers.convert_layers(te, model, dtype, gemm_kw["device"]) if layers else []
+    done = hf_families.convert_layers(te, model, dtype, gemm_kw["device"]) if layers else []
     head = model.model.get_output_embeddings() if hasattr(model, "converted_layers") else None
     if head is not None and head_fp8:
         done.append(_fp8_head(te, model, head, shared, gemm_kw, meta or fp8_weights))

@@ -5,7 +5,7 @@ initialised model from a config object, in fp32 on the CPU like every reference 
 has CausalLM's interface: `forward(tokens, return_hidden=False)`, `train_flops_per_token()`, and the
 reference-state pair the students' matched init uses. Precision backends convert a copy of it like any
 torch model: `convert_to_te` replaces each decoder layer of a known family by one te.TransformerLayer
-(workbench.backends._hf_layers), or swaps its Linear / RMSNorm layers one by one.
+(workbench.backends.hf_families), or swaps its Linear / RMSNorm layers one by one.
 """
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ class HFCausalLM(nn.Module):
 
     def converted_layers(self) -> dict[str, nn.Module]:
         """{name: layer} of the decoder layers a TE conversion replaced by one TE layer each (they know their
-        mapping from and to the Hugging Face names: workbench.backends._hf_layers)."""
+        mapping from and to the Hugging Face names: workbench.backends.hf_families)."""
         return {name: m for name, m in self.named_modules() if hasattr(m, "hf_state")}
 
     def from_reference_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -10,8 +10,9 @@ and saved as a PreTrainedTokenizerFast (tokenizer.json, tokenizer_config.json), 
 shape, seed, corpus and sizes; its presence says the folder is complete). The folder is written beside its
 destination and renamed into place, so a stopped call leaves no half model. The tokenizer is trained to the
 model's vocabulary and may come out smaller (the corpus runs out of merges): a padded embedding, as real
-models have. Shapes follow the published configs; RoPE scaling (Llama 3's long-context rule) is left out:
-the models are random, their speed is what they are for.
+models have. Shapes follow the published configs; RoPE scaling (Llama 3's long-context rule, Phi-4-mini's
+longrope) is left out: the models are random, their speed is what they are for. A `-4l` shape is the bench's
+cut of its model: 4 layers, vocabulary 32768.
 """
 from __future__ import annotations
 
@@ -27,6 +28,28 @@ from workbench.config import ConfigError
 _LLAMA_1B = dict(model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                  num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256, rope_theta=500_000.0,
                  rms_norm_eps=1e-5, max_position_embeddings=131072, tie_word_embeddings=True)
+_QWEN3_06B = dict(model_type="qwen3", hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                  num_attention_heads=16, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                  rope_theta=1_000_000.0, rms_norm_eps=1e-6, max_position_embeddings=40960, tie_word_embeddings=True)
+# Gemma 3 1B's text model: global layers RoPE theta 1e6, sliding (512) layers 1e4, five sliding to one global
+_GEMMA3_1B = dict(model_type="gemma3_text", hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
+                  num_attention_heads=4, num_key_value_heads=1, head_dim=256, vocab_size=262144,
+                  query_pre_attn_scalar=256, sliding_window=512, rms_norm_eps=1e-6, max_position_embeddings=32768,
+                  tie_word_embeddings=True, hidden_activation="gelu_pytorch_tanh",
+                  rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                                   "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}})
+# Phi-4-mini: partial rotary (0.75 of head_dim 128); its long-context 'longrope' scaling is left out (below)
+_PHI4_MINI = dict(model_type="phi3", hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
+                  num_attention_heads=24, num_key_value_heads=8, vocab_size=200064, rms_norm_eps=1e-5,
+                  max_position_embeddings=131072, tie_word_embeddings=True, sliding_window=None,
+                  rope_parameters={"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.75})
+# SmolLM3-3B: every fourth layer without RoPE (no_rope_layer_interval 4, the config's default)
+_SMOLLM3_3B = dict(model_type="smollm3", hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+                   num_attention_heads=16, num_key_value_heads=4, vocab_size=128256, rope_theta=5_000_000.0,
+                   rms_norm_eps=1e-6, max_position_embeddings=65536, tie_word_embeddings=True)
+_CUT = {"num_hidden_layers": 4, "vocab_size": 32768}  # the bench's cut: 4 layers, a 32768 vocabulary
+_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             vocab_size=512, rms_norm_eps=1e-6, max_position_embeddings=512, tie_word_embeddings=True)
 SHAPES: dict[str, dict] = {
     "llama-3.2-1b": _LLAMA_1B,
     "llama-3.2-1b-4l": {**_LLAMA_1B, "num_hidden_layers": 4, "vocab_size": 32768},  # the bench's cut
@@ -34,13 +57,22 @@ SHAPES: dict[str, dict] = {
     "qwen2.5-0.5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                          num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, rope_theta=1_000_000.0,
                          rms_norm_eps=1e-6, max_position_embeddings=32768, tie_word_embeddings=True),
-    # CPU-sized, GQA (4 query heads, 2 KV heads) and tied like the real ones
-    "tiny-llama": dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, vocab_size=512, rope_theta=500_000.0,
-                       rms_norm_eps=1e-5, max_position_embeddings=512, tie_word_embeddings=True),
-    "tiny-qwen2": dict(model_type="qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, vocab_size=512, rope_theta=1_000_000.0,
-                       rms_norm_eps=1e-6, max_position_embeddings=512, tie_word_embeddings=True),
+    "qwen3-0.6b": _QWEN3_06B, "qwen3-0.6b-4l": {**_QWEN3_06B, **_CUT},
+    "gemma-3-1b": _GEMMA3_1B,  # the cut keeps one global layer after its sliding ones, as the model has
+    "gemma-3-1b-4l": {**_GEMMA3_1B, **_CUT, "layer_types": ["sliding_attention"] * 3 + ["full_attention"]},
+    "phi-4-mini": _PHI4_MINI, "phi-4-mini-4l": {**_PHI4_MINI, **_CUT},
+    "smollm3-3b": _SMOLLM3_3B, "smollm3-3b-4l": {**_SMOLLM3_3B, **_CUT},
+    # CPU-sized, GQA (4 query heads, 2 KV heads) and tied like the real ones; each family's own trait kept
+    "tiny-llama": dict(model_type="llama", **_TINY, rope_theta=500_000.0),
+    "tiny-qwen2": dict(model_type="qwen2", **_TINY, rope_theta=1_000_000.0),
+    "tiny-qwen3": dict(model_type="qwen3", **_TINY, head_dim=32, rope_theta=1_000_000.0),
+    "tiny-gemma3": dict(model_type="gemma3_text", **{**_TINY, "num_hidden_layers": 3}, head_dim=16,
+                        query_pre_attn_scalar=16, sliding_window=8, layer_types=["sliding_attention"] * 2 + [
+                            "full_attention"], hidden_activation="gelu_pytorch_tanh",
+                        rope_parameters=_GEMMA3_1B["rope_parameters"]),
+    "tiny-phi3": dict(model_type="phi3", **_TINY, sliding_window=None,
+                      rope_parameters={"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.75}),
+    "tiny-smollm3": dict(model_type="smollm3", **{**_TINY, "num_hidden_layers": 4}, rope_theta=5_000_000.0),
 }
 DTYPES = ("bf16", "fp32")
 
@@ -54,9 +86,10 @@ def hf_config(shape: str, vocab: int | None = None, eot_id: int = 0):
     if vocab is not None and not vocab >= 320:
         raise ConfigError(f"hf-init --vocab {vocab}: at least 320 (256 bytes, end of text, merges)")
     fields = dict(SHAPES[shape], **({"vocab_size": vocab} if vocab else {}))
-    model_type, theta = fields.pop("model_type"), fields.pop("rope_theta")
-    return AutoConfig.for_model(model_type, **fields, rope_parameters={"rope_type": "default", "rope_theta": theta},
-                                bos_token_id=eot_id, eos_token_id=eot_id)
+    model_type = fields.pop("model_type")
+    if "rope_theta" in fields:
+        fields["rope_parameters"] = {"rope_type": "default", "rope_theta": fields.pop("rope_theta")}
+    return AutoConfig.for_model(model_type, **fields, bos_token_id=eot_id, eos_token_id=eot_id, pad_token_id=eot_id)
 
 
 def train_tokenizer(vocab_size: int, corpus_mb: float = 4.0):

@@ -11,7 +11,15 @@ import torch
 
 pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[lm]')")
 
-from transformers import LlamaConfig, Qwen2Config  # noqa: E402
+from transformers import (  # noqa: E402
+    Gemma3TextConfig,
+    LlamaConfig,
+    MistralConfig,
+    Phi3Config,
+    Qwen2Config,
+    Qwen3Config,
+    SmolLM3Config,
+)
 
 from workbench import backends, config, results  # noqa: E402
 from workbench.env import te as _te  # noqa: E402
@@ -26,7 +34,16 @@ CUDA = torch.device("cuda")
 SHAPE = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              vocab_size=1024, max_position_embeddings=512)
 FAMILIES = {"llama": (LlamaConfig, {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}),
-            "qwen2": (Qwen2Config, {"rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}})}
+            "qwen2": (Qwen2Config, {"rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}),
+            # one row per family adapter, each with what sets it apart (workbench/backends/hf_families/)
+            "mistral-window": (MistralConfig, {"sliding_window": 32}),  # TE's window_size (sequence 128)
+            "qwen3": (Qwen3Config, {"head_dim": 128}),  # q/k norms before RoPE
+            "phi3": (Phi3Config, {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                                      "partial_rotary_factor": 0.75}, "pad_token_id": 0}),
+            "gemma3": (Gemma3TextConfig, {"head_dim": 128, "query_pre_attn_scalar": 128, "sliding_window": 32,
+                                          "layer_types": ["sliding_attention", "full_attention"], "pad_token_id": 0}),
+            "smollm3": (SmolLM3Config, {"no_rope_layers": [1, 0], "pad_token_id": 0, "bos_token_id": 0,
+                                        "eos_token_id": 0})}
 FIGURES: dict = {}
 
 
@@ -117,6 +134,32 @@ def test_hf_one_training_step_moves_the_same_weights(family):
     _record(f"step_{family}", {"min_cosine": min(c for c, _ in worst.values()),
                                "ratio_range": [min(r for _, r in worst.values()), max(r for _, r in worst.values())],
                                "tensors": len(worst)})
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("recipe", ["delayed", "current"])
+def test_hf_fp8_layer_student_of_every_family_trains(family, recipe):
+    """Each family's TE layers under an FP8 recipe: logits near the fp32 model's, a few AdamW steps lower the loss."""
+    ref = reference(family)
+    b = backends.make(f"te_fp8:{recipe}")
+    model = b.build(ref.cpu(), cfg(), CUDA)
+    assert b.conversion == "layer", b.conversion_note
+    tokens = torch.randint(0, SHAPE["vocab_size"], (4, 129), device=CUDA)
+    with torch.no_grad(), b.forward_context():
+        err = rel(model(tokens[:, :-1]), ref.to(CUDA)(tokens[:, :-1]))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    losses = []
+    for _ in range(6):
+        with b.forward_context():
+            logits = model(tokens[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(loss))
+    _record(f"fp8_{recipe}_{family}", {"rel_err_vs_fp32": err, "losses": losses,
+                                       "attention_backend": b.describe(model).get("attention_backend")})
+    assert err < 0.2 and losses[-1] < losses[0], (err, losses)
 
 
 @pytest.mark.parametrize("tied", [True, False])

@@ -9,6 +9,8 @@
 #   llama-4l    hf-llama-4l      Llama-3.2-1B cut to 4 layers (hidden 2048, 32/8 heads, SwiGLU 8192, tied), vocab 32768
 #   llama-1b    hf-llama-1b      Llama-3.2-1B (16 layers, vocab 128256)
 #   qwen-0.5b   hf-qwen2.5-0.5b  Qwen2.5-0.5B (24 layers, hidden 896, 14/2 heads, SwiGLU 4864, QKV bias, tied, vocab 151936)
+#   qwen3-4l, gemma3-4l, phi4-4l, smollm3-4l   hf-llama-4l   the 4-layer cuts (vocab 32768) of Qwen3-0.6B,
+#               Gemma-3-1B, Phi-4-mini and SmolLM3-3B (workbench hf-init)
 # After `bash .gpu/install.sh`. Knobs: SHAPES (default "llama-4l llama-1b qwen-0.5b"), HF_BUDGET_S (each bench's
 # budget; variants not started by then are rows saying so; default 150. Measured at 2b27141: hf-init of
 # llama-3.2-1b 51 s, then its first variant (3 TE students) 96 s: one full shape needs a call of its own),
@@ -23,8 +25,11 @@ mkdir -p "$M" "$B" "$OUT/hf"
 if [ "${HF_TESTS:-1}" != 0 ]; then
   timeout 200 python3 -m pytest -q -m gpu tests/test_gpu_hf.py 2>&1 | tee "$OUT/gpu_tests_hf.log" | tail -5
 fi
-declare -A PRESET=([llama-4l]=hf-llama-4l [llama-1b]=hf-llama-1b [qwen-0.5b]=hf-qwen2.5-0.5b)
-declare -A SHAPE=([llama-4l]=llama-3.2-1b-4l [llama-1b]=llama-3.2-1b [qwen-0.5b]=qwen2.5-0.5b)
+# The other families' 4-layer cuts run at the 4-layer Llama preset's batch (8192 tokens a step)
+declare -A PRESET=([llama-4l]=hf-llama-4l [llama-1b]=hf-llama-1b [qwen-0.5b]=hf-qwen2.5-0.5b [qwen3-4l]=hf-llama-4l
+                   [gemma3-4l]=hf-llama-4l [phi4-4l]=hf-llama-4l [smollm3-4l]=hf-llama-4l)
+declare -A SHAPE=([llama-4l]=llama-3.2-1b-4l [llama-1b]=llama-3.2-1b [qwen-0.5b]=qwen2.5-0.5b [qwen3-4l]=qwen3-0.6b-4l
+                  [gemma3-4l]=gemma-3-1b-4l [phi4-4l]=phi-4-mini-4l [smollm3-4l]=smollm3-3b-4l)
 for s in ${SHAPES:-llama-4l llama-1b qwen-0.5b}; do
   python3 -m workbench hf-init "${SHAPE[$s]}" --out "$M/$s" > "$OUT/hf/$s.log" 2>&1 || { echo "== $s: hf-init failed"; continue; }
   timeout $(( ${HF_BUDGET_S:-150} + 120 )) python3 -m workbench bench --preset "${PRESET[$s]}" --repeats 2 \

@@ -238,6 +238,48 @@ def test_te_delayed_scaling_trains_the_same_with_held_out_evaluation_in_between(
         assert with_eval.loc["te_fp8:delayed", col] == pytest.approx(without.loc["te_fp8:delayed", col], rel=1e-6)
 
 
+def _delayed_states(model):
+    """Every TE module's delayed-scaling state, cloned: [(scale, amax_history)] per direction it has."""
+    metas = [m.fp8_meta for m in model.modules() if isinstance(getattr(m, "fp8_meta", None), dict)]
+    return [(s.scale.clone(), s.amax_history.clone()) for meta in metas for key in ("scaling_fwd", "scaling_bwd")
+            if hasattr(s := meta.get(key), "amax_history")]
+
+
+@pytest.mark.skipif(_te.load()[0] is None, reason="Transformer Engine does not import here")
+def test_step0_metrics_are_in_the_rows_and_leave_te_delayed_scaling_as_it_was(tmp_path):
+    """Every LM student is evaluated in its own precision before its first training step (loop.step0_metrics):
+    the rows carry it, finite. Its FP8 forwards leave delayed scaling's scales and amax histories as they
+    were: TE's initial state (scale 1, empty history) on a fresh student, which its first training step then
+    finds, and to the bit the state a training step reached."""
+    df, _ = _lm_run(tmp_path, "step0", backends="torch_bf16,te_fp8:delayed", baseline="torch_bf16")
+    assert (df["status"] == "ok").all(), df["reason"].to_dict()
+    for col in ("heldout_ppl_step0", "kl_teacher_student_t1_nats_step0", "top1_agreement_step0"):
+        assert df[col].map(math.isfinite).all(), (col, df[col].to_dict())
+    assert df["top1_agreement_step0"].between(0, 1).all() and (df["heldout_ppl_step0"] > 1).all()
+    kl = df["kl_teacher_student_t1_nats_step0"]
+    assert kl["te_fp8:delayed"] != kl["torch_bf16"]  # the same weights, FP8's arithmetic
+
+    cuda = torch.device("cuda")
+    cfg = config.from_preset("gpt-cpu", corpus_mb=0.2, teacher="random", steps=2, eval_batches=1)
+    task = tasks.for_config(cfg, cuda, runner.teacher_dtype(cfg, cuda), tmp_path / "cache")
+    data = task.make_data()
+    _te.reset_fp8_state()
+    backend = backends.make("te_fp8:delayed")
+    model = backend.build(task.reference, cfg, cuda).train()
+    assert set(loop.step0_metrics(model, task, backend, data)) == {
+        "heldout_ppl_step0", "kl_teacher_student_t1_nats_step0", "top1_agreement_step0"}
+    for scale, history in _delayed_states(model):  # a fresh student: TE's initial state after the evaluation
+        assert bool((scale == 1).all()) and not bool(history.any())
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
+    loop.make_step(model, opt, backend, task)(*data.train[0])
+    trained = _delayed_states(model)
+    assert trained and any(bool(history.any()) for _, history in trained)  # the step recorded its amaxes
+    loop.step0_metrics(model, task, backend, data)
+    after = _delayed_states(model)
+    assert len(after) == len(trained)
+    assert all(torch.equal(a, b) for x, y in zip(after, trained) for a, b in zip(x, y))
+
+
 def _losses(run_dir, student):
     df = pd.read_csv(run_dir / "losses.csv")
     return df[df["student"] == student]["loss"].tolist()

@@ -1,6 +1,7 @@
 """TE students of the language-model path with the named fake TE (tests/fake_te.py; real TE runs on the H200,
 tests/test_gpu.py): a forced attention backend (options.te_attention) and delayed scaling's state kept out
 of the forwards that are not training steps (held-out evaluation, graph-capture warm-ups)."""
+import contextlib
 import sys
 import types
 
@@ -104,13 +105,18 @@ def test_the_fakes_amax_history_moves_with_every_fp8_forward(fake):
     assert not same_state(before, fp8_state(model))
 
 
-def test_training_is_the_same_with_and_without_held_out_evaluation_in_between(fake, tmp_path):
-    """Held-out evaluations run FP8 forwards between training steps; with delayed scaling they would feed the
-    amax history. Kept out, the losses are identical to the last bit, as for the torch students."""
+def tiny_lm_task(tmp_path):
+    """A one-block GPT on bytes with a random teacher, delayed scaling by the most recent amax."""
     cfg = config.from_preset("gpt-cpu", vocab=256, tokenizer="bytes", corpus_mb=0.1, teacher="random", hidden=32,
                              heads=4, intermediate=64, layers=1, seq_len=16, batch=4, steps=6, eval_batches=2,
                              warmup=0, iters=1, te_amax_compute_algo="most_recent")
-    task = lm_task.LMTask(cfg, torch.device("cpu"), None, tmp_path)
+    return cfg, lm_task.LMTask(cfg, torch.device("cpu"), None, tmp_path)
+
+
+def test_training_is_the_same_with_and_without_held_out_evaluation_in_between(fake, tmp_path):
+    """Held-out evaluations run FP8 forwards between training steps; with delayed scaling they would feed the
+    amax history. Kept out, the losses are identical to the last bit, as for the torch students."""
+    cfg, task = tiny_lm_task(tmp_path)
     data = task.make_data()
     losses = {}
     for every in (0, 1):
@@ -121,6 +127,24 @@ def test_training_is_the_same_with_and_without_held_out_evaluation_in_between(fa
         assert metrics["heldout_ppl"] > 1
     assert len(metrics["curve"]) == cfg.train.steps  # eval_every=1: after every step, the last one included
     assert losses[0] == losses[1]
+
+
+def test_the_step0_evaluation_leaves_delayed_scaling_as_the_first_training_step_finds_it(fake, tmp_path, monkeypatch):
+    """Every LM student is evaluated in its own precision before its first training step (loop.step0_metrics):
+    FP8 forwards that, let through, set the scales step 1 quantises with. Kept out, the losses are those of a
+    run without that evaluation, to the last bit."""
+    cfg, task = tiny_lm_task(tmp_path)
+    data, cpu = task.make_data(), torch.device("cpu")
+    metrics, with_step0 = loop.run_student(backends.make("te_fp8:delayed"), cfg, task, data, cpu)
+    assert 0 <= metrics["top1_agreement_step0"] <= 1 and metrics["heldout_ppl_step0"] > 1
+    assert metrics["kl_teacher_student_t1_nats_step0"] > 0
+    leaky = backends.make("te_fp8:delayed")
+    leaky.outside_training = lambda model: contextlib.nullcontext()  # what the evaluation would do unprotected
+    assert loop.run_student(leaky, cfg, task, data, cpu)[1][0] != with_step0[0]
+    monkeypatch.setattr(loop, "step0_metrics", lambda *args: {})
+    metrics, without = loop.run_student(backends.make("te_fp8:delayed"), cfg, task, data, cpu)
+    assert "heldout_ppl_step0" not in metrics
+    assert with_step0 == without
 
 
 def test_graph_capture_warm_ups_leave_the_fp8_state_as_it_was(fake, monkeypatch):

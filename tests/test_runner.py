@@ -51,6 +51,15 @@ def test_schema_round_trip(smoke_run):
     assert len(losses) == cfg.train.steps * len(cfg.backends)
 
 
+def test_the_tutorials_rows_have_no_step0_columns(smoke_run):
+    """The held-out metrics before training are the language models' (tests/test_step0_metrics.py): an MLP
+    run's students.csv keeps its columns."""
+    _, run_dir = smoke_run
+    df = results.load(run_dir)
+    assert df["eval_mse"].notna().all()
+    assert [c for c in df.columns if c.endswith(results.STEP0_SUFFIX)] == []
+
+
 def test_load_concatenates_runs_below_a_folder(smoke_run):
     _, run_dir = smoke_run
     assert len(results.load(run_dir.parent)) == len(results.load(run_dir))

@@ -51,6 +51,9 @@ STUDENT_COLUMNS = [  # the first columns of students.csv, in order; config and e
     "compiled", "graphed", "compile_ms", "capture_ms", "notes",
 ]
 ENV_STAMP = ["gpu_name", "compute_capability", "torch", "torch_cuda", "te_version", "git_sha"]
+# '<metric>_step0': a language-model student's held-out <metric> before its first training step, in its own
+# precision (workbench.train.loop.step0_metrics); the file puts it right after '<metric>', its after-training value
+STEP0_SUFFIX = "_step0"
 
 # The vocabulary of a row. A *student* is one entry of `backends` (its spec, 'backend:recipe'); it *ran*
 # when it trained and was timed ('ok', or 'fallback': PyTorch autocast ran in place of an unusable TE, and
@@ -135,9 +138,21 @@ def read_json(path: Path) -> Any:
 
 def students_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """Every STUDENT_COLUMNS column first, also when no student produced it (all diverged or skipped:
-    empty, never missing), then the config and env stamp."""
+    empty, never missing), then the other metrics (each step-0 one beside its after-training one), the config
+    and env stamp."""
     df = pd.DataFrame(rows)
-    return df.reindex(columns=STUDENT_COLUMNS + [c for c in df.columns if c not in STUDENT_COLUMNS])
+    return df.reindex(columns=STUDENT_COLUMNS + _step0_beside([c for c in df.columns if c not in STUDENT_COLUMNS]))
+
+
+def _step0_beside(columns: list[str]) -> list[str]:
+    """The columns in their order, except that each '<metric>_step0' follows '<metric>' where both exist (a
+    reader compares the two; a row's dict holds the step-0 cells first, since they are measured first)."""
+    paired = {c for c in columns if c.endswith(STEP0_SUFFIX) and c.removesuffix(STEP0_SUFFIX) in columns}
+    out = []
+    for c in columns:
+        if c not in paired:
+            out += [c] + ([c + STEP0_SUFFIX] if c + STEP0_SUFFIX in paired else [])
+    return out
 
 
 # ---- folders -------------------------------------------------------------------------------------

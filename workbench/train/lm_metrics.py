@@ -9,6 +9,12 @@ batches by `LMMetrics`, so a run's figure does not depend on how its held-out to
   top1_agreement                fraction of tokens where student and teacher rank the same token first
   heldout_tokens                how many tokens the means are over
 Teacher metrics are None (unknown, never a fake number) when no teacher logits were given.
+
+A student's row holds them after training and, for the metrics in `STEP0`, also before its first training
+step (`<metric>_step0`: heldout_ppl_step0, kl_teacher_student_t1_nats_step0, top1_agreement_step0): the
+converted student in its own precision (bf16, FP8, ...) on the same held-out batches, run as the evaluation
+after training runs it (workbench.train.loop.step0_metrics). With pretrained weights this is what the precision
+alone does to the model; `initial_loss` is not that (the fp32 reference model's loss of the same weights).
 """
 from __future__ import annotations
 
@@ -18,6 +24,9 @@ import torch
 import torch.nn.functional as F
 
 from workbench.train.lm_objectives import DEFAULT_CHUNK_TOKENS, IGNORE_INDEX, flatten, kd_per_token
+
+# what a row keeps of the held-out evaluation before training (the teacher's own figures do not change)
+STEP0 = ("heldout_ppl", "kl_teacher_student_t1_nats", "top1_agreement")
 
 
 class LMMetrics:

@@ -41,6 +41,8 @@ LM_BENCH_BATCHES = 4  # distinct timed batches, cycled: an LM batch's teacher lo
 class LMTask:
     """A causal LM student distilled from a causal LM teacher on the offline corpus (or your text)."""
 
+    step0_metrics = lm_metrics.STEP0  # held-out metrics measured before training too (loop.step0_metrics)
+
     def __init__(self, cfg, device: torch.device, tdtype, cache_dir: str | Path, ce_only: bool = False,
                  with_batches: bool = True):
         from workbench.data import TextSpec, load_text

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import torch
 from torch.distributed.tensor import DTensor
 
+from workbench import results
 from workbench.backends import MASTER_INIT, Backend
 from workbench.env import te as _te
 from workbench.measure import flops, profiler, timing
@@ -261,6 +262,7 @@ def run_student(backend: Backend, cfg, task, data: Data, device: torch.device,
     # so a bad restore shows up here as a mismatch with the other students.
     # on the first held-out batch: the one batch every rank of a data-parallel run shares
     metrics["initial_loss"] = initial_loss(model, task, data.eval[0])
+    metrics.update(step0_metrics(model, task, backend, data))  # before training: a diverged row keeps them too
     curve: list[dict] = []
     if cfg.train.eval_every:  # for the run's eval_curve.csv, not a row cell (kept, too, if the student diverges)
         metrics["curve"] = curve
@@ -279,6 +281,25 @@ def run_student(backend: Backend, cfg, task, data: Data, device: torch.device,
     train_flops = flops.tokens_per_step(cfg.model) * task.reference.train_flops_per_token()
     metrics.update(time_steps(step, cfg, data, device, train_flops))
     return metrics, losses
+
+
+def step0_metrics(model: torch.nn.Module, task, backend: Backend, data: Data) -> dict[str, Any]:
+    """The task's `step0_metrics` (LMs: held-out perplexity, KL to the teacher, top-1 agreement) of the student
+    before its first training step, in its own precision, as `<metric>_step0` cells; {} for a task without any.
+
+    The same `held_out` as after training, on the same batches, so the two compare: the converted module in
+    eval mode under the backend's forward context. A compiled or graphed student evaluates as after training
+    too: eager (the compiled `fwd` and the whole-step graph are other callables; a module graphed by TE runs its
+    own forward outside the training mode it was captured in). Training stays as it would have been: it runs
+    before the timed steps (time_steps) and without gradients (no weight, optimizer state or timing changes),
+    reads the held-out batches only, and `outside_training` puts delayed scaling's amax history and scales back
+    (a module with none yet gets TE's initial state: what its first training step would have found). In a
+    distributed run every rank evaluates, as after training (the held-out batches are every rank's).
+    """
+    if not task.step0_metrics:
+        return {}
+    start = held_out(model, task, backend, data)
+    return {k + results.STEP0_SUFFIX: start[k] for k in task.step0_metrics}
 
 
 def held_out(model: torch.nn.Module, task, backend: Backend, data: Data) -> dict[str, Any]:

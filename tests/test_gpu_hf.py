@@ -97,10 +97,13 @@ def test_hf_layer_converted_bf16_logits_equal_the_hf_models(family):
         plain = _forward(torch_b, torch_model, tokens)
     e_te, e_torch = rel(got, want), rel(plain, want)
     agree = float((got.argmax(-1) == want.argmax(-1)).float().mean())
+    agree_torch = float((plain.argmax(-1) == want.argmax(-1)).float().mean())
     _record(f"logits_{family}", {"rel_err_te_layer_bf16": e_te, "rel_err_torch_bf16": e_torch, "top1_agreement": agree,
+                                 "top1_agreement_torch_bf16": agree_torch,
                                  "attention_backend": te_b.describe(te_model).get("attention_backend")})
     assert e_te < max(3 * e_torch, 2e-2), (e_te, e_torch)
-    assert agree > 0.97
+    # top-1 against fp32 as bf16 itself allows: within 3 points of torch bf16's own (a layout error is far below)
+    assert agree > min(0.97, agree_torch - 0.03), (agree, agree_torch)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbench import cli, config
+from workbench import cli, config, results
 from workbench.data import TextDataError, TextSpec, cache, load_text
 from workbench.data.text import documents
 from workbench.run import runner
@@ -326,3 +326,24 @@ def test_torchrun_ranks_wait_for_the_teacher_on_its_lock_not_a_collective(tmp_pa
     summaries = [line for line in proc.stdout.splitlines() if line.startswith("{") and '"run_dir"' in line]
     assert len(summaries) == 1, proc.stdout[-4000:]
     assert json.loads(summaries[0])["world_size"] == 2
+
+
+def test_a_full_disk_raising_runtime_error_keeps_the_run_and_says_so_in_its_rows(built, tmp_path, capsys, monkeypatch):
+    """PyTorch's zip writer reports a full disk as a RuntimeError, not an OSError: the run still uses the
+    teacher it trained, and task.json and every row say it was not cached."""
+    def full_disk(obj, f, *a, **k):
+        f.write(b"x" * 1000)
+        raise RuntimeError("[enforce fail at inline_container.cc:626] . unexpected pos 64 vs 0: "
+                           "No space left on device")
+
+    shutil.rmtree(Path(_copy(built, tmp_path, capsys)["teacher_checkpoint"]))  # the text cached, not the teacher
+    monkeypatch.setattr(torch, "save", full_disk)
+    cfg = config.from_preset("gpt-cpu", corpus_mb=0.2, teacher_steps=5, steps=2, backends="torch_fp32",
+                             no_kd_student=False, eval_batches=1, warmup=1, iters=2, repeats=1)
+    run_dir = runner.run(cfg, out=tmp_path, run_id="full", progress=False)
+    info = json.loads((run_dir / "task.json").read_text())
+    assert info["teacher_cached"] is False and "No space left on device" in info["teacher_cache_error"]
+    rows = results.load(run_dir)
+    assert rows["teacher_cache_error"].str.contains("No space left on device").all()
+    folder = Path(info["teacher_checkpoint"])
+    assert not list(folder.glob(".*.tmp")) and not (folder / "meta.json").exists()

@@ -85,10 +85,11 @@ class LMTask:
 
     def cells(self) -> dict[str, Any]:
         """What every student row of the run carries from its task: the teacher's precision, the logit loss,
-        the tokenizer, where the teacher's targets came from."""
+        the tokenizer, where the teacher's targets came from, why a teacher trained here was not cached."""
         return {**self.teacher_precision.cells(), "loss_impl": self.loss_impl, "tokenizer": self.info["tokenizer"],
                 "tokenizer_sha256": self.info.get("tokenizer_sha256"), "tokenizer_warning": self.tokenizer_warning,
-                **{k: self.info.get(k) for k in ("teacher_mode", "teacher_mode_reason", "teacher_topk")}}
+                **{k: self.info.get(k) for k in ("teacher_mode", "teacher_mode_reason", "teacher_topk",
+                                                  "teacher_cache_error")}}
 
     # ---- models ---------------------------------------------------------------------------------
     def shape(self, teacher: bool = False):

@@ -61,7 +61,9 @@ def _train_and_cache(model: torch.nn.Module, entry, recipe: dict, cfg, text, dev
     try:
         entry.write_file("teacher.pt", lambda f: torch.save(model.state_dict(), f))
         entry.commit({**recipe, "final_loss": losses[-1], "train_s": train_s})
-    except OSError as e:  # the temporary file is gone (results.write_with); the teacher is still good
+    # PyTorch's zip writer reports a full disk as a RuntimeError, not an OSError; either way the temporary file
+    # is gone (results.write_with) and the teacher is still good
+    except (OSError, RuntimeError) as e:
         info["teacher_cache_error"] = f"not cached: {type(e).__name__}: {e}"
         print(f"[teacher] trained, but {entry.folder} could not be written ({e}); using it without caching",
               flush=True)

@@ -44,7 +44,8 @@ class PretrainedTokenizer:
 
         self.folder, self.sha256 = str(folder), files_sha256(folder)
         try:
-            self.hf = AutoTokenizer.from_pretrained(self.folder, local_files_only=True)
+            # never the folder's own code (an auto_map in tokenizer_config.json): transformers' tokenizers only
+            self.hf = AutoTokenizer.from_pretrained(self.folder, local_files_only=True, trust_remote_code=False)
         except (OSError, ValueError, TypeError) as e:  # a damaged or foreign tokenizer: say which folder
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ConfigError(f"the tokenizer in {self.folder!r} does not load (offline): {first}") from e

@@ -10,6 +10,8 @@ torch model: `convert_to_te` replaces each decoder layer of a known family by on
 from __future__ import annotations
 
 import functools
+import json
+import pickle
 from pathlib import Path
 
 import torch
@@ -99,13 +101,35 @@ def load_causal_lm(path_or_config: str | Path | PretrainedConfig, seq_len: int |
     config object, a new one initialised from the caller's torch seed. fp32, CPU, train mode; a teacher
     is put in eval mode by its caller."""
     if isinstance(path_or_config, PretrainedConfig):
-        model = AutoModelForCausalLM.from_config(path_or_config, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(path_or_config, dtype=torch.float32, trust_remote_code=False)
     else:
+        refuse_remote_code(path_or_config)
         try:
-            model = AutoModelForCausalLM.from_pretrained(path_or_config, local_files_only=True, dtype=torch.float32)
-        except (OSError, ValueError, SafetensorError) as e:  # no such folder, no config / weights, not a causal
-            raise _not_loadable(path_or_config, e) from e  # LM, weights cut short or damaged
-    return HFCausalLM(model.train(), seq_len)
+            model = AutoModelForCausalLM.from_pretrained(path_or_config, dtype=torch.float32, **OFFLINE)
+        except (OSError, ValueError, SafetensorError, pickle.UnpicklingError) as e:  # no such folder, no config /
+            raise _not_loadable(path_or_config, e) from e  # weights, not a causal LM, weights damaged or a pickle
+    return HFCausalLM(model.train(), seq_len)  # that the safe loader refuses
+
+
+# Every transformers call: the local folder only, and never the folder's own Python (a config or tokenizer with an
+# `auto_map` names modules in the folder, which transformers would otherwise offer to run, asking on a terminal)
+OFFLINE = dict(local_files_only=True, trust_remote_code=False)
+REMOTE_CODE_FILES = ("config.json", "tokenizer_config.json")
+
+
+def refuse_remote_code(path: str | Path) -> None:
+    """ConfigError if the folder at `path` asks for its own code (`auto_map` in its config or tokenizer
+    config): the workbench runs only transformers' own model classes. A missing or unreadable file is left to
+    the loader that reads it (it says what is wrong)."""
+    for name in REMOTE_CODE_FILES:
+        try:
+            auto_map = json.loads((Path(path) / name).read_text()).get("auto_map")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if auto_map:
+            raise ConfigError(f"the Hugging Face folder {str(path)!r} asks to run its own code ({name}'s auto_map: "
+                              f"{json.dumps(auto_map)[:200]}); the workbench never runs a model folder's code "
+                              "(trust_remote_code=False): use a model of a family transformers ships")
 
 
 POSITION_FIELDS = ("n_positions", "max_position_embeddings")  # GPT-2's name, and Llama's (most others')
@@ -116,7 +140,9 @@ def check_folder(path: str, field: str, seq_len: int) -> None:
     (n_positions / max_position_embeddings, where it has one) covers `seq_len`: from the config alone,
     before any text is tokenized or any teacher trained."""
     try:
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        config = _config(path)
+    except ConfigError as e:  # a folder that asks to run its own code: named by the field that points at it
+        raise ConfigError(f"{field}: {e}") from e
     except (OSError, ValueError) as e:
         raise ConfigError(f"{field}: {_not_loadable(path, e)}") from e
     for name in POSITION_FIELDS:
@@ -133,9 +159,9 @@ def linear_shapes(path: str, tied_head: bool = False) -> dict[str, tuple[int, in
     meta device: no weights read, no memory): what a size check (FP8's multiples of 16) needs before any
     student exists. Names as in HFCausalLM.model."""
     try:
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        config = _config(path)
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
     except (OSError, ValueError) as e:
         raise _not_loadable(path, e) from e
     shared = shared_parameters(model)  # a tied LM head stays torch: its vocabulary is no FP8 GEMM
@@ -150,13 +176,19 @@ def config_vocab(path: str) -> int:
     """The embedding's rows (config.vocab_size) of the local causal LM at `path`, from its config alone: the
     run's model.vocab, which may exceed its tokenizer's vocabulary (a padded embedding)."""
     try:
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        config = _config(path)
     except (OSError, ValueError) as e:
         raise _not_loadable(path, e) from e
     vocab = getattr(config.get_text_config(), "vocab_size", None)
     if not vocab:
         raise ConfigError(f"the Hugging Face config in {path!r} names no vocab_size")
     return int(vocab)
+
+
+def _config(path: str):
+    """The folder's transformers config, offline, after the remote-code refusal."""
+    refuse_remote_code(path)
+    return AutoConfig.from_pretrained(path, **OFFLINE)
 
 
 def _not_loadable(path, e: Exception) -> ConfigError:

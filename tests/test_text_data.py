@@ -141,3 +141,20 @@ def test_batches_are_deterministic_in_vocab_and_shifted(tmp_path):
 def test_bad_options_are_one_line_errors(bad, match):
     with pytest.raises(TextDataError, match=match):
         TextSpec(**bad)
+
+
+def test_a_text_on_one_line_is_split_into_pieces_and_a_too_small_one_is_refused_with_its_size(tmp_path):
+    """A file with no line breaks (417 KB on one line) is cut into pieces like any other; what is refused
+    says how much text there was and how much a split needs."""
+    one_line = tmp_path / "one.txt"
+    one_line.write_text(" ".join(f"word{i}" for i in range(60_000)))  # ~417 KB, no newline
+    spec = TextSpec(files=(str(one_line),), tokenizer="bytes", heldout_fraction=0.1)
+    named = pieces(documents(spec))
+    assert len(named) > 10 and max(len(t) for _, t in named) <= 2 * text.PIECE_CHARS  # as with short lines
+    assert "".join(t for _, t in named) == one_line.read_text()  # cut, nothing lost or added
+    data = load_text(spec, tmp_path / "cache")
+    assert len(data.tokens["train"]) > len(data.tokens["heldout"]) > 0
+    small = tmp_path / "small.txt"
+    small.write_text("x" * 1000)
+    with pytest.raises(TextDataError, match=rf"{small}.*1000 characters.*more than {text.PIECE_CHARS}"):
+        load_text(TextSpec(files=(str(small),), tokenizer="bytes"), tmp_path / "cache")

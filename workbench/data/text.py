@@ -159,11 +159,12 @@ def documents(spec: TextSpec) -> list[tuple[str, str]]:
 
 
 def pieces(docs: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """Each document cut at line ends into pieces of about PIECE_CHARS, named '<document>#<i>'."""
+    """Each document cut at line ends into pieces of about PIECE_CHARS, named '<document>#<i>'; a line longer
+    than that is cut too (see _lines)."""
     out = []
     for name, text in docs:
         cur, size, i = [], 0, 0
-        for line in text.splitlines(keepends=True):
+        for line in _lines(text):
             cur.append(line)
             size += len(line)
             if size >= PIECE_CHARS:
@@ -174,6 +175,18 @@ def pieces(docs: list[tuple[str, str]]) -> list[tuple[str, str]]:
     return out
 
 
+def _lines(text: str):
+    """The text's lines, each line longer than PIECE_CHARS cut into parts of at most PIECE_CHARS, after the
+    last space of a part where there is one in its second half: a text without line breaks (one long line of
+    prose, minified code) would otherwise be one piece, and too small to split."""
+    for line in text.splitlines(keepends=True):
+        while len(line) > PIECE_CHARS:
+            cut = line.rfind(" ", PIECE_CHARS // 2, PIECE_CHARS) + 1 or PIECE_CHARS
+            yield line[:cut]
+            line = line[cut:]
+        yield line
+
+
 def _unit_hash(name: str) -> float:
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big") / 2 ** 64
 
@@ -182,8 +195,11 @@ def split_pieces(named: list[tuple[str, str]], heldout_fraction: float) -> dict[
     """{'train': [...], 'heldout': [...]} by a hash of each piece's name; each side gets at least one piece
     (the one whose hash is nearest the other side), so a small corpus still has both."""
     if len(named) < 2:
-        raise TextDataError(f"text too small to split into train and held-out: {len(named)} piece(s) of up to "
-                            f"{PIECE_CHARS} characters; give more text")
+        docs = sorted({name.rsplit("#", 1)[0] for name, _ in named})
+        raise TextDataError(
+            f"text {', '.join(docs) or '(none)'} too small to split into train and held-out: "
+            f"{sum(len(t) for _, t in named)} characters make {len(named)} piece(s) of up to {PIECE_CHARS}, and "
+            f"each split needs one; give more than {PIECE_CHARS} characters of text")
     ranked = sorted(named, key=lambda p: _unit_hash(p[0]))
     n_held = sum(_unit_hash(name) < heldout_fraction for name, _ in named)
     n_held = min(max(n_held, 1), len(named) - 1)

@@ -260,3 +260,29 @@ def test_the_study_runs_on_your_own_hugging_face_model_with_a_top_k_teacher(tmp_
     te = pd.concat(te_rows)
     assert len(te) and (te["status"] != "ok").all() and te["reason"].fillna("").astype(str).str.len().gt(0).all()
     assert len(teacher_ppl) == 1  # one teacher and one held-out set for every seed: the students' seed is not in it
+
+
+def test_a_study_refused_beside_a_running_one_changes_nothing_on_disk(tmp_path, monkeypatch, capsys):
+    """A second `workbench study` on a folder whose sweep lock is held is refused before it writes: the running
+    study's study.json and teacher.json keep their bytes (its report would otherwise miss its finished points)."""
+    from filelock import FileLock
+
+    from workbench import cli
+    from workbench.study import run as study_run
+    from workbench.sweep import run as sweep_run
+
+    folder = tmp_path / "distill-quality-cpu"
+    folder.mkdir()
+    results.write_json(folder / spec.STUDY_FILE, spec.from_preset("distill-quality-cpu", seeds=[1, 2, 3]).to_dict())
+    results.write_json(folder / spec.TEACHER_FILE, {"teacher_checkpoint": "the running study's"})
+    # what the real ensure_teacher does (a subprocess that trains): write teacher.json
+    monkeypatch.setattr(study_run, "ensure_teacher", lambda study, d: results.write_json(
+        d / spec.TEACHER_FILE, {"teacher_checkpoint": "the second study's"}))
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    # the running driver: a lock of its own on the file (a second FileLock refuses even in one process)
+    running = FileLock(str(folder / sweep_run.LOCK_FILE), timeout=0)
+    with running:
+        rc = cli.main(["study", "--preset", "distill-quality-cpu", "--seeds", "7,8", "--out", str(tmp_path)])
+    assert rc == 2 and "being run by another process" in capsys.readouterr().err
+    after = {p.name: p.read_bytes() for p in folder.iterdir() if p.name != sweep_run.LOCK_FILE}
+    assert after == before

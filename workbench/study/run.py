@@ -95,13 +95,16 @@ def main(args) -> int:
         return 0 if not head["refused"] else 1
     spec = sweep_spec(study)
     study_dir.mkdir(parents=True, exist_ok=True)
-    results.write_json(study_dir / STUDY_FILE, study.to_dict())
     signal.signal(signal.SIGTERM, sweep.interrupt)  # a kill stops the study like Ctrl-C: a rerun resumes
     try:
-        ensure_teacher(study, study_dir)
-        # cache=None: the points' caches are <study>/cache, where ensure_teacher put the teacher (the sweep's
-        # default, results/cache under the working folder, had every study train its teacher a second time)
-        summary = sweep.run_sweep(spec, root=args.out, workers=args.workers, cache=None)
+        # the sweep's lock before any write: a second study refused here must not rewrite the running one's
+        # study.json / teacher.json (its report would then list the finished points as not run)
+        with sweep.sweep_lock(study_dir):
+            results.write_json(study_dir / STUDY_FILE, study.to_dict())
+            ensure_teacher(study, study_dir)
+            # cache=None: the points' caches are <study>/cache, where ensure_teacher put the teacher (the sweep's
+            # default, results/cache under the working folder, had every study train its teacher a second time)
+            summary = sweep.run_sweep(spec, root=args.out, workers=args.workers, cache=None)
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

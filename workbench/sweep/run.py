@@ -37,16 +37,23 @@ def sweep_folder(root: str | Path, name: str) -> Path:
     return Path(root) / results.check_name(str(name), "sweep name")
 
 
+_LOCKS: dict[str, Any] = {}
+
+
 @contextlib.contextmanager
 def sweep_lock(sweep_dir: Path) -> Iterator[None]:
     """Two processes driving one sweep folder would run points twice; the second one is refused.
 
     The lock is an OS lock (filelock) on <sweep>/sweep.lock, held while the driver runs: it goes with a
     killed driver's process, so the file a dead driver leaves behind locks nothing. Deleting that file
-    while a driver runs lets a second one in: it is not a leftover to clean up."""
+    while a driver runs lets a second one in: it is not a leftover to clean up. The process that holds it
+    may take it again (`workbench study` around its sweep)."""
     from filelock import FileLock, Timeout
 
-    lock = FileLock(str(sweep_dir / LOCK_FILE), timeout=0)
+    # one FileLock per sweep folder and process, re-entrant: a study takes its sweep's lock before it writes
+    # its own files, then runs the sweep, which takes it again (a second FileLock would refuse its own process)
+    path = str((Path(sweep_dir) / LOCK_FILE).resolve())
+    lock = _LOCKS.setdefault(path, FileLock(path, timeout=0))
     try:
         lock.acquire()
     except Timeout:

@@ -139,6 +139,21 @@ def test_hf_one_training_step_moves_the_same_weights(family):
                                "tensors": len(worst)})
 
 
+def _train(b, model, tokens, steps=6) -> list[float]:
+    """A few AdamW steps of next-token cross-entropy under the backend's forward context; the losses."""
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    losses = []
+    for _ in range(steps):
+        with b.forward_context():
+            logits = model(tokens[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(loss))
+    return losses
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("recipe", ["delayed", "current"])
 def test_hf_fp8_layer_student_of_every_family_trains(family, recipe):
@@ -150,16 +165,7 @@ def test_hf_fp8_layer_student_of_every_family_trains(family, recipe):
     tokens = torch.randint(0, SHAPE["vocab_size"], (4, 129), device=CUDA)
     with torch.no_grad(), b.forward_context():
         err = rel(model(tokens[:, :-1]), ref.to(CUDA)(tokens[:, :-1]))
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-    losses = []
-    for _ in range(6):
-        with b.forward_context():
-            logits = model(tokens[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(float(loss))
+    losses = _train(b, model, tokens)
     _record(f"fp8_{recipe}_{family}", {"rel_err_vs_fp32": err, "losses": losses,
                                        "attention_backend": b.describe(model).get("attention_backend")})
     assert err < 0.2 and losses[-1] < losses[0], (err, losses)
@@ -177,16 +183,7 @@ def test_hf_fp8_layer_student_with_an_fp8_head_trains(tied):
     head, embed = model.model.lm_head, model.model.model.embed_tokens
     assert isinstance(head, te.Linear) and (head.weight is embed.weight) == tied
     tokens = torch.randint(0, SHAPE["vocab_size"], (4, 129), device=CUDA)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-    losses = []
-    for _ in range(6):
-        with b.forward_context():
-            logits = model(tokens[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(float(loss))
+    losses = _train(b, model, tokens)
     assert all(map(torch.isfinite, map(torch.tensor, losses))) and losses[-1] < losses[0], losses
     assert (model.model.lm_head.weight is model.model.model.embed_tokens.weight) == tied
     _record(f"fp8_head_tied_{tied}", {"losses": losses})

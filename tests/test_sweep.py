@@ -191,6 +191,41 @@ def test_problems_of_a_finished_point_are_summarised(tmp_path):
     assert point.student_problems(tmp_path)[1] is None  # a skipped student is not an error
 
 
+
+def test_a_slow_cluster_teardown_is_one_line_and_the_sweep_goes_on(tmp_path, capsys, monkeypatch):
+    """Every point ended, then the embedded cluster (and its client) overrun distributed's close deadline: the
+    sweep returns its counts (the report comes next) and says so in one line, not a TimeoutError."""
+    distributed = pytest.importorskip("distributed")
+
+    class SlowToClose:  # a LocalCluster / Client whose close raises distributed's TimeoutError
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            raise TimeoutError("close timed out after 10 s")
+
+    def points_that_ran(client, points, *args, **kwargs):  # _execute's events without a real worker
+        for p in points:
+            yield "start", p.id, {"worker": "fake", "started_at": point.now()}
+            yield "end", p.id, {"status": "done", "finished_at": point.now(), "wall_s": 0.0}
+
+    monkeypatch.setattr(cluster, "visible_gpus", lambda: [])
+    monkeypatch.setattr(cluster, "embedded_cluster", lambda cp: SlowToClose())
+    monkeypatch.setattr(distributed, "Client", SlowToClose)
+    monkeypatch.setattr(cluster, "_execute", points_that_ran)
+    spec = plan.Spec("slow_close", "cpu-smoke", dict(TINY), {"hidden": ["16", "32"]})
+    summary = run.run_sweep(spec, root=tmp_path, progress=False, cache=None)
+    assert (summary["points"], summary["done"], summary["failed"]) == (2, 2, 0)
+    err = capsys.readouterr().err
+    assert err.count("slow to close") == 2 and "not an error" in err  # the cluster's line and the client's
+    assert set(index.read_index(tmp_path / "slow_close")["status"]) == {"done"}
+    with pytest.raises(KeyboardInterrupt):  # Ctrl-C during the sweep stays Ctrl-C (exit 130), whatever the close does
+        with cluster.slow_close_is_no_error(SlowToClose()):
+            raise KeyboardInterrupt
+
 @pytest.mark.slow
 def test_gpu_workers_get_their_devices_and_a_point_wanting_more_fails_alone(tmp_path, monkeypatch):
     """The GPU path on a CPU (its devices are only environment values here): two visible GPUs and a point

@@ -171,8 +171,28 @@ def dask_client(scheduler: str | None, workers: str | int, nprocs: list[int],
             yield client, int(max((w.get("resources", {}).get("GPU", 0) for w in info), default=0))
         return
     cp = cluster_plan(visible_gpus(), workers, nprocs)
-    with embedded_cluster(cp) as cluster, Client(cluster) as client:
+    with slow_close_is_no_error(embedded_cluster(cp)) as cluster, slow_close_is_no_error(Client(cluster)) as client:
         yield client, cp.gpus_per_worker
+
+
+@contextlib.contextmanager
+def slow_close_is_no_error(resource):
+    """`with resource`, but a TimeoutError from closing it is one line, not an error: the cluster closes
+    once the points have ended, and a teardown past distributed's deadline used to lose the report. An
+    error of the body still propagates (the close's TimeoutError does not replace it)."""
+    value = resource.__enter__()
+    exc: BaseException | None = None
+    try:
+        yield value
+    except BaseException as e:
+        exc = e
+        raise
+    finally:
+        try:
+            resource.__exit__(type(exc) if exc else None, exc, exc.__traceback__ if exc else None)
+        except TimeoutError as e:
+            print(f"workbench sweep: the Dask {type(resource).__name__} was slow to close ({e or 'TimeoutError'}); "
+                  f"not an error, going on", file=sys.stderr)
 
 
 def _execute(client, points: list[Point], gpus_per_worker: int, sweep_dir: Path, preset: str,

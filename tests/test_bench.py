@@ -564,3 +564,17 @@ def test_a_new_variant_is_one_entry_in_the_catalogue(tmp_path):
         ["seam-probe", "torch_fp32", "ok", "fused"]
     ]
     assert df["step_ms_median"].notna().all()
+
+
+def test_a_bench_whose_budget_skips_every_variant_still_writes_every_file(tmp_path, capsys):
+    """--budget-s spent before the first variant: every file is written, each row 'skipped' with why."""
+    rc = cli_main(["bench", "--preset", "cpu-smoke", "--budget-s", "0", "--out", str(tmp_path), "--run-id", "b"])
+    assert rc == 0, capsys.readouterr().err
+    d = tmp_path / "b"
+    for name in ("peak.json", "bench.json", "bench.csv", "crosscheck.json", "targets.json", "bench.md"):
+        assert (d / name).stat().st_size > 0, name
+    df = pd.read_csv(d / "bench.csv")
+    assert set(df["student"]) == set(variants.VARIANTS["smoke"].backends)
+    assert (df["status"] == "skipped").all() and df["reason"].str.contains("time budget").all()
+    assert all(t["achieved"] is None for t in json.loads((d / "targets.json").read_text())["targets"])
+    assert "skipped" in (d / "bench.md").read_text()

@@ -77,9 +77,11 @@ def _spread(p: Pools) -> Figure:
     """The worst spread of the median over repeats (at seed graphed rows only: the eager ones are host-bound
     by design); the note names the host-bound rows apart."""
     ran = p.ran
-    pool = ran[ran["graphed"].map(truthy)] if p.preset == "seed" else ran
+    # astype(bool): with no row (every variant skipped) map() gives an object Series, which pandas takes as a
+    # list of column labels and selects no column at all
+    pool = ran[ran["graphed"].map(truthy).astype(bool)] if p.preset == "seed" else ran
     row = best(pool, "median_spread_pct", largest=True)
-    host = ran[ran["host_bound"].map(truthy)]
+    host = ran[ran["host_bound"].map(truthy).astype(bool)]
     worst_host = best(host, "median_spread_pct", largest=True)
     note = (f"{len(host)} host-bound rows (GPU busy < {profiler.HOST_BOUND_BELOW:.0%} of the step), worst spread "
             f"{num(worst_host['median_spread_pct']):.1f} % ({worst_host['variant']} / {worst_host['student']})"
@@ -106,7 +108,8 @@ def _vs_compiled_bf16(pool: Callable[[Pools], pd.DataFrame]) -> Callable[[Pools]
     """The fastest row of `pool` as a speed-up over the fastest compiled torch bf16 student."""
     def figure(p: Pools) -> Figure:
         ran = p.ran
-        row, bf16 = best(pool(p)), best(ran[(ran["backend"] == "torch_bf16") & ran["compiled"].map(truthy)])
+        compiled_bf16 = (ran["backend"] == "torch_bf16") & ran["compiled"].map(truthy).astype(bool)
+        row, bf16 = best(pool(p)), best(ran[compiled_bf16])
         return row, div(bf16[STEP], row[STEP]) if row and bf16 else None, ""
     return figure
 

@@ -54,6 +54,19 @@ def test_an_output_root_that_cannot_be_written_is_one_line_and_exit_2(tmp_path, 
         assert rc == 2 and f"output folder {out}:" in err and len(err.strip().splitlines()) == 1, err
 
 
+@pytest.mark.parametrize("cmd", [
+    ["run", "--preset", "cpu-smoke"], ["bench", "--preset", "cpu-smoke"],
+    ["sweep", "--preset", "cpu-smoke", "--grid", "hidden=32", "--name", "s"],
+])
+def test_a_symlink_loop_as_output_root_is_one_line_naming_it(tmp_path, capsys, cmd):
+    loop = tmp_path / "loop"
+    loop.symlink_to(tmp_path / "loop")  # resolving it never ends: Python says "Symlink loop" or ELOOP
+    for out in (loop, loop / "below"):
+        rc = cli.main([*cmd, "--out", str(out)])
+        err = capsys.readouterr().err
+        assert rc == 2 and f"output folder {out}:" in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_an_explicit_run_id_that_exists_is_refused_and_the_first_run_is_kept(tmp_path, capsys):
     first = tiny_run(tmp_path, "same")
     before = {p.name: p.read_bytes() for p in first.iterdir()}

@@ -179,12 +179,13 @@ def cache_dir(out: str | Path) -> Path:
 
 def output_root(out: str | Path) -> Path:
     """`out` resolved, created if missing and checked writable; OutputError (one line) otherwise."""
-    root = Path(out).expanduser().resolve()
     try:
+        root = Path(out).expanduser().resolve()
         root.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=root).close()  # the one check that holds for root users and read-only mounts
-    except OSError as e:
-        raise OutputError(f"output folder {out}: {e.strerror or e} (it must be a folder this user can write)") from None
+    except (OSError, RuntimeError) as e:  # RuntimeError: resolve() met a symlink loop (Python < 3.13)
+        raise OutputError(f"output folder {out}: {getattr(e, 'strerror', None) or e} (it must be a folder this user "
+                          "can write)") from None
     return root
 
 

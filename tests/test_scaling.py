@@ -105,3 +105,18 @@ def test_runs_without_distributed_rows_are_one_clear_error(tmp_path):
 def test_a_folder_without_complete_runs_is_one_line(tmp_path, capsys):
     assert cli.main(["scaling", str(tmp_path), "--out", str(tmp_path / "s")]) == 1
     assert "no complete run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("world_size", ["eight", "inf", "0", "2.5", "1e30"])
+def test_a_crafted_world_size_is_one_line_naming_the_file(tmp_path, capsys, world_size):
+    """A run folder whose rows say a world_size that is no number of GPUs (crafted, its done.json rewritten
+    to match) is refused with one line naming its students.csv, not a traceback or a made-up point."""
+    d = _run(tmp_path, "ddp-2", 2, "ddp", 22.0, 20.0, 6100.0)
+    rows = results.read_csv(d / "students.csv")
+    rows["world_size"] = rows["world_size"].astype(object)
+    rows.loc[0, "world_size"] = world_size
+    results.write_csv(d / "students.csv", rows)
+    results.mark_complete(d, run_id="ddp-2")
+    assert cli.main(["scaling", str(tmp_path), "--out", str(tmp_path / "s")]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and str(d / "students.csv") in err and "world_size" in err, err

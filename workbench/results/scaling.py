@@ -99,11 +99,7 @@ def figure(table: pd.DataFrame):
 
 def run(paths: list[str | Path], out: str | Path) -> Path:
     """Read every complete run below `paths`, write <out>/scaling.csv and the plot; return <out>."""
-    try:
-        df = pd.concat([results.load(p) for p in paths], ignore_index=True)
-    except FileNotFoundError as e:  # no complete run there: one line, not a traceback
-        raise results.DamagedResults(str(e)) from None
-    table = points(df)
+    table = points(_load(paths))
     if table.empty:
         raise results.DamagedResults(
             f"no distributed run (rows with world_size and strategy) below {', '.join(map(str, paths))}"
@@ -117,6 +113,33 @@ def run(paths: list[str | Path], out: str | Path) -> Path:
     results.write_figure(fig, out, "scaling")
     plt.close(fig)
     return out
+
+
+MAX_GPUS = 2 ** 20  # far above any run: a larger world_size is no run's, and would not fit the int column
+
+
+def _load(paths: list[str | Path]) -> pd.DataFrame:
+    """The rows of every complete run below `paths`, each run's world_size checked to be a number of GPUs (a
+    run folder may come from anywhere); DamagedResults naming the students.csv otherwise."""
+    frames = []
+    for p in paths:
+        dirs = results.run_dirs(p)
+        if not dirs:
+            try:
+                results.load(p)  # says why: no run there, or only incomplete ones
+            except FileNotFoundError as e:  # one line, not a traceback
+                raise results.DamagedResults(str(e)) from None
+        for d in dirs:
+            df = results.read_students(d)
+            if "world_size" in df:
+                n = pd.to_numeric(df["world_size"], errors="coerce")
+                bad = df["world_size"].notna() & ~(n.ge(1) & n.le(MAX_GPUS) & (n % 1 == 0))
+                if bad.any():
+                    raise results.DamagedResults(
+                        f"{Path(d) / 'students.csv'}: world_size {df['world_size'][bad].iloc[0]!r} is no number of "
+                        f"GPUs (a whole number from 1 to {MAX_GPUS})")
+            frames.append(df)
+    return pd.concat(frames, ignore_index=True)
 
 
 def add_arguments(p) -> None:

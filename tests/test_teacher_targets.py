@@ -349,3 +349,48 @@ def test_a_top_k_runs_task_json_records_its_store(tmp_path):
     assert Path(task["teacher_topk_store"]).is_dir()
     assert task["teacher_topk_store_bytes"] > 0
     assert task["teacher_topk_store_gib"] == round(task["teacher_topk_store_bytes"] / 2**30, 4)
+    # the store's key, and the teacher's content it holds, so two runs' stores can be told apart by their task.json
+    assert Path(task["teacher_topk_store"]).name == f"topk-{task['teacher_topk_key']}"
+    assert len(task["teacher_weights_sha256"]) == 64
+
+
+# ---- the store's key: the teacher's content (issue 33, item 1) -----------------------------------------------
+def _topk_run(cache, **over):
+    """(task, its training batches) of a top-k run whose store lives in `cache`."""
+    task = lm_task.LMTask(tiny(teacher_mode="topk", topk=16, **over).validate(), CPU, None, cache)
+    return task, task.make_data().train
+
+
+def _store_matches_its_teacher(task, train) -> bool:
+    tokens, targets = train[0]
+    with torch.no_grad():
+        values, _, _ = tt.topk_targets(task.teacher(tokens), 16, task.cfg.distill.temperature)
+    return torch.equal(targets.out, values)
+
+
+def test_a_top_k_store_is_not_reused_for_a_random_teacher_of_another_seed(tmp_path):
+    """lm.teacher_seed makes another random teacher: reusing the first one's store would train the second run
+    against the first teacher while its KL is measured against its own."""
+    five, _ = _topk_run(tmp_path, teacher_seed=5)
+    six, train = _topk_run(tmp_path, teacher_seed=6)
+    assert six.info["teacher_topk_store"] != five.info["teacher_topk_store"]
+    assert six.info["teacher_weights_sha256"] != five.info["teacher_weights_sha256"]
+    assert _store_matches_its_teacher(six, train)
+
+
+def test_a_top_k_store_is_not_reused_after_a_teachers_weights_are_replaced_in_place(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    folder = tmp_path / "teacher"
+    shape = dict(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                 num_key_value_heads=2, max_position_embeddings=32)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape)).save_pretrained(folder)
+    over = dict(kind="llama", teacher=str(folder))
+    first, _ = _topk_run(tmp_path / "cache", **over)
+    torch.manual_seed(1)  # the same folder, path and shapes; other weights
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape)).save_pretrained(folder)
+    second, train = _topk_run(tmp_path / "cache", **over)
+    assert second.info["teacher_topk_store"] != first.info["teacher_topk_store"]
+    assert _store_matches_its_teacher(second, train)
+    again, _ = _topk_run(tmp_path / "cache", **over)  # the same content: the same store, found again
+    assert again.info["teacher_topk_store"] == second.info["teacher_topk_store"]

@@ -6,7 +6,6 @@ workbench.train.logits_placement puts them."""
 from __future__ import annotations
 
 import copy
-import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -76,6 +75,8 @@ class LMTask:
                      "loss_impl": self.loss_impl, "loss_impl_requested": d.loss_impl}
         torch.manual_seed(teacher_seed(cfg))
         self.teacher = self._teacher().to(device).eval().requires_grad_(False)
+        if with_batches and d.teacher_mode == "topk":  # the store's key: the teacher's content, before any FP8 copy
+            self.info["teacher_weights_sha256"] = lm_teacher.fingerprint(self.teacher)
         torch.manual_seed(cfg.train.seed)  # the students' init does not depend on how the teacher came to be
         self.reference = self._student()
         self.teacher, self.teacher_precision = teacher_precision.prepare(self.teacher, cfg, device, tdtype)
@@ -166,10 +167,11 @@ class LMTask:
     def topk_recipe(self, shard: int = 0) -> dict[str, Any]:
         """What a top-k store's content depends on; its folder name is a hash of it."""
         cfg, m = self.cfg, self.cfg.model
-        teacher = {k: self.info.get(k) for k in ("teacher_source", "teacher_checkpoint")}
-        if cfg.lm.teacher == "random":
-            teacher["shape"] = dataclasses.asdict(self.shape(teacher=True))
+        # what the teacher is (its architecture and weights' hash), never where it came from: a path or a seed
+        # alone let a store be reused for another teacher
+        teacher = {"weights_sha256": self.info["teacher_weights_sha256"]}
         return {"teacher": teacher, "teacher_precision": self.teacher_precision.used, "text": self.text.folder.name,
+                "tokenizer": self.info.get("tokenizer_sha256") or self.info["tokenizer"],
                 "seed": cfg.train.seed, "shard": shard, "steps": cfg.train.steps, "batch": m.batch,
                 "seq_len": m.seq_len, "k": cfg.distill.topk, "vocab": m.vocab, "temperature": cfg.distill.temperature,
                 "value_dtype": str(self.tdtype or torch.float32).removeprefix("torch.")}
@@ -187,7 +189,8 @@ class LMTask:
         store, why = teacher_targets.ensure_store(folder, recipe, lambda: teacher_targets.build_store(
             folder, recipe, windows, logits))
         nbytes = store.layout.nbytes()
-        self.info.update(teacher_topk_store=str(folder), teacher_topk_store_bytes=nbytes,
+        self.info.update(teacher_topk_store=str(folder), teacher_topk_key=teacher_targets.store_key(recipe),
+                         teacher_topk_store_bytes=nbytes,
                          teacher_topk_store_gib=round(nbytes / 2**30, 4), teacher_topk_rebuilt=why or None)
         return store
 

@@ -70,6 +70,26 @@ def _train_and_cache(model: torch.nn.Module, entry, recipe: dict, cfg, text, dev
     return model
 
 
+def fingerprint(model: torch.nn.Module) -> str:
+    """sha256 of what the teacher computes with: its architecture (a Hugging Face model's config less its path,
+    or the LMShape) and every tensor of its state (name, dtype, shape, bytes). It keys the top-k store, so a
+    teacher of another seed, or a model folder whose weights were replaced in place, is another teacher whatever
+    its path; hashing the loaded weights costs about a second per GB, once per top-k run."""
+    h = hashlib.sha256()
+    config = getattr(getattr(model, "model", None), "config", None)
+    if config is not None:  # the path and library version do not change the logits
+        arch = {k: v for k, v in config.to_dict().items() if k not in ("_name_or_path", "transformers_version")}
+    else:
+        arch = dataclasses.asdict(model.shape) if dataclasses.is_dataclass(getattr(model, "shape", None)) else {}
+    h.update(json.dumps(arch, sort_keys=True, default=str).encode())
+    for name, t in model.state_dict().items():
+        if torch.is_tensor(t):
+            t = t.detach().to("cpu").contiguous()
+            h.update(f"\n{name} {t.dtype} {tuple(t.shape)}\n".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
 def progress_every(steps: int) -> int:
     """Steps between progress lines of a training loop: about four lines, never more often than every 10 steps."""
     return max(10, math.ceil(steps / 4))

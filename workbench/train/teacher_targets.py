@@ -149,9 +149,12 @@ def layout_of(recipe: dict) -> Layout:
                   vocab=recipe["vocab"], value_dtype=_TORCH[recipe["value_dtype"]])
 
 
+def store_key(recipe: dict) -> str:
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
+
+
 def store_folder(cache_dir: Path, recipe: dict) -> Path:
-    key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
-    return Path(cache_dir) / f"topk-{key}"
+    return Path(cache_dir) / f"topk-{store_key(recipe)}"
 
 
 def build_store(folder: Path, recipe: dict, windows: collections.abc.Iterable[torch.Tensor],

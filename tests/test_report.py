@@ -251,6 +251,32 @@ def test_report_tables_show_every_row_to_three_significant_digits():
     assert "none" in report.table(big.iloc[:0]).to_html()
 
 
+
+def test_the_same_inputs_give_the_same_report_bytes(tmp_path):
+    """report.html, its tables and the SVGs carry no random id or date: a report rewritten from unchanged
+    results (`--report-only` on a committed sweep) changes no byte."""
+    import nbformat
+
+    df = pd.DataFrame({"student": ["te_fp8:delayed", "torch_bf16"], "speedup": [1.2345, 1.0]})
+    assert report.table(df, "a").to_html() == report.table(df, "a").to_html()
+    assert report.table(df, "a").to_html() != report.table(df, "b").to_html().replace(">b<", ">a<")  # own ids
+
+    svgs = []
+    for run in ("first", "second"):
+        fig, ax = plt.subplots()
+        ax.plot([1, 2, 3], [3, 1, 2])
+        svgs.append(results.write_figure(fig, tmp_path / run, "plot")[1].read_bytes())
+        plt.close(fig)
+    assert svgs[0] == svgs[1]
+
+    pages = []
+    for run in ("first", "second"):  # papermill gives its injected cell a new random id on every run
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# Report"),
+                                             nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]})])
+        nbformat.write(nb, str(tmp_path / f"{run}.ipynb"))
+        pages.append(report.to_html(tmp_path / f"{run}.ipynb", tmp_path / f"{run}.html").read_bytes())
+    assert pages[0] == pages[1]
+
 # ---- the widget panel (its several-size view is the report's plots) ------------------------------
 def test_panel_is_skipped_under_papermill_and_when_turned_off():
     from workbench import panel

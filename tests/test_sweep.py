@@ -161,11 +161,13 @@ def test_sweep_with_a_failing_point_then_resume_runs_only_what_is_missing(tmp_pa
     assert len(df) == 3 * 3 and not df.duplicated(["point", "student"]).any()
     assert sorted(df["cfg_hidden"].unique()) == [32, 48, 64] and (df["cfg_steps"] == 2).all()
 
-    # The report ran at the end: executed notebook, HTML, CSVs and plots next to the sweep.
+    # The report ran at the end: HTML, CSVs and plots next to the sweep (the executed notebook, report.html's
+    # source with this run's times in it, is not left there).
     out = sweep_dir / "report"
-    for name in ("sweep_report.ipynb", "report.html", "sweep.csv", "crossover.csv", "failed_points.csv",
+    for name in ("report.html", "sweep.csv", "crossover.csv", "failed_points.csv",
                  "speedup_vs_size.png", "step_time_vs_size.png", "peak_memory_vs_size.png", "loss_band_vs_size.png"):
         assert (out / name).stat().st_size > 0, name
+    assert not (out / "sweep_report.ipynb").exists()
     assert len(pd.read_csv(out / "sweep.csv")) == 9
     failed_csv = (out / "failed_points.csv").read_text()
     assert failed.name in failed_csv and "oom" in failed_csv
@@ -481,6 +483,10 @@ def test_report_only_rereports_the_published_sweep_unchanged(tmp_path):
     rc = cli.main(["sweep", "--name", "size_crossover", "--out", str(tmp_path), "--report-only"])
     assert rc == 0
     after = _files(copy)
+    # the same inputs, the same bytes: a second rewrite changes nothing, and no executed notebook is added
+    assert cli.main(["sweep", "--name", "size_crossover", "--out", str(tmp_path), "--report-only"]) == 0
+    assert _files(copy) == after
+    assert not (copy / "report" / "sweep_report.ipynb").exists()
     outside = {k: v for k, v in after.items() if k.parts[0] != "report"}
     assert outside == {k: v for k, v in before.items() if k.parts[0] != "report"}  # index.csv included
     for name in ("sweep.csv", "crossover.csv", "loss_band.csv", "failed_points.csv"):
@@ -503,6 +509,7 @@ def test_a_finished_sweep_without_nbconvert_exits_0_and_names_the_pip_command(fi
     assert (root / "fin" / "report" / "crossover.csv").exists() and not (
         root / "fin" / "report" / "report.html"
     ).exists()
+    assert (root / "fin" / "report" / "sweep_report.ipynb").exists()  # no HTML page: the notebook is the report
 
 
 # ---- --scheduler at something else, a scheduler without workers ----------------------------------

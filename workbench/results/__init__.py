@@ -110,10 +110,16 @@ def write_bytes(path: Path, data: bytes) -> Path:
 
 def write_figure(fig, folder: Path, name: str) -> list[Path]:
     """A matplotlib figure as <name>.png (a 256-colour palette PNG) and <name>.svg, each written atomically."""
+    import matplotlib  # the figure's own library
+
     png = io.BytesIO()
     fig.savefig(png, format="png", dpi=110)
     paths = [write_bytes(Path(folder) / f"{name}.png", compact_png(png.getvalue()))]
-    paths.append(_atomic_write(Path(folder) / f"{name}.svg", lambda f: fig.savefig(f, format="svg"), mode="wb"))
+    # no date and ids from the content, not random ones: the same figure is the same SVG bytes (a report
+    # rewritten from unchanged results changes nothing in git)
+    with matplotlib.rc_context({"svg.hashsalt": "workbench"}):
+        paths.append(_atomic_write(Path(folder) / f"{name}.svg",
+                                   lambda f: fig.savefig(f, format="svg", metadata={"Date": None}), mode="wb"))
     return paths
 
 

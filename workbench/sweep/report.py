@@ -7,13 +7,15 @@
     python -m workbench.sweep.report SWEEP_DIR [REFERENCE]             # the same, without the sweep's checks
 
 `run` executes notebooks/sweep_report.ipynb with papermill and converts it to report.html with
-nbconvert; the notebook calls `write_files` (CSVs and plots) and shows the tables of
-workbench.sweep.analysis and the figures of workbench.sweep.figures.
+nbconvert (the same sweep gives the same bytes); the notebook calls `write_files` (CSVs and plots) and shows
+the tables of workbench.sweep.analysis and the figures of workbench.sweep.figures.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import sys
+import tempfile
 from importlib import resources
 from pathlib import Path
 
@@ -132,10 +134,13 @@ _TABLE_CSS = [  # long snake_case headers may wrap after an underscore; long not
 def table(df: pd.DataFrame, caption: str = ""):
     """A table for the report: every row and column (never pandas' '...'), floats to 3 significant
     digits, headers allowed to wrap at underscores (a zero-width space after each)."""
+    # the table's HTML id (and its CSS selectors) from its content, not pandas' random one: the same sweep
+    # gives report.html with the same bytes
+    style = df.style.set_uuid(hashlib.sha256(f"{caption}\n{df.to_csv()}".encode()).hexdigest()[:10])
     if df.empty:
-        return df.style.hide(axis="index").hide(axis="columns").set_caption(caption or "none")
+        return style.hide(axis="index").hide(axis="columns").set_caption(caption or "none")
     text = [c for c in df.columns if not pd.api.types.is_numeric_dtype(df[c])]  # words left, numbers right
-    return (df.style.format(sig3, na_rep="").hide(axis="index").set_properties(subset=text, **{"text-align": "left"})
+    return (style.format(sig3, na_rep="").hide(axis="index").set_properties(subset=text, **{"text-align": "left"})
             .format_index(lambda c: str(c).replace("_", "_\u200b"), axis=1)
             .set_table_styles(_TABLE_CSS).set_caption(caption))
 
@@ -178,6 +183,8 @@ def to_html(executed: str | Path, html_path: str | Path, title: str | None = Non
 
     nb = nbformat.read(str(executed), as_version=4)
     nb.metadata["title"] = title or "Sweep report"  # the page's <title>; nbconvert's default is "Notebook"
+    for n, cell in enumerate(nb.cells):  # HTML ids: papermill gives its parameters cell a random one
+        cell.id = f"cell-{n}"
     body, _ = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True) \
         .from_notebook_node(nb)
     return results.write_bytes(Path(html_path), body.encode())
@@ -193,19 +200,24 @@ def run(sweep_dir: str | Path, reference: str = REFERENCE, out_dir: str | Path |
         raise FileNotFoundError(f"no complete sweep point (students.csv + done.json) in {sweep_dir}")
     out_dir = Path(out_dir).resolve() if out_dir else default_out(sweep_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    executed = out_dir / REPORT_NOTEBOOK.name
     from workbench.notebook import kernel_uses_this_python
 
     kernel_uses_this_python()
-    pm.execute_notebook(str(REPORT_NOTEBOOK), str(executed),
-                        parameters={"sweep_dir": str(sweep_dir), "reference": reference, "out_dir": str(out_dir)},
-                        kernel_name="python3", language="python", progress_bar=progress,
-                        cwd=str(out_dir))
-    if importlib.util.find_spec("nbconvert") is None:  # the report stands without its HTML page
-        print(f"workbench report: report.html not written: it needs nbconvert ({NO_NBCONVERT}); the CSVs, plots "
-              f"and the executed notebook are in {out_dir}", file=sys.stderr)
-        return out_dir
-    to_html(executed, out_dir / "report.html", title=f"Sweep report: {sweep_dir.name}")
+    # The executed notebook is executed outside the report folder: it is report.html's source, with this run's
+    # times and absolute paths in it, so a rerun on the same sweep (a committed one included) changes no
+    # byte there and adds no file. Kept as the report only where there is no nbconvert to make report.html.
+    with tempfile.TemporaryDirectory(prefix="sweep_report_") as tmp:
+        executed = Path(tmp) / REPORT_NOTEBOOK.name
+        pm.execute_notebook(str(REPORT_NOTEBOOK), str(executed),
+                            parameters={"sweep_dir": str(sweep_dir), "reference": reference, "out_dir": str(out_dir)},
+                            kernel_name="python3", language="python", progress_bar=progress,
+                            cwd=str(out_dir))
+        if importlib.util.find_spec("nbconvert") is None:  # the report stands without its HTML page
+            results.write_bytes(out_dir / executed.name, executed.read_bytes())
+            print(f"workbench report: report.html not written: it needs nbconvert ({NO_NBCONVERT}); the CSVs, "
+                  f"plots and the executed notebook are in {out_dir}", file=sys.stderr)
+            return out_dir
+        to_html(executed, out_dir / "report.html", title=f"Sweep report: {sweep_dir.name}")
     return out_dir
 
 

@@ -197,18 +197,24 @@ KILLED_BUILD = textwrap.dedent("""
 """)
 
 
-def test_a_store_killed_mid_write_never_looks_complete_and_is_built_again(tmp_path):
-    folder = tmp_path / "topk-x"
+def _paused_build(folder: Path) -> subprocess.Popen:
+    """Another process building the store at `folder` (recipe(steps=4)), paused half-written at step 1."""
     here = str(Path(__file__).parent)
     proc = subprocess.Popen([sys.executable, "-c", KILLED_BUILD, str(folder), here, str(Path(here).parent)])
-    try:
-        deadline = time.monotonic() + 120
-        while not Path(f"{folder}.started").exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "the build did not start"
-            time.sleep(0.1)
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+    deadline = time.monotonic() + 120  # a bound on a hang, not a timed assertion
+    while not Path(f"{folder}.started").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("the build did not start")
+        time.sleep(0.1)
+    return proc
+
+
+def test_a_store_killed_mid_write_never_looks_complete_and_is_built_again(tmp_path):
+    folder = tmp_path / "topk-x"
+    proc = _paused_build(folder)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
     assert not folder.exists()  # only the temporary folder, never the store's name
     leftovers = list(tmp_path.glob("topk-x.tmp-*"))
     assert len(leftovers) == 1 and not (leftovers[0] / "meta.json").exists()
@@ -216,6 +222,30 @@ def test_a_store_killed_mid_write_never_looks_complete_and_is_built_again(tmp_pa
     store, why = tt.ensure_store(folder, r, lambda: build(folder, r))
     assert len(store) == 4 and why == ""
     assert not list(tmp_path.glob("topk-x.tmp-*"))  # the dead build's leftovers are gone
+    assert not list(tmp_path.glob(".topk-x.tmp-*.lock"))  # its lock file too
+
+
+def _not_visible(pid, sig):
+    raise ProcessLookupError(pid)  # as os.kill says of a process in another container or on another host
+
+
+def test_a_live_build_is_left_alone_when_its_process_is_not_visible_here(tmp_path, monkeypatch):
+    """Two hosts sharing a cache: the other host's live build has a PID that means nothing here; its lock,
+    held while it lives, is what keeps its folder."""
+    folder, r = tmp_path / "topk-x", recipe(steps=4)
+    proc = _paused_build(folder)
+    try:
+        live = list(tmp_path.glob("topk-x.tmp-*"))
+        with monkeypatch.context() as m:
+            m.setattr(tt.os, "kill", _not_visible)
+            store, _ = tt.ensure_store(folder, r, lambda: build(folder, r))
+        assert len(store) == 4  # this process built the store itself
+        assert len(live) == 1 and live[0].is_dir()  # and left the other build's folder as it was
+    finally:
+        proc.kill()
+        proc.wait()
+    build(folder, r)  # the other builder is dead now, and its lock with it: its folder goes
+    assert not list(tmp_path.glob("topk-x.tmp-*")) and not list(tmp_path.glob(".topk-x.tmp-*.lock"))
 
 
 @pytest.mark.parametrize("damage, match", [

@@ -19,11 +19,13 @@ values.bin (the logits' own dtype: bf16 from a bf16 teacher is lossless; fp32 on
 below 32768 tokens, else int32), rest_lse.bin (fp32), windows.bin (int32 token windows), and meta.json with
 every file's size and sha256. A folder without a valid meta.json, with a file of another size or hash, or made
 for another recipe is damaged: it is removed and rebuilt, and task.json says why. A killed build leaves only
-its temporary folder, which the next build of the same store removes.
+its temporary folder, which the next build of the same store removes once that build's lock is free (a file lock
+the builder holds: a PID says nothing about a build in another container or on another host sharing the cache).
 """
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import hashlib
 import json
 import os
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import filelock
 import numpy as np
 import torch
 
@@ -162,70 +165,98 @@ def build_store(folder: Path, recipe: dict, windows: collections.abc.Iterable[to
                 on_step: Callable[[int], None] | None = None) -> None:
     """Write the store of `recipe` at `folder`: for each token window [batch, seq_len + 1] the teacher's logits
     of its inputs, cut to the top k. Written under a temporary name, meta.json last, then renamed: a kill leaves
-    no folder that looks whole. `on_step(i)` after each step (progress; tests kill a build there)."""
-    folder, layout = Path(folder), layout_of(recipe)
+    no folder that looks whole. The build holds its lock (`_build_lock`) from before its temporary folder exists
+    until that folder is renamed or removed. `on_step(i)` after each step (progress; tests kill a build there)."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
     _remove_dead_builds(folder)
     tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    tmp.mkdir(parents=True)
+    lock = _build_lock(tmp)
+    lock.acquire()  # first: no other process ever sees this folder without its lock held
     try:
-        # appended step by step with plain writes (no memmap: its dirty pages would count in this process's
-        # resident memory and grow with the number of steps)
-        specs = layout.arrays()
-        handles = {name: open(tmp / f"{name}.bin", "wb") for name in specs}
-        n = 0
+        tmp.mkdir()
         try:
-            for i, window in enumerate(windows):
-                logits = teacher_logits(window)
-                values, indices, rest = topk_targets(logits, layout.k, recipe["temperature"])
-                if values.dtype != layout.value_dtype:
-                    raise ValueError(f"the teacher's logits are {values.dtype}, the store's recipe says "
-                                     f"{layout.value_dtype}")
-                if values.dtype == torch.bfloat16:
-                    values = values.view(torch.uint16)
-                step = {"values": values, "indices": indices, "rest_lse": rest, "windows": window}
-                for name, (shape, dt) in specs.items():
-                    a = np.ascontiguousarray(step[name].cpu().numpy(), dtype=dt)  # indices < vocab fit the dtype
-                    if a.shape != shape[1:]:
-                        raise ValueError(f"the top-k store's {name} of step {i} is {a.shape}, expected {shape[1:]}")
-                    handles[name].write(a.tobytes())
-                n = i + 1
-                if on_step:
-                    on_step(i)
-            for f in handles.values():
-                f.flush()
-                os.fsync(f.fileno())
-        finally:
-            for f in handles.values():
-                f.close()
-        if n != layout.steps:
-            raise ValueError(f"the top-k store expected {layout.steps} steps, got {n}")
-        files = {name: {"bytes": (tmp / f"{name}.bin").stat().st_size, "sha256": sha256(tmp / f"{name}.bin")}
-                 for name in specs}
-        results.write_json(tmp / "meta.json", {"format": FORMAT, "recipe": recipe, "files": files})
-        try:
-            tmp.rename(folder)  # atomic; fails if another process finished the same store first
-        except OSError:
-            if not (folder / "meta.json").exists():
-                raise
+            _write_store(tmp, recipe, windows, teacher_logits, on_step)
+            try:
+                tmp.rename(folder)  # atomic; fails if another process finished the same store first
+            except OSError:
+                if not (folder / "meta.json").exists():
+                    raise
+                shutil.rmtree(tmp, ignore_errors=True)
+        except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            raise
+    finally:
+        lock.release()
+        with contextlib.suppress(OSError):
+            os.unlink(lock.lock_file)
+
+
+def _write_store(tmp: Path, recipe: dict, windows: collections.abc.Iterable[torch.Tensor],
+                 teacher_logits: Callable[[torch.Tensor], torch.Tensor], on_step: Callable[[int], None] | None) -> None:
+    """The store's files and meta.json (last) in the folder `tmp`."""
+    layout = layout_of(recipe)
+    # appended step by step with plain writes (no memmap: its dirty pages would count in this process's
+    # resident memory and grow with the number of steps)
+    specs = layout.arrays()
+    handles = {name: open(tmp / f"{name}.bin", "wb") for name in specs}
+    n = 0
+    try:
+        for i, window in enumerate(windows):
+            logits = teacher_logits(window)
+            values, indices, rest = topk_targets(logits, layout.k, recipe["temperature"])
+            if values.dtype != layout.value_dtype:
+                raise ValueError(f"the teacher's logits are {values.dtype}, the store's recipe says "
+                                 f"{layout.value_dtype}")
+            if values.dtype == torch.bfloat16:
+                values = values.view(torch.uint16)
+            step = {"values": values, "indices": indices, "rest_lse": rest, "windows": window}
+            for name, (shape, dt) in specs.items():
+                a = np.ascontiguousarray(step[name].cpu().numpy(), dtype=dt)  # indices < vocab fit the dtype
+                if a.shape != shape[1:]:
+                    raise ValueError(f"the top-k store's {name} of step {i} is {a.shape}, expected {shape[1:]}")
+                handles[name].write(a.tobytes())
+            n = i + 1
+            if on_step:
+                on_step(i)
+        for f in handles.values():
+            f.flush()
+            os.fsync(f.fileno())
+    finally:
+        for f in handles.values():
+            f.close()
+    if n != layout.steps:
+        raise ValueError(f"the top-k store expected {layout.steps} steps, got {n}")
+    files = {name: {"bytes": (tmp / f"{name}.bin").stat().st_size, "sha256": sha256(tmp / f"{name}.bin")}
+             for name in specs}
+    results.write_json(tmp / "meta.json", {"format": FORMAT, "recipe": recipe, "files": files})
+
+
+def _build_lock(tmp: Path) -> filelock.FileLock:
+    """The lock a build holds on its temporary folder `tmp` (a file beside it, `.<name>.lock`): a file lock,
+    which the kernel (or a shared file system's lock manager) drops when its holder dies, whatever host or
+    container it ran in."""
+    return filelock.FileLock(str(tmp.with_name(f".{tmp.name}.lock")))
 
 
 def _remove_dead_builds(folder: Path) -> None:
-    """Temporary folders of this store left by builds whose process is gone (killed): never complete, removed."""
-    for tmp in folder.parent.glob(f"{folder.name}.tmp-*"):
+    """Temporary folders of this store (and their lock files) whose build is gone (killed): never complete,
+    removed. Liveness is the build's lock, never its process ID: a live build in another container or on another
+    host sharing the cache has a PID that is not visible here, and a PID seen here may be another process."""
+    names = {p.name for p in folder.parent.glob(f"{folder.name}.tmp-*")}
+    names |= {p.name[1:-len(".lock")] for p in folder.parent.glob(f".{folder.name}.tmp-*.lock")}
+    for name in sorted(names):
+        lock = _build_lock(folder.parent / name)
         try:
-            pid = int(tmp.name.rsplit(".tmp-", 1)[1].split("-")[0])
-            os.kill(pid, 0)  # raises if no such process
-            alive = pid != os.getpid()  # this process's own leftovers are dead builds too
-        except (ValueError, ProcessLookupError):
-            alive = False
-        except PermissionError:  # someone else's live process
-            alive = True
-        if not alive:
-            shutil.rmtree(tmp, ignore_errors=True)
+            lock.acquire(timeout=0)
+        except filelock.Timeout:
+            continue  # its builder holds it: a live build
+        try:
+            shutil.rmtree(folder.parent / name, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                os.unlink(lock.lock_file)
+        finally:
+            lock.release()
 
 
 def ensure_store(folder: Path, recipe: dict, build: Callable[[], None]) -> tuple[TopKStore, str]:

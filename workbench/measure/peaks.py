@@ -82,6 +82,13 @@ DATASHEET: tuple[DatasheetPeak, ...] = (
 )
 
 
+# HBM / GDDR bandwidth in TB/s per DATASHEET entry (the same product pages): the floor of memory-bound work (an
+# optimizer step, elementwise kernels) that no tensor-core precision shrinks. The A100 entry is left out: its
+# variants differ (1.555 to 2.039 TB/s) and the device name does not say which.
+BANDWIDTH_TBS = {"H200 NVL": 4.8, "H200 SXM": 4.8, "H100 NVL": 3.9, "H100 PCIe": 2.0, "H100 SXM": 3.35,
+                 "B200 (HGX)": 8.0, "L40S": 0.864, "L4": 0.3, "A10": 0.6, "T4": 0.32}
+
+
 def datasheet_peak(gpu_name: str | None) -> DatasheetPeak | None:
     """The datasheet entry for a device name as torch reports it, or None where unknown."""
     if not gpu_name:

@@ -1,0 +1,139 @@
+"""`workbench verdict`'s CPU part: the FP8 eligibility rules, the FLOP counts against hand counts, the project's
+own numbers for the Llama-3.2-1B shape, and the command on a tiny folder writing its three files with the GPU
+part marked not run and why."""
+import json
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from workbench import cli  # noqa: E402
+from workbench.config import ConfigError  # noqa: E402
+from workbench.models import hf_init  # noqa: E402
+from workbench.verdict import predict as vp  # noqa: E402
+from workbench.verdict import shapes  # noqa: E402
+
+
+def _folder(tmp_path, name, config):
+    """A Hugging Face folder holding only config.json: all a verdict reads."""
+    out = tmp_path / name
+    config.save_pretrained(out)
+    return str(out)
+
+
+def _recipe(p, name):
+    return next(r for r in p["recipes"] if r["recipe"] == name)
+
+
+def test_gemm_rules_tensor_16_and_block_128():
+    assert shapes.gemm_eligible(8192, 2048, 512, "tensor") == (True, "")
+    assert shapes.gemm_eligible(8192, 2048, 512, "block")[0]
+    ok, why = shapes.gemm_eligible(8192, 576, 1536, "block")  # SmolLM2's hidden 576 = 4.5 x 128
+    assert not ok and "K=576" in why and "128" in why and "N=" not in why
+    assert shapes.gemm_eligible(8192, 576, 1536, "tensor")[0]  # 576 = 36 x 16
+    ok, why = shapes.gemm_eligible(8192, 2048, 50257, "tensor")  # GPT-2's vocabulary
+    assert not ok and "N=50257" in why and "16" in why
+    assert not shapes.gemm_eligible(100, 2048, 2048, "tensor")[0]  # the tokens dimension counts too
+
+
+def test_fp8_attention_needs_head_dim_128_on_hopper_and_te_layers():
+    assert shapes.fp8_attention(128, "", "NVIDIA H200")[0] is True
+    ok, why = shapes.fp8_attention(64, "", "NVIDIA H200")
+    assert ok is False and "head_dim 64" in why
+    assert shapes.fp8_attention(128, "", "NVIDIA B200")[0] is None  # not measured there: unknown, not a guess
+    ok, why = shapes.fp8_attention(128, "model_type 'olmo2': post-norm", "NVIDIA H200")
+    assert ok is False and "olmo2" in why
+
+
+def test_a_refused_family_and_a_supported_one(tmp_path):
+    from transformers import AutoConfig
+
+    olmo = AutoConfig.for_model("olmo2", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                num_attention_heads=4, vocab_size=512, eos_token_id=0, pad_token_id=0)
+    p = vp.predict(_folder(tmp_path, "olmo2", olmo), batch=2, seq_len=32)
+    te = p["eligibility"]["te_layers"]
+    assert te["supported"] is False and "OLMo2" in te["reason"]
+    assert p["eligibility"]["attention"]["fp8"]["eligible"] is False
+    assert not _recipe(p, "te_fp8_layers_head_attention")["eligible"]
+    q = vp.predict("qwen3-0.6b-4l", batch=4, seq_len=2048)  # a supported family at head_dim 128
+    assert q["eligibility"]["te_layers"]["supported"] is True
+    assert q["eligibility"]["attention"]["fp8"]["eligible"] is True
+    assert _recipe(q, "te_fp8_layers_head_attention")["eligible"]
+
+
+def test_a_misaligned_head_refuses_te_fp8_head_but_torchao_keeps_it_bf16(tmp_path):
+    p = vp.predict(_folder(tmp_path, "v520", hf_init.hf_config("tiny-llama", vocab=520)), batch=2, seq_len=32)
+    head = next(g for g in p["eligibility"]["gemms"] if g["name"] == "lm_head")
+    assert head["n"] == 520 and not head["tensor"]["eligible"]
+    assert _recipe(p, "te_fp8_layers")["eligible"]
+    assert not _recipe(p, "te_fp8_layers_head")["eligible"]
+    torchao = _recipe(p, "torchao_float8")
+    assert torchao["eligible"] and "lm_head" not in torchao["fp8_gemms"]
+    assert not _recipe(p, "te_fp8_block")["eligible"]  # hidden 64 is no multiple of 128
+
+
+def test_flops_of_a_tiny_llama_against_a_hand_count():
+    # tiny-llama: hidden 64, ffn 128, 2 layers, 4 heads of 16, 2 KV heads, vocab 512; batch 2 x seq 32 = 64 tokens
+    # per layer, K x N: q 64x64 + k 64x32 + v 64x32 + o 64x64 + gate 64x128 + up 64x128 + down 128x64 = 36864
+    layer_gemms = 6 * 64 * 36864 * 2  # 6 x M x (sum of K x N) x layers = 28,311,552
+    head = 6 * 64 * 64 * 512  # the tied head still runs its GEMM: 12,582,912
+    attention = 12 * 64 * (33 / 2) * (4 * 16) * 2  # 12 x tokens x mean keys (seq+1)/2 x attn width x layers
+    f = vp.predict("tiny-llama", batch=2, seq_len=32)["flops"]
+    assert f["layer_gemms_tflop"] * 1e12 == pytest.approx(layer_gemms)
+    assert f["lm_head_tflop"] * 1e12 == pytest.approx(head)
+    assert f["attention_tflop"] * 1e12 == pytest.approx(attention)
+    assert f["total_tflop"] * 1e12 == pytest.approx(layer_gemms + head + attention)
+    # the project's count: the same GEMMs, attention over the full seq x seq square (12 x layers x width x seq)
+    assert f["project_count_tflop"] * 1e12 == pytest.approx(layer_gemms + head + 12 * 2 * 64 * 32 * 64)
+
+
+def test_a_sliding_window_counts_only_its_keys():
+    assert vp.mean_keys(4, None) == pytest.approx((1 + 2 + 3 + 4) / 4)
+    assert vp.mean_keys(4, 2) == pytest.approx((1 + 2 + 2 + 2) / 4)
+
+
+def test_llama_3_2_1b_at_8192_tokens_matches_the_projects_numbers():
+    # issue 37 (the H200 at a629f82): 64.0 TFLOP a step, layer GEMMs 47.8, LM head 12.9, attention 3.3
+    p = vp.predict("llama-3.2-1b", batch=4, seq_len=2048)
+    f = p["flops"]
+    for key, want in (("total", 64.0), ("layer_gemms", 47.8), ("lm_head", 12.9), ("attention", 3.3)):
+        assert f[f"{key}_tflop"] == pytest.approx(want, rel=0.02), key
+    assert p["eligibility"]["attention"]["fp8"]["eligible"] is False  # head_dim 64
+    layers, head = _recipe(p, "te_fp8_layers"), _recipe(p, "te_fp8_layers_head")
+    assert 1 < layers["speedup_worst"] < layers["speedup_best"] < head["speedup_best"]
+    assert "datasheet" in p["ceilings"]["peak_source"]
+
+
+def test_measured_peaks_replace_the_datasheet():
+    peak = {"gpu_name": "NVIDIA H200", "measured": {"bf16": {"status": "ok", "tflops": 790.0},
+                                                    "fp8": {"status": "ok", "tflops": 1400.0}}}
+    c = vp.ceilings("NVIDIA H200", peak)
+    assert (c["bf16_tflops"], c["fp8_tflops"]) == (790.0, 1400.0) and c["peak_source"].startswith("measured")
+    unknown = vp.ceilings("Some GPU", None)
+    assert unknown["bf16_tflops"] is None and "unknown" in unknown["peak_source"]
+
+
+def test_a_sequence_longer_than_the_model_positions_is_refused():
+    with pytest.raises(ConfigError, match="max_position_embeddings=512"):
+        vp.predict("tiny-llama", batch=1, seq_len=1024)
+
+
+def test_the_command_on_a_tiny_folder_writes_three_files_gpu_part_not_run(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    folder = _folder(tmp_path, "tiny", hf_init.hf_config("tiny-llama"))
+    out = tmp_path / "verdict"
+    assert cli.main(["verdict", folder, "--preset", "cpu-smoke", "--out", str(out)]) == 0
+    v = json.loads((out / "verdict.json").read_text())
+    assert v["measured"] == {"status": "not run", "reason": "no CUDA GPU here"}
+    assert v["prediction"]["run"]["tokens_per_step"] == 4 * 32  # cpu-smoke: batch 4 x seq 32
+    assert v["prediction"]["assumptions"] and "--preset cpu-smoke" in v["command"]
+    md = (out / "verdict.md").read_text()
+    assert "not run: no CUDA GPU here" in md and "## FP8 eligibility" in md and "self_attn.q_proj" in md
+    assert (out / "verdict.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_command_refuses_what_is_neither_folder_nor_shape(tmp_path, capsys):
+    assert cli.main(["verdict", str(tmp_path / "nothing"), "--out", str(tmp_path / "v")]) == 2
+    assert "neither a folder with a config.json nor an hf-init shape" in capsys.readouterr().err

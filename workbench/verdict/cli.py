@@ -1,0 +1,56 @@
+"""The `workbench verdict` command: predict (any machine), measure (a CUDA GPU: measured.py), write the page.
+
+    python -m workbench verdict llama-3.2-1b --preset hf-llama-1b --out results/verdict/llama-3.2-1b
+    python -m workbench verdict models/my-model --preset hf-llama-4l --set model.batch=8 --out DIR --peak peak.json
+
+MODEL is a Hugging Face folder (config.json is all that is read) or an hf-init shape name. The preset and --set
+give the tokens a step (model.batch x model.seq_len); the model's own fields come from its config.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+from pathlib import Path
+
+from workbench import config, results
+from workbench.verdict import measured, page
+from workbench.verdict.predict import DEFAULT_GPU, predict
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="a Hugging Face model folder (its config.json) or an hf-init shape name")
+    p.add_argument("--preset", default="hf-llama-1b", choices=config.PRESET_CHOICES, metavar="PRESET",
+                   help="the run whose tokens a step (batch x seq_len) the verdict is for (default hf-llama-1b)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a config field, e.g. --set model.batch=8")
+    p.add_argument("--out", required=True, help="the folder for verdict.json, verdict.md, verdict.png / .svg")
+    p.add_argument("--gpu", default=DEFAULT_GPU, help=f"the GPU whose datasheet peaks apply (default {DEFAULT_GPU!r})")
+    p.add_argument("--peak", default=None, help="a bench's peak.json: its measured GEMM peaks (and GPU) replace the "
+                                                "datasheet's")
+
+
+def command(args: argparse.Namespace) -> str:
+    """The command line that reproduces this verdict."""
+    parts = ["python -m workbench verdict", args.model, "--preset", args.preset,
+             *[f"--set {o}" for o in args.overrides], "--out", args.out]
+    if args.gpu != DEFAULT_GPU:
+        parts += ["--gpu", args.gpu]
+    if args.peak:
+        parts += ["--peak", args.peak]
+    return " ".join(shlex.quote(p) if " " in p and not p.startswith(("python", "--set")) else p for p in parts)
+
+
+def main(args: argparse.Namespace) -> int:
+    overrides = config.parse_set(args.overrides)
+    cfg = config.from_preset(args.preset, **overrides)
+    peak = results.read_json(Path(args.peak)) if args.peak else None
+    prediction = predict(args.model, cfg.model.batch, cfg.model.seq_len, gpu=args.gpu, peak=peak)
+    verdict = {"schema": prediction["schema"], "model": args.model, "preset": args.preset, "set": overrides,
+               "command": command(args), "prediction": prediction,
+               "measured": measured.measure(args.model, prediction, cfg)}
+    verdict["headline"] = page.headline(verdict)
+    paths = page.write(verdict, Path(args.out))
+    print(verdict["headline"])
+    print(json.dumps({"out": args.out, "files": [p.name for p in paths]}))
+    return 0

@@ -1,0 +1,126 @@
+"""The verdict's files: verdict.json (the prediction and the GPU part), verdict.md (one page) and verdict.png /
+.svg (the ideal step split, bf16 against each FP8 recipe), each written atomically (workbench.results)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from workbench import results
+
+PARTS = ("layer_gemms", "lm_head", "attention", "optimizer", "logits_loss", "elementwise", "fp8_casts")
+COLOURS = ("#4c72b0", "#55a868", "#c44e52", "#8c8c8c", "#b0b0b0", "#d0d0d0", "#dd8452")
+
+
+def _ms(v: float | None) -> str:
+    return "—" if v is None else f"{v:.1f}"
+
+
+def headline(verdict: dict[str, Any]) -> str:
+    """One sentence with numbers: the best eligible recipe's predicted range, or why none applies."""
+    rows = [r for r in verdict["prediction"]["recipes"][1:] if r["eligible"] and r.get("speedup_best")]
+    ceil = verdict["prediction"]["ceilings"]
+    m = verdict["measured"]
+    gpu_part = f"GPU part: {m['status']} ({m['reason']})."
+    if not rows:
+        return (f"No speed-up predicted on {ceil['gpu']}: no FP8 recipe is eligible here or the GPU's peaks are "
+                f"unknown ({ceil['peak_source']}). {gpu_part}")
+    top = max(rows, key=lambda r: r["speedup_best"])
+    pays = ("FP8 pays even in the worst case" if top["speedup_worst"] > 1
+            else "FP8 may not pay: its worst case is slower than bf16")
+    return (f"Predicted on {ceil['gpu']} ({ceil['peak_source'].split(' (')[0]} peaks): {top['what']}: "
+            f"{top['speedup_worst']:.2f}–{top['speedup_best']:.2f}x the fastest bf16 path (idealised); {pays}. "
+            f"{gpu_part}")
+
+
+def _recipe_table(p: dict) -> list[str]:
+    out = ["| recipe | eligible | best ms | worst ms | speed-up vs fastest bf16 (worst–best) | why not |",
+           "|---|---|---|---|---|---|"]
+    for r in p["recipes"]:
+        rng = ("1.00x (the denominator)" if r["recipe"] == "bf16" else "—" if r.get("speedup_best") is None
+               else f"{r['speedup_worst']:.2f}–{r['speedup_best']:.2f}x")
+        out.append(f"| {r['what']} | {'yes' if r['eligible'] else 'no'} | {_ms(r.get('best_ms'))} | "
+                   f"{_ms(r.get('worst_ms'))} | {rng} | {r['reason'] or ''} |")
+    return out
+
+
+def _eligibility_table(p: dict) -> list[str]:
+    e = p["eligibility"]
+    out = ["| GEMM | layers | M | K | N | TFLOP a step | tensor scaling (%16) | block scaling (%128) |",
+           "|---|---|---|---|---|---|---|---|"]
+    for g in e["gemms"]:
+        cells = [("yes" if g[r]["eligible"] else f"no: {g[r]['reason'].split(':')[0]}") for r in ("tensor", "block")]
+        out.append(f"| {g['name']} | {g['layers']} | {g['m']} | {g['k']} | {g['n']} | {g['tflop_per_step']:.2f} | "
+                   + " | ".join(cells) + " |")
+    a, te = e["attention"], e["te_layers"]
+    fp8 = {True: "yes", False: "no", None: "unknown"}[a["fp8"]["eligible"]]
+    return [*out, "", f"- **FP8 attention** (head_dim {a['head_dim']}, {a['heads']} heads, {a['kv_heads']} KV heads): "
+            f"{fp8}: {a['fp8']['reason']}",
+            f"- **TE decoder layers**: {'supported' if te['supported'] else 'not supported'}: {te['reason']}"]
+
+
+def markdown(verdict: dict[str, Any]) -> str:
+    p = verdict["prediction"]
+    f, fl, model = p["flops"], p["floors"], p["model"]
+    lines = [f"# Verdict: {model['source']} ({model['model_type']}), {p['run']['tokens_per_step']} tokens a step",
+             "", headline(verdict), "", "## Predicted speed-up by recipe", "", *_recipe_table(p), "",
+             "![ideal step split](verdict.png)", "", "## FP8 eligibility", "", *_eligibility_table(p), "",
+             "## FLOPs of a training step", "", "| part | TFLOP | share |", "|---|---|---|"]
+    for key, name in (("layer_gemms", "decoder-layer GEMMs"), ("lm_head", "LM head"), ("attention", "attention")):
+        lines.append(f"| {name} | {f[key + '_tflop']:.2f} | {f['share'][key]:.1%} |")
+    lines += [f"| total | {f['total_tflop']:.2f} | |", "",
+              *[f"- {k}: {v}" for k, v in f["formulas"].items()],
+              f"- the project's own count (lm_train_flops_per_token): {f['project_count_tflop']:.2f} TFLOP", "",
+              "## Memory-bound floors (not shrunk by FP8)", "", "| part | GB a step | ms |", "|---|---|---|",
+              *[f"| {k} | {fl['gb'][k]:.2f} | {_ms(fl['ms'][k])} |" for k in fl["gb"]], "",
+              "## Assumptions", "", *[f"- {a}" for a in p["assumptions"]], "",
+              "## Measured on the GPU", "", f"{verdict['measured']['status']}: {verdict['measured']['reason']}", "",
+              "## Reproduce", "", f"    {verdict['command']}", ""]
+    return "\n".join(lines)
+
+
+def figure(verdict: dict[str, Any]):
+    """Stacked bars: each path's ideal step (worst case: compute + floors + casts) split into its parts, with the
+    predicted speed-up range beside each FP8 bar; None where no time is predicted (an unknown GPU)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in verdict["prediction"]["recipes"] if r.get("parts_ms")]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.6 * len(rows)))
+    for i, r in enumerate(rows):
+        left = 0.0
+        for part, colour in zip(PARTS, COLOURS):
+            width = r["parts_ms"].get(part) or 0.0
+            ax.barh(i, width, left=left, color=colour, label=part.replace("_", " ") if i == 0 else None)
+            left += width
+        ax.plot([r["best_ms"]] * 2, [i - 0.4, i + 0.4], color="black", lw=1)  # the best case: compute only
+        label = "denominator" if r["recipe"] == "bf16" else f"{r['speedup_worst']:.2f}–{r['speedup_best']:.2f}x"
+        ax.text(left, i, f" {label}", va="center", fontsize=9)
+    ax.set_yticks(range(len(rows)), [r["recipe"] for r in rows])
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(r["worst_ms"] for r in rows) * 1.25)
+    p = verdict["prediction"]
+    ax.set_xlabel(f"ideal step time, ms (worst case; black tick: best case, compute only) — "
+                  f"{p['ceilings']['peak_source'].split(' (')[0]} peaks, {p['ceilings']['gpu']}")
+    ax.set_title(f"{p['model']['source']}: {p['flops']['total_tflop']:.1f} TFLOP a step at "
+                 f"{p['run']['tokens_per_step']} tokens", fontsize=10)
+    ax.legend(loc="lower right", fontsize=8, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def write(verdict: dict[str, Any], out: Path) -> list[Path]:
+    """verdict.json, verdict.md and the figure into `out`; returns the paths written."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [results.write_json(out / "verdict.json", verdict),
+             results.write_bytes(out / "verdict.md", markdown(verdict).encode())]
+    fig = figure(verdict)
+    if fig is not None:
+        import matplotlib.pyplot as plt
+
+        paths += results.write_figure(fig, out, "verdict")
+        plt.close(fig)
+    return paths

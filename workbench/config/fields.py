@@ -208,8 +208,9 @@ class BackendOptions:
     te_conversion: Literal["auto", "layer", "linear"] = "auto"
     """How a TE student converts a Hugging Face model (lm.student): 'layer' (each decoder layer of a Llama,
     Mistral, Qwen2/3, Phi-3, Gemma 2/3 or SmolLM3 model becomes TE's fused layer: fused QKV, gated MLP, TE's
-    attention and RoPE; a model it cannot convert, e.g. OLMo2 or a mixture of experts, is an error row saying why), 'linear' (each Linear / RMSNorm swapped alone; the
-    attention maths stays torch's) or 'auto' (layer where it applies, else linear, and the row says why).
+    attention and RoPE; a model it cannot convert, e.g. OLMo2 or a mixture of experts, is an error row saying
+    why), 'linear' (each Linear / RMSNorm swapped alone; the attention maths stays torch's) or 'auto' (layer
+    where it applies, else linear, and the row says why).
     Rows record the conversion that ran (te_conversion)."""
     te_fp8_dpa: bool = False
     """TE FP8 students (delayed and current scaling) run attention's two matmuls in FP8 too (the recipe's

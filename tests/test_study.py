@@ -286,3 +286,21 @@ def test_a_study_refused_beside_a_running_one_changes_nothing_on_disk(tmp_path, 
     assert rc == 2 and "being run by another process" in capsys.readouterr().err
     after = {p.name: p.read_bytes() for p in folder.iterdir() if p.name != sweep_run.LOCK_FILE}
     assert after == before
+
+
+@pytest.mark.parametrize("edit", ["{not json", "[1, 2]", '{"name": "s"}', "arms-not-dicts", "unknown-field",
+                                  "fixed-a-list", "seeds-a-number", "kd-a-string"])
+def test_a_hand_edited_study_json_is_one_line_naming_the_file(tmp_path, capsys, edit):
+    """A study.json that is not a study (edited by hand) is refused with one line naming it, no traceback."""
+    from workbench import cli
+
+    folder = tmp_path / "s"
+    folder.mkdir()
+    good = spec.from_preset("distill-quality-cpu", study_name="s").to_dict()
+    broken = {"arms-not-dicts": {**good, "arms": ["torch_bf16"]}, "unknown-field": {**good, "colour": "red"},
+              "fixed-a-list": {**good, "fixed": ["steps=3"]}, "seeds-a-number": {**good, "seeds": 3},
+              "kd-a-string": {**good, "arms": [{**good["arms"][0], "kd": "no"}, *good["arms"][1:]]}}
+    (folder / spec.STUDY_FILE).write_text(json.dumps(broken[edit]) if edit in broken else edit)
+    rc = cli.main(["study", "--name", "s", "--out", str(tmp_path), "--report-only"])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and str(folder / spec.STUDY_FILE) in err, err

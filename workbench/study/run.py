@@ -22,6 +22,7 @@ from workbench.study.spec import (
     from_preset,
     parse_seeds,
     point_overrides,
+    read_study,
     sweep_spec,
 )
 
@@ -72,7 +73,7 @@ def study_from_args(args) -> Study:
         raise ConfigError("give --preset (a study preset) or --name of an existing study")
     stored = Path(args.out) / results.check_name(name, "study name") / STUDY_FILE
     if not args.preset and stored.exists():
-        study = Study.from_dict(results.read_json(stored))  # resume, plus any new --set
+        study = read_study(stored)  # resume, plus any new --set
         study.fixed.update(config.parse_set(args.overrides))
         check(study)
         return study

@@ -121,6 +121,28 @@ def check(study: Study) -> None:
         raise ConfigError(f"--seeds: two or more distinct integers in [0, {NOISE_SEED_OFFSET}), got {study.seeds}")
 
 
+def read_study(path: Path) -> Study:
+    """study.json as a Study, checked as a preset's is; ConfigError naming the file otherwise (a hand edit)."""
+    try:
+        d = results.read_json(path)
+        study = Study.from_dict(d)  # a field missing or unknown, arms that are no objects: TypeError / KeyError
+    except (OSError, ValueError, TypeError, KeyError) as e:  # JSONDecodeError is a ValueError
+        why = f"no field {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
+        raise ConfigError(f"{path}: not a study ({why})") from None
+    fields = {"name": isinstance(study.name, str), "preset": isinstance(study.preset, str),
+              "fixed": isinstance(study.fixed, dict), "seeds": isinstance(study.seeds, list),
+              "arms": all(isinstance(a.name, str) and isinstance(a.student, str) and isinstance(a.kd, bool)
+                          and isinstance(a.noise, bool) for a in study.arms)}
+    wrong = [k for k, ok in fields.items() if not ok]
+    try:
+        if wrong:
+            raise ConfigError(f"{wrong[0]} has the wrong type")
+        check(study)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    return study
+
+
 def parse_seeds(text: str | None) -> list[int] | None:
     if not text:
         return None

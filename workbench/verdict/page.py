@@ -25,8 +25,8 @@ def headline(verdict: dict[str, Any]) -> str:
         return (f"No speed-up predicted on {ceil['gpu']}: no FP8 recipe is eligible here or the GPU's peaks are "
                 f"unknown ({ceil['peak_source']}). {gpu_part}")
     top = max(rows, key=lambda r: r["speedup_best"])
-    pays = ("FP8 pays even in the worst case" if top["speedup_worst"] > 1
-            else "FP8 may not pay: its worst case is slower than bf16")
+    pays = ("ahead of bf16 even with the floors and casts added" if top["speedup_worst"] > 1
+            else "with the floors and casts added FP8 is slower than bf16: it may not pay")
     return (f"Predicted on {ceil['gpu']} ({ceil['peak_source'].split(' (')[0]} peaks): {top['what']}: "
             f"{top['speedup_worst']:.2f}–{top['speedup_best']:.2f}x the fastest bf16 path (idealised); {pays}. "
             f"{gpu_part}")

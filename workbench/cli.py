@@ -12,6 +12,7 @@ Other modules add commands by exposing `add_arguments(parser)` and `main(args)` 
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import json
 import sys
@@ -114,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
             mod = importlib.import_module(module)
             add, handler = OWN.get(name) or (mod.add_arguments, mod.main)
             add(p)
+    if chosen is not None and chosen not in COMMANDS:  # argparse lists all of them; name the one meant
+        close = difflib.get_close_matches(chosen, COMMANDS, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"choose from {', '.join(COMMANDS)}"
+        parser.error(f"unknown command {chosen!r}: {hint} (workbench --help describes each)")
     args = parser.parse_args(argv)
     try:
         return handler(args)

@@ -287,11 +287,22 @@ def _try_student(row: dict, spec: str, cfg: Config, ctx, task, data: Data, devic
         rows.ran_in(row, backend)
     if row.get("attention_warning"):
         _say(progress, f"[{row['student']}] warning: {row['attention_warning']}")
-    held_out = (f"held-out ppl {row['heldout_ppl']}, KL to teacher {row.get('kl_teacher_student_t1_nats')}"
-                if row.get("heldout_ppl") is not None else f"eval mse {row.get('eval_mse')}")
-    _say(progress, f"[{row['student']}] {row['status']}: final loss {row.get('final_train_loss')}, "
-                   f"step {row.get('step_ms_median')} ms, {held_out}")
+    _say(progress, done_line(row))
     return row, losses
+
+
+def _g4(x: Any) -> str:
+    """A number as a person reads it: four significant digits ('652.2', '0.1235'); 'n/a' for none."""
+    return "n/a" if x is None or (isinstance(x, float) and np.isnan(x)) else f"{x:.4g}"
+
+
+def done_line(row: dict) -> str:
+    """The student's closing progress line: status, final loss, median step time and the held-out quality
+    (perplexity and KL for a language model, else the output MSE), each to four significant digits."""
+    held_out = (f"held-out ppl {_g4(row['heldout_ppl'])}, KL to teacher {_g4(row.get('kl_teacher_student_t1_nats'))}"
+                if row.get("heldout_ppl") is not None else f"eval mse {_g4(row.get('eval_mse'))}")
+    return (f"[{row['student']}] {row['status']}: final loss {_g4(row.get('final_train_loss'))}, "
+            f"step {_g4(row.get('step_ms_median'))} ms, {held_out}")
 
 
 def _with_progress(on_step, progress: bool, who: str, steps: int):

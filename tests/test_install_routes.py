@@ -1,6 +1,10 @@
-"""Every install route takes the same extras (pyproject.toml's `all`; GPU routes add torchao), the notebooks
-name the kernel `make` registers, and the image leaves the host's venv and results out."""
+"""Every install route takes the same extras (pyproject.toml's `all`; GPU routes add torchao; the Makefile splits
+it by target), the notebooks name the kernel `make` registers, and the image leaves the host's venv and results
+out."""
+import os
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -31,13 +35,31 @@ def _expand(name: str) -> set[str]:
     return out
 
 
+def _closure(names: set[str]) -> set[str]:
+    """The extras a set installs, through te-workbench[...], without the `all` that only names the others."""
+    return set().union(*(_expand(n) for n in names)) - {"all"}
+
+
+def makefile_variables() -> dict[str, str]:
+    """The Makefile's `NAME ?= value` defaults, with $(OTHER) references to earlier ones resolved."""
+    out: dict[str, str] = {}
+    for name, value in re.findall(r"^([A-Z_]+)\s*\?=[ \t]*(.*?)\s*$", (ROOT / "Makefile").read_text(), re.M):
+        out[name] = re.sub(r"\$\(([A-Z_]+)\)", lambda m: out.get(m.group(1), m.group(0)), value)
+    return out
+
+
+# Makefile target -> the variable naming the extras it installs
+MAKE_TARGET_EXTRAS = {"run": "RUN_EXTRAS", "bench": "RUN_EXTRAS", "test": "TEST_EXTRAS", "test-fast": "TEST_EXTRAS",
+                      "lint": "TEST_EXTRAS", "lab": "LAB_EXTRAS", "sweep": "SWEEP_EXTRAS"}
+
+
 def _installed_extras(route: str) -> set[str]:
     path, _ = ROUTES[route]
     text = (ROOT / path).read_text()
-    if route == "make":
-        (value,) = re.findall(r"^EXTRAS\s*\?=\s*(\S+)", text, re.M)
-        assert '-e ".[$(EXTRAS)]"' in text
-        return set(value.split(","))
+    if route == "make":  # each target its part; between them, the one set
+        values = makefile_variables()
+        assert '-e ".[$*]"' in text
+        return set().union(*(values[v].split(",") for v in MAKE_TARGET_EXTRAS.values()))
     found = re.findall(r"-e\s+\"?\.{1,2}\[([^\]]+)\]", text)
     assert len(found) == 1, (path, found)
     return set(found[0].split(","))
@@ -45,7 +67,53 @@ def _installed_extras(route: str) -> set[str]:
 
 @pytest.mark.parametrize("route", ROUTES)
 def test_every_route_installs_the_one_set_of_extras(route):
-    assert _installed_extras(route) == ROUTES[route][1]
+    assert _closure(_installed_extras(route)) == _closure(ROUTES[route][1])
+
+
+def test_make_installs_by_target():
+    """`make run` takes what a run needs, not the tools of the tests, the sweeps or JupyterLab."""
+    values = {target: _closure(set(makefile_variables()[v].split(","))) for target, v in MAKE_TARGET_EXTRAS.items()}
+    assert values["run"] == values["bench"] == {"notebook", "lm"}
+    assert values["test"] == values["test-fast"] == values["lint"] == {"notebook", "lm", "dev", "sweep"}
+    assert values["lab"] == {"notebook", "lm", "lab"}
+    assert values["sweep"] == {"notebook", "lm", "sweep"}
+
+
+def _make_dry_run(tmp_path: Path, target: str, *assignments: str) -> str:
+    """The commands `make TARGET` would run for a clone without a venv (make -n runs nothing)."""
+    if shutil.which("make") is None:
+        pytest.skip("no make here")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "MFLAGS"))}
+    done = subprocess.run(["make", "-n", target, f"VENV={tmp_path / 'venv'}", *assignments], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize("target", MAKE_TARGET_EXTRAS)
+def test_make_target_installs_its_extras_and_registers_the_kernel_in_the_venv(tmp_path, target):
+    commands = _make_dry_run(tmp_path, target)
+    (extras,) = re.findall(r"pip install -q -e \"\.\[([^\]]+)\]\"", commands)
+    assert extras == makefile_variables()[MAKE_TARGET_EXTRAS[target]]
+    # the venv's own kernelspec: a user-wide one belongs to whichever clone ran set-up last
+    assert "ipykernel install --sys-prefix --name te-workbench" in commands and "--user" not in commands
+
+
+def test_make_lab_runs_as_root_and_passes_lab_args(tmp_path):
+    as_root = _make_dry_run(tmp_path, "lab", "LAB_UID=0", "LAB_ARGS=--no-browser --port 8899").splitlines()[-1]
+    assert "jupyter lab --allow-root" in as_root and as_root.endswith("--no-browser --port 8899 notebooks/")
+    assert "JUPYTER_PREFER_ENV_PATH=1" in as_root  # the venv's kernelspec before a stale user-wide one
+    as_user = _make_dry_run(tmp_path, "lab", "LAB_UID=1000").splitlines()[-1]
+    assert "jupyter lab" in as_user and "--allow-root" not in as_user
+    own = _make_dry_run(tmp_path, "lab").splitlines()[-1]
+    assert ("--allow-root" in own) == (os.getuid() == 0)
+
+
+@pytest.mark.parametrize("target", ["test", "test-fast"])
+def test_make_test_loads_only_the_plugins_the_suite_needs(tmp_path, target):
+    """The venv sees the system's site-packages; their pytest plugins are not autoloaded, xdist is named."""
+    (line,) = [c for c in _make_dry_run(tmp_path, target).splitlines() if " -m pytest" in c]
+    assert line.startswith("PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 ") and "-p xdist.plugin" in line and "-n 2" in line
 
 
 def test_all_carries_what_every_command_needs():
@@ -60,7 +128,8 @@ def test_the_notebooks_name_the_kernel_make_registers():
 
     make = (ROOT / "Makefile").read_text()
     (kernel,) = re.findall(r"^KERNEL\s*\?=\s*(\S+)", make, re.M)
-    assert kernel == notebook.KERNEL_NAME and "ipykernel install --user --name $(KERNEL)" in make
+    assert kernel == notebook.KERNEL_NAME and "ipykernel install --sys-prefix --name $(KERNEL)" in make
+    assert "ipykernel install --sys-prefix --name te-workbench" in (ROOT / "environments/Dockerfile").read_text()
     for ipynb in sorted((ROOT / "notebooks").glob("*.ipynb")):
         spec = json.loads(ipynb.read_text())["metadata"]["kernelspec"]
         assert spec["name"] == kernel, ipynb.name

@@ -103,6 +103,20 @@ def test_held_out_metrics_during_training_make_a_curve(gpt_run):
     assert (run_dir / "heldout_curves.png").exists()
 
 
+def test_the_teacher_command_works_on_its_own_default_preset(tmp_path, capsys):
+    """`workbench teacher` with no --preset trains gpt-cpu's teacher (the run's 'auto' picks an MLP preset, which
+    has no teacher to train); a preset without one is refused naming those that have."""
+    import json
+
+    from workbench import cli, teacher
+
+    assert teacher.DEFAULT_PRESET in teacher.teacher_presets() and "lm-distill" in teacher.teacher_presets()
+    assert cli.main(["teacher", "--out", str(tmp_path), "--set", "corpus_mb=0.2", "--set", "teacher_steps=5"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["teacher_heldout_ppl"] > 1
+    assert cli.main(["teacher", "--preset", "auto", "--out", str(tmp_path)]) == 2
+    assert "take --preset gpt-cpu or lm-distill" in capsys.readouterr().err
+
+
 def test_the_teacher_command_trains_once_then_finds_it(tmp_path, capsys):
     import json
 

@@ -1,5 +1,6 @@
 """`workbench teacher`: train (or find) the language-model teacher of a config, before any run needs it.
 
+    python -m workbench teacher                      # gpt-cpu's teacher, the default
     python -m workbench teacher --preset gpt-cpu --set teacher_steps=600
     python -m workbench teacher --preset lm-distill --set seed=2
 
@@ -16,11 +17,21 @@ from pathlib import Path
 from workbench import config
 from workbench.config import ConfigError
 
+DEFAULT_PRESET = "gpt-cpu"  # trains its teacher in about a minute on a CPU
+
+
+def teacher_presets() -> list[str]:
+    """The presets whose config trains a language-model teacher here: the ones this command takes as they are."""
+    made = {name: make() for name, make in config.PRESETS.items()}
+    return [name for name, c in made.items() if c.model.kind in config.LM_KINDS and c.lm.teacher == "train"]
+
 
 def add_arguments(p) -> None:
     from workbench.run.arguments import add_run_arguments
 
-    add_run_arguments(p)
+    add_run_arguments(p, preset=DEFAULT_PRESET, preset_help=f"a preset that trains a teacher: "
+                      f"{' | '.join(teacher_presets())} (default {DEFAULT_PRESET}); another with "
+                      "--set kind=gpt --set teacher=train")
 
 
 def main(args) -> int:
@@ -30,8 +41,9 @@ def main(args) -> int:
 
     cfg = config.from_preset(args.preset, **config.parse_set(args.overrides))
     if not kinds.is_lm(cfg.model.kind) or cfg.lm.teacher != "train":
-        raise ConfigError("workbench teacher trains a language-model teacher: set model.kind to gpt or llama "
-                          f"and lm.teacher to 'train' (got kind {cfg.model.kind!r}, teacher {cfg.lm.teacher!r})")
+        raise ConfigError(f"workbench teacher trains a language-model teacher: take --preset "
+                          f"{' or '.join(teacher_presets())}, or set model.kind to gpt or llama and lm.teacher to "
+                          f"'train' (got preset {cfg.preset!r}, kind {cfg.model.kind!r}, teacher {cfg.lm.teacher!r})")
     device = runner.resolve_device(cfg)
     tdtype = runner.teacher_dtype(cfg, device)
     task = lm_task.LMTask(cfg, device, tdtype, Path(args.out) / "cache", with_batches=False)

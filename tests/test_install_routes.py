@@ -154,3 +154,23 @@ def test_every_notebook_py_half_compiles(half):
     import py_compile
 
     py_compile.compile(str(half), doraise=True, cfile=str(Path(__import__("tempfile").mkdtemp()) / "x.pyc"))
+
+
+_PIP_TORCH = re.compile(r"^ {4}pip install (torch==\S+) --index-url (\S+)", re.M)
+_PIP_PACKAGE = re.compile(r"^ {4}pip install -e '\.\[([^\]]+)\]'", re.M)
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/install.md"])
+def test_the_documented_pip_route_is_what_make_run_installs(doc):
+    """Without make: the pinned torch from the CPU wheel index first (pip alone takes the default index's multi-GB
+    CUDA build), then the package with `make run`'s extras; the other targets' additions named beside them."""
+    text = (ROOT / doc).read_text()
+    values = makefile_variables()
+    assert _PIP_TORCH.findall(text) == [(values["TORCH"], values["TORCH_CPU_INDEX"])]
+    (extras,) = _PIP_PACKAGE.findall(text)
+    assert set(extras.split(",")) == set(values["RUN_EXTRAS"].split(","))
+    assert _PIP_TORCH.search(text).start() < _PIP_PACKAGE.search(text).start()
+    run = set(values["RUN_EXTRAS"].split(","))
+    for target in ("TEST_EXTRAS", "LAB_EXTRAS"):
+        added = ",".join(e for e in values[target].split(",") if e not in run)
+        assert f"`{added}" in text, (target, added)

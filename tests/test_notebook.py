@@ -76,6 +76,16 @@ def test_the_runner_lines_stream_while_the_kernel_runs(executed):
     assert "[torch_fp32] training 3 steps" in printed and "[te_fp8:delayed]" in printed
 
 
+def test_a_taken_run_id_is_named_as_the_notebooks_parameter(tmp_path):
+    """Re-running an executed notebook (papermill keeps its injected run_id) meets its own run folder: the
+    notebook names its parameter and how papermill sets it, not the command line's --run-id."""
+    (tmp_path / "nb").mkdir()
+    with pytest.raises(results.OutputError, match="exists already") as e:
+        notebook.run_cell({"preset": "cpu-smoke", "out": str(tmp_path), "run_id": "nb"})
+    assert "--run-id" not in str(e.value) and "-p run_id NAME" in str(e.value) and "-p run_id None" in str(e.value)
+    assert not any((tmp_path / "nb").iterdir())
+
+
 def test_a_fallback_row_gets_no_speedup_and_the_slow_path_shows(tmp_path):
     """A fallback ran PyTorch autocast in place of its backend: a ratio for it would compare nothing."""
     cfg = config.from_preset("cpu-smoke")

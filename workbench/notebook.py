@@ -39,6 +39,9 @@ RUN_PARAMETERS = {  # the notebook's parameters besides the config fields: name 
                                               "shows it unless papermill runs the notebook."),
 }
 
+RUN_ID_TAKEN = ("choose another run_id (this notebook's parameter; papermill -p run_id NAME: an executed notebook "
+                "keeps the run_id it ran with), or set it to None for a new one (papermill -p run_id None)")
+
 
 def checkout_root() -> Path | None:
     """The repository root when this workbench is imported from a checkout (editable install or
@@ -100,8 +103,13 @@ def run_cell(namespace: dict[str, Any]) -> Path:
 
     overrides = overrides_from(namespace)
     cfg = config.from_preset(namespace.get("preset") or "auto", **overrides)
-    return runner.run(cfg, out=namespace.get("out") or default_out(), run_id=namespace.get("run_id"),
-                      requested={"preset": namespace.get("preset"), **overrides})
+    try:
+        return runner.run(cfg, out=namespace.get("out") or default_out(), run_id=namespace.get("run_id"),
+                          requested={"preset": namespace.get("preset"), **overrides})
+    except results.OutputError as e:  # said for the notebook's parameter, not the command line's --run-id
+        if results.RUN_ID_TAKEN not in str(e):
+            raise
+        raise results.OutputError(str(e).replace(results.RUN_ID_TAKEN, RUN_ID_TAKEN)) from None
 
 
 def _sig(x: Any, digits: int = 3) -> float | None:

@@ -195,6 +195,10 @@ def output_root(out: str | Path) -> Path:
     return root
 
 
+RUN_ID_TAKEN = "choose another --run-id, or leave it out for a new one"
+"""What to do about a run folder that exists: said for the command line (the notebook says it for its parameter)."""
+
+
 def create_run_dir(out: str | Path, run_id: str | None, auto_id: str) -> Path:
     """A new, empty run folder <out>/<run_id>, created exclusively.
 
@@ -210,8 +214,7 @@ def create_run_dir(out: str | Path, run_id: str | None, auto_id: str) -> Path:
         try:
             path.mkdir()
         except FileExistsError:
-            raise OutputError(f"run folder {path} exists already: choose another --run-id, or leave it out "
-                              f"for a new one") from None
+            raise OutputError(f"run folder {path} exists already: {RUN_ID_TAKEN}") from None
         return path
     check_name(auto_id, "run id")
     for n in itertools.count(1):

@@ -42,7 +42,7 @@ from workbench.sweep import analysis, figures, report
 
 df = analysis.load_sweep(sweep_dir, reference=reference)
 written = report.write_files(df, out_dir or report.default_out(sweep_dir), sweep_dir=sweep_dir)
-Markdown(report.intro(df))
+Markdown(report.intro(df, sweep_dir))
 
 # %% [markdown]
 # ## Crossover: smallest hidden size at which each FP8 student beats the reference
@@ -53,19 +53,19 @@ Markdown(report.intro(df))
 report.table(analysis.crossover(df))
 
 # %%
-figures.speedup_vs_size(df);
+figures.show(df, "speedup_vs_size");
 
 # %% [markdown]
 # ## Step time, peak memory and the FP8-vs-bf16 loss band
 
 # %%
-figures.step_time_vs_size(df);
+figures.show(df, "step_time_vs_size");
 
 # %%
-figures.peak_memory_vs_size(df);
+figures.show(df, "peak_memory_vs_size");
 
 # %%
-figures.loss_band_vs_size(df);
+figures.show(df, "loss_band_vs_size");
 
 # %%
 report.table(analysis.loss_band(df))

@@ -136,6 +136,9 @@ def test_write_files_and_load_sweep_reads_only_complete_points(tmp_path):
         assert written[name].stat().st_size > 0, name
     assert "scaling.csv" not in written and analysis.multi_gpu(df).empty  # no point ran over several GPUs
     assert "| date | 2026-01-02 03:04:05 – 2026-01-02 03:04:05 |" in report.intro(df)
+    # the environment as each point's run says it (workbench.notebook.versions_line), every distinct line once
+    assert "| measured on | GPU FakeGPU (CC 9.0) · torch 2.11.0 · CUDA 13.0 · TE 2.20.2 · git abc1234 |" in \
+        report.intro(df, sweep_dir)
     assert pd.read_csv(written["sweep.csv"])["unstable"].sum() == 1
     cross = pd.read_csv(written["crossover.csv"]).set_index(["tokens", "student"])
     assert pd.isna(cross.loc[(1024, "te_fp8:delayed"), "crossover_hidden"])  # its winning size was not complete
@@ -234,10 +237,10 @@ def test_headline_environment_and_definitions_open_the_report(df):
         "and from hidden 4096 at 1,024 tokens/step (TE FP8 (delayed), 1.25x); "
         "below that FP8 is up to 1.25x slower.**"
     )
-    for want in ("FakeGPU (compute capability 9.0)", "| torch | 2.11.0 |", "| CUDA (torch) | 13.0 |",
-                 "| Transformer Engine | 2.20.2 |", "| git sha | abc1234 |", "| date |",
-                 "**speedup**", "**crossover**", "**loss band**", "**unstable**"):
+    for want in ("| measured on | FakeGPU |", "| date |", "**speedup**", "**crossover**", "**loss band**",
+                 "**unstable**"):
         assert want in text, want
+    assert "smoke test" not in text  # the CPU caveat is for CPU sweeps only
     never = analysis.crossover(df[~((df["tokens"] == 1024) & (df["cfg_hidden"] == 4096))])
     assert "but at no size measured at 1,024 tokens/step" in report.headline(never, "FakeGPU")
 
@@ -277,6 +280,46 @@ def test_the_same_inputs_give_the_same_report_bytes(tmp_path):
         pages.append(report.to_html(tmp_path / f"{run}.ipynb", tmp_path / f"{run}.html").read_bytes())
     assert pages[0] == pages[1]
 
+def _cpu_sweep(tmp_path):
+    """A sweep as a CPU machine writes it: torch students only, no GPU, no memory, no CUDA, no TE."""
+    rows = _rows().query("student == 'torch_bf16'")
+    fp32 = rows.assign(student="torch_fp32", gemm_precision="fp32",
+                       step_ms_median=rows["step_ms_median"].values * ([4.1, 0.47, 1.3, 0.9] * 2))
+    rows = pd.concat([rows, fp32]).assign(gpu_name=None, compute_capability=None, torch_cuda=None, te_version=None,
+                                          peak_mem_allocated_mb=None)
+    sweep_dir = tmp_path / "cpu"
+    for point, g in rows.groupby("point"):
+        results.write_csv(sweep_dir / point / "students.csv", g.drop(columns="point"))
+        results.write_json(sweep_dir / point / index.DONE_FILE, {"point": point, "finished_at": "2026-01-02T03:04:05"})
+    return sweep_dir, analysis.load_sweep(sweep_dir)
+
+
+def test_a_cpu_sweep_report_says_its_timings_are_a_smoke_test_and_draws_no_empty_frame(tmp_path, capsys):
+    """Issue 33 (ecosystem 5): a CPU sweep's speedups are noise; its report says so with the run's caveat, draws
+    no "unknown here" memory or loss-band frame, and its environment reads as the run's (CUDA none, TE not
+    installed), not 'unknown'."""
+    from workbench.run import slow_path
+
+    sweep_dir, df = _cpu_sweep(tmp_path)
+    text = report.intro(df, sweep_dir)
+    assert slow_path.CPU_NOTE in text
+    assert "CPU · torch 2.11.0 · CUDA none · TE not installed · git abc1234" in text and "unknown |" not in text
+    assert set(figures.drawable(df)) == {"speedup_vs_size", "step_time_vs_size"}
+    written = report.write_files(df, tmp_path / "out")
+    assert "speedup_vs_size.png" in written and "peak_memory_vs_size.png" not in written
+    assert "loss_band_vs_size.png" not in written
+    for name in ("speedup_vs_size", "step_time_vs_size"):
+        fig = figures.show(df, name)
+        assert plots.CPU_TIMINGS in fig._suptitle.get_text(), name
+        plt.close(fig)
+    assert figures.show(df, "peak_memory_vs_size") is None and figures.show(df, "loss_band_vs_size") is None
+    out = capsys.readouterr().out
+    assert "peak_memory_vs_size: nothing to plot" in out and "loss_band_vs_size: nothing to plot" in out
+    gpu = figures.speedup_vs_size(analysis.add_derived(_rows()))  # a GPU sweep: no caveat
+    assert plots.CPU_TIMINGS not in gpu._suptitle.get_text()
+    plt.close(gpu)
+
+
 # ---- the widget panel (its several-size view is the report's plots) ------------------------------
 def test_panel_is_skipped_under_papermill_and_when_turned_off():
     from workbench import panel
@@ -292,17 +335,18 @@ def test_panel_run_button_runs_each_size_with_the_notebook_call(tmp_path):
     from workbench import panel
 
     p = panel.Panel(preset="cpu-smoke", out=tmp_path)
-    assert "te_fp8:current" in p.backends.options and p.ratio.value == 4
+    assert "te_fp8:current" in p.backends and p.ratio.value == 4
     p.nproc.value = 2  # a multi-GPU run goes through run_cell, as the notebook's: its config asks for 2 processes
     assert {ns["nproc"] for ns in p.namespaces()} == {2}
     p.nproc.value = 1
-    p.sizes.value = "32, 48"
-    p.backends.value = ("torch_fp32", "torch_bf16")
+    p.sizes.value = [32, 48]
+    for spec, box in p.backends.items():
+        box.value = spec in ("torch_fp32", "torch_bf16")
     p.run_button.click()
     assert [d.name for d in p.last_runs] == ["hidden32", "hidden48"] and not p.run_button.disabled
     df = results.load(p.last_runs[0].parent)
     assert sorted(df["cfg_intermediate"].unique()) == [128, 192] and set(df["student"]) == {"torch_fp32", "torch_bf16"}
-    p.sizes.value = "0"  # invalid: said in the panel, nothing run
+    p.sizes.value = [0]  # invalid: said in the panel, nothing run
     p.run_button.click()
     assert p.last_runs and len(list(tmp_path.iterdir())) == 1
 
@@ -319,3 +363,34 @@ def test_points_over_several_gpus_get_their_scaling_table_and_plot(tmp_path):
     assert set(table["gpus"]) == {1, 2} and written["scaling.png"].stat().st_size > 0
     assert table[table["gpus"] == 2]["scaling_efficiency"].between(0.85, 0.95).all()
     assert set(table["student"]) == {"torch_bf16", "te_fp8:delayed", "te_fp8:current"}
+
+
+def test_panel_inputs_validate_mark_what_cannot_run_here_and_wrap(tmp_path):
+    """Issue 33 (ecosystem 9): sizes are validated whole numbers ('1O24' is refused by the widget, not an int()
+    traceback at Run), the backends a checkbox list (no ctrl-click) marking those that cannot run on this machine
+    with the backend's own reason, and the rows wrap (the GPUs box stays on screen at 1280 px)."""
+    import ipywidgets as w
+    import traitlets
+
+    from workbench import backends, panel
+    from workbench.run import runner
+
+    p = panel.Panel(preset="cpu-smoke", out=tmp_path)
+    with pytest.raises(traitlets.TraitError):
+        p.sizes.value = ["1O24"]
+    assert isinstance(p.ratio, w.BoundedIntText) and p.ratio.min == 1
+    assert all(isinstance(b, w.Checkbox) for b in p.backends.values())
+    base = config.from_preset("cpu-smoke")
+    ctx = backends.Context(device=runner.resolve_device(base), cfg=base)
+    for spec, box in p.backends.items():
+        ok, why = backends.make(spec).availability(ctx)
+        assert (panel.CANNOT in box.description) == (not ok) and box.tooltip == ("" if ok else why), spec
+    if runner.resolve_device(base).type == "cpu":
+        assert panel.CANNOT in p.backends["te_fp8:mxfp8"].description
+        assert panel.CANNOT not in p.backends["torch_fp32"].description
+    rows = [c for c in p.widget.children if isinstance(c, w.Box) and not isinstance(c, w.VBox)]
+    assert len(rows) == 2 and all(r.layout.flex_flow == "row wrap" for r in rows)
+    assert p.nproc in rows[0].children
+    p.sizes.value = [64, 96]
+    assert [ns["hidden"] for ns in p.namespaces()] == [64, 96]
+    assert p.namespaces()[0]["backends"] == p.chosen() == [s for s in backends.all_specs() if s in base.backends]

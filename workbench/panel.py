@@ -39,8 +39,30 @@ def maybe_show(namespace: dict[str, Any]) -> "Panel | None":
     return p
 
 
+WRAP = {"flex_flow": "row wrap", "align_items": "flex-start"}  # rows that wrap: nothing off-screen at 1280 px
+CANNOT = "cannot run here"
+
+
+def availability(preset: str) -> dict[str, str]:
+    """{student spec: why it cannot run on this machine} for the specs that cannot (the backends' own
+    `availability` on the device the preset's run would use: FP8 / MXFP8 / NVFP4 on a CPU, torchao missing)."""
+    from workbench import backends  # torch: only once a panel is built
+    from workbench.run import runner
+
+    base = config.from_preset(preset)
+    ctx = backends.Context(device=runner.resolve_device(base), cfg=base)
+    out = {}
+    for spec in backends.all_specs():
+        ok, why = backends.make(spec).availability(ctx)
+        if not ok:
+            out[spec] = why
+    return out
+
+
 class Panel:
-    """The widgets and the Run handler; `widget` is what the notebook displays."""
+    """The widgets and the Run handler; `widget` is what the notebook displays. The inputs validate what is
+    typed (sizes are whole numbers, one tag each; the ratio and GPUs bounded), the backends are a checkbox
+    list that marks those that cannot run here (the reason as the tooltip), and the rows wrap."""
 
     def __init__(self, preset: str = "auto", out: str | Path = "results/panel"):
         import ipywidgets as w
@@ -54,32 +76,43 @@ class Panel:
             value=preset if preset in config.PRESETS else "auto",
             description="preset",
         )
-        self.sizes = w.Text(value=str(base.model.hidden), description="hidden",
-                            placeholder="comma-separated, e.g. 512,1024,2048")
-        self.ratio = w.IntText(value=max(1, base.model.intermediate // base.model.hidden), description="MLP ×",
-                               tooltip="intermediate = this × hidden")
-        specs = backends.all_specs()
-        self.backends = w.SelectMultiple(options=specs, value=tuple(s for s in base.backends if s in specs),
-                                         description="backends", rows=min(10, len(specs)))
+        self.sizes = w.IntsInput(value=[base.model.hidden], min=1, description="hidden", allow_duplicates=False,
+                                 tooltip="hidden sizes, one run each: type a whole number and press Enter")
+        self.ratio = w.BoundedIntText(value=max(1, base.model.intermediate // base.model.hidden), min=1, max=64,
+                                      description="MLP ×", tooltip="intermediate = this × hidden")
+        self.cannot = availability(preset)
+        self.backends = {spec: w.Checkbox(value=spec in base.backends, indent=False, layout=w.Layout(width="auto"),
+                                          description=f"{spec} ({CANNOT})" if spec in self.cannot else spec,
+                                          tooltip=self.cannot.get(spec, ""))
+                         for spec in backends.all_specs()}
         self.nproc = w.BoundedIntText(value=base.parallel.nproc, min=1, max=64, description="GPUs",
                                       tooltip="processes (GPUs) per run: above 1 the run goes through torchrun")
         self.run_button = w.Button(description="Run", button_style="primary", icon="play")
         self.output = w.Output()
         self.run_button.on_click(lambda _: self.run())
-        self.widget = w.VBox([w.HBox([self.preset, self.sizes, self.ratio, self.nproc]), self.backends, self.run_button,
-                              self.output])
+        notes = "".join(f"<li><code>{s}</code>: {why}</li>" for s, why in self.cannot.items())
+        self.widget = w.VBox([
+            w.Box([self.preset, self.sizes, self.ratio, self.nproc], layout=w.Layout(**WRAP)),
+            w.HTML("<b>backends</b>"), w.Box(list(self.backends.values()), layout=w.Layout(**WRAP)),
+            w.HTML(f"<details><summary>{len(self.cannot)} {CANNOT}: why</summary><ul>{notes}</ul></details>"
+                   if self.cannot else ""),
+            self.run_button, self.output])
         self.last_runs: list[Path] = []
+
+    def chosen(self) -> list[str]:
+        """The checked backends, in the registry's order."""
+        return [spec for spec, box in self.backends.items() if box.value]
 
     def namespaces(self) -> list[dict[str, Any]]:
         """One notebook-parameter namespace per size (what run_cell reads), validated up front."""
-        sizes = [int(s) for s in self.sizes.value.replace(" ", "").split(",") if s]
+        sizes = [int(s) for s in self.sizes.value]
         if not sizes:
-            raise config.ConfigError("hidden: give at least one size, e.g. 512,1024")
+            raise config.ConfigError("hidden: give at least one size, e.g. 512 and 1024")
         folder = self.out / _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         out = []
         for h in sizes:
             ns = {"preset": self.preset.value, "hidden": h, "intermediate": self.ratio.value * h,
-                  "backends": list(self.backends.value), "nproc": self.nproc.value, "out": str(folder),
+                  "backends": self.chosen(), "nproc": self.nproc.value, "out": str(folder),
                   "run_id": f"hidden{h}"}
             config.from_preset(ns["preset"], **{k: ns[k] for k in ("hidden", "intermediate", "backends", "nproc")})
             out.append(ns)
@@ -99,6 +132,9 @@ class Panel:
                     print(f"not run: {e}")
                     return []
                 self.last_runs = [notebook.run_cell(ns) for ns in tqdm(runs, desc="sizes", unit="run")]
+                for note in dict.fromkeys(notebook.timings_note(d) for d in self.last_runs):  # the run's caveat
+                    if note:
+                        print(note)
                 for fig in self.figures(self.last_runs):
                     display(fig)
         finally:
@@ -114,8 +150,9 @@ class Panel:
         if len(run_dirs) == 1:
             figs = [fn(run_dirs[0]) for fn in plots.run_plots(run_dirs[0]).values()]  # none with nothing to draw
         else:
-            df = analysis.load_sweep(run_dirs[0].parent)
-            figs = [figures.speedup_vs_size(df), figures.step_time_vs_size(df), figures.peak_memory_vs_size(df)]
+            df = analysis.load_sweep(run_dirs[0].parent)  # as the sweep report: only the figures with data
+            shown = ("speedup_vs_size", "step_time_vs_size", "peak_memory_vs_size")
+            figs = [fn(df) for name, fn in figures.drawable(df).items() if name in shown]
         for fig in figs:
             plt.close(fig)  # displayed once, explicitly; not again by the inline backend
         return figs

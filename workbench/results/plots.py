@@ -66,15 +66,17 @@ def _no_student_ran(df: pd.DataFrame) -> str:
     return f"nothing to plot: no student produced this number\n({states})"
 
 
+CPU_TIMINGS = "CPU timings are a smoke test, not a comparison of the students"
+"""The caveat under every figure of step times (or speedups) measured on a CPU: the run's, the sweep's, the panel's."""
+
+
 def _title(df: pd.DataFrame, what: str, timings: bool = False) -> str:
     """`timings`: a figure of step times; on a CPU its title says they are a smoke test."""
     r = df.iloc[0]
     gpu = r.get("gpu_name") if isinstance(r.get("gpu_name"), str) else "CPU"
     tokens = r.get("cfg_batch") * r.get("cfg_seq_len")
     title = f"{what} — {gpu}, preset {r.get('cfg_preset')}, hidden {r.get('cfg_hidden')}, tokens {tokens}"
-    return title + (
-        "\nCPU timings are a smoke test, not a comparison of the students" if timings and gpu == "CPU" else ""
-    )
+    return title + (f"\n{CPU_TIMINGS}" if timings and gpu == "CPU" else "")
 
 
 def _label(r) -> str:

@@ -1,6 +1,10 @@
 """The sweep report's figures, drawn from workbench.sweep.analysis's frame: speedup, step time, peak memory
 and the FP8-vs-reference loss band against hidden size. Each returns a Figure with one panel per token
-count; rows that are not comparable (the student or the reference unstable) are drawn hollow."""
+count; rows that are not comparable (the student or the reference unstable) are drawn hollow.
+
+As a run's plots (workbench.results.plots.has_data), a figure is drawn only where it has data (`drawable`,
+`show`): no empty "unknown here" frame of peak memory on a CPU, nor a loss band where no FP8 student ran;
+figures of step times measured on a CPU carry the run's caveat (plots.CPU_TIMINGS) under their title."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
@@ -11,11 +15,16 @@ from workbench.results import plots
 from workbench.sweep.analysis import RAN_OK, crossover, loss_band, low_precision
 
 
-def _panels(df: pd.DataFrame, what: str):
+def _gpu(df: pd.DataFrame) -> str:
+    return df["gpu_name"].dropna().iloc[0] if "gpu_name" in df and df["gpu_name"].notna().any() else "CPU"
+
+
+def _panels(df: pd.DataFrame, what: str, timings: bool = False):
+    """A figure with one panel per token count; `timings`: a figure of step times (the CPU caveat under it)."""
     tokens = sorted(df["tokens"].dropna().unique()) or [None]
     fig, axes = plt.subplots(1, len(tokens), figsize=(5.2 * len(tokens) + 1, 4.6), squeeze=False, sharey=True)
-    gpu = df["gpu_name"].dropna().iloc[0] if "gpu_name" in df and df["gpu_name"].notna().any() else "CPU"
-    fig.suptitle(f"{what} — {gpu}", fontsize=11)
+    gpu = _gpu(df)
+    fig.suptitle(f"{what} — {gpu}" + (f"\n{plots.CPU_TIMINGS}" if timings and gpu == "CPU" else ""), fontsize=11)
     return fig, list(zip(axes[0], tokens))
 
 
@@ -52,7 +61,7 @@ def speedup_vs_size(df: pd.DataFrame) -> plt.Figure:
     """Speedup of every student over the reference vs hidden size; stars mark each FP8 crossover,
     hollow markers the sizes where the student or the reference was unstable (not counted)."""
     ref = df["reference"].iloc[0]
-    fig, panels = _panels(df, f"Train-step speedup vs {ref} (> 1: faster), stars: crossover")
+    fig, panels = _panels(df, f"Train-step speedup vs {ref} (> 1: faster), stars: crossover", timings=True)
     cross = crossover(df)
     for ax, tokens in panels:
         d = df[(df["tokens"] == tokens) & (df["student"] != ref) & df["status"].isin(RAN_OK)].dropna(
@@ -79,10 +88,10 @@ def speedup_vs_size(df: pd.DataFrame) -> plt.Figure:
 
 
 def _metric_vs_size(df: pd.DataFrame, col: str, title: str, ylabel: str, unknown: str,
-                    whiskers: tuple[str, str] | None = None, scale: float = 1.0) -> plt.Figure:
+                    whiskers: tuple[str, str] | None = None, scale: float = 1.0, timings: bool = False) -> plt.Figure:
     """One line per student of `col` / `scale` against hidden size, a panel per token count (log y,
     plain tick labels); unstable rows hollow."""
-    fig, panels = _panels(df, title)
+    fig, panels = _panels(df, title, timings)
     for ax, tokens in panels:
         d = df[(df["tokens"] == tokens) & df["status"].isin(RAN_OK)].dropna(subset=[col])
         hollow = False
@@ -106,7 +115,7 @@ def _metric_vs_size(df: pd.DataFrame, col: str, title: str, ylabel: str, unknown
 
 def step_time_vs_size(df: pd.DataFrame) -> plt.Figure:
     return _metric_vs_size(df, "step_ms_median", "Student train step (median; whiskers p20–p80)", "ms (log scale)",
-                           "step time", whiskers=("step_ms_p20", "step_ms_p80"))
+                           "step time", whiskers=("step_ms_p20", "step_ms_p80"), timings=True)
 
 
 def peak_memory_vs_size(df: pd.DataFrame) -> plt.Figure:
@@ -155,5 +164,38 @@ def loss_band_vs_size(df: pd.DataFrame) -> plt.Figure:
 
 FIGURES = {"speedup_vs_size": speedup_vs_size, "step_time_vs_size": step_time_vs_size,
            "peak_memory_vs_size": peak_memory_vs_size, "loss_band_vs_size": loss_band_vs_size}
+# what each figure draws, said when it has nothing to draw (the has-data rule of a run's plots)
+NEEDS = {"speedup_vs_size": "a speedup (a student and the reference both ran at a size)",
+         "step_time_vs_size": "a step time", "peak_memory_vs_size": "a peak memory (measured on GPUs only)",
+         "loss_band_vs_size": "an FP8 loss ratio (an FP8 student and the reference both ran)"}
+
+
+def _drawn(df: pd.DataFrame, name: str) -> pd.DataFrame:
+    """The rows figure `name` draws: the students that ran as themselves, with its number."""
+    ok = df[df["status"].isin(RAN_OK)]
+    if name == "speedup_vs_size":
+        return ok[ok["student"] != ok["reference"]].dropna(subset=["speedup_vs_ref"])
+    if name == "loss_band_vs_size":
+        return ok[low_precision(ok)].dropna(subset=["final_loss_ratio_vs_ref"])
+    col = {"step_time_vs_size": "step_ms_median", "peak_memory_vs_size": "peak_mem_allocated_mb"}[name]
+    return ok.dropna(subset=[col]) if col in ok else ok.iloc[:0]
+
+
+def has_data(df: pd.DataFrame, name: str) -> bool:
+    """Whether figure `name` has anything to draw in the sweep's frame (a panel without data still says so)."""
+    return not df.empty and not _drawn(df, name).empty
+
+
+def drawable(df: pd.DataFrame) -> dict:
+    """The figures that have something to draw, by name (those the report writes)."""
+    return {name: fn for name, fn in FIGURES.items() if has_data(df, name)}
+
+
+def show(df: pd.DataFrame, name: str) -> plt.Figure | None:
+    """Figure `name` where it has data, else one line saying so instead of an empty frame; None then."""
+    if has_data(df, name):
+        return FIGURES[name](df)
+    print(f"{name}: nothing to plot: no point has {NEEDS[name]}")
+    return None
 
 

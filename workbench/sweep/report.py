@@ -24,6 +24,7 @@ import pandas as pd
 
 from workbench import results
 from workbench.results import scaling
+from workbench.run import slow_path
 from workbench.sweep.analysis import (
     CROSSOVER_COLUMNS,
     REFERENCE,
@@ -35,7 +36,7 @@ from workbench.sweep.analysis import (
     point_dirs,
     sig3,
 )
-from workbench.sweep.figures import FIGURES
+from workbench.sweep.figures import drawable
 
 REPORT_NOTEBOOK = resources.files("workbench") / "notebooks" / "sweep_report.ipynb"  # package data
 NO_NBCONVERT = "pip install 'nbconvert>=7.0'"  # the `report` extra; the same command for a wheel and a checkout
@@ -82,18 +83,22 @@ def headline(cross: pd.DataFrame, gpu: str, reference: str = REFERENCE) -> str:
     return text + tail + "."
 
 
-def environment(df: pd.DataFrame) -> dict[str, str]:
-    """What the numbers were measured on, from the rows' env stamp (every distinct value, so a sweep
-    resumed on another machine or commit says so) and the points' finish times."""
-    def values(col: str) -> str:
-        v = df[col].dropna().astype(str).unique() if col in df else []
-        return ", ".join(sorted(v)) or "unknown"
+def gpu_of(df: pd.DataFrame) -> str:
+    """The GPU (or GPUs) the rows ran on, 'CPU' when none."""
+    v = sorted(df["gpu_name"].dropna().astype(str).unique()) if "gpu_name" in df else []
+    return ", ".join(v) or "CPU"
+
+
+def environment(df: pd.DataFrame, sweep_dir: str | Path | None = None) -> dict[str, str]:
+    """What the numbers were measured on: each point's line as its run says it (workbench.notebook.versions_line:
+    'CPU · torch … · CUDA none · TE not installed · git …'), every distinct one (a sweep resumed on another machine
+    or commit says so), and the points' finish times. Without the sweep folder, only the GPU."""
+    from workbench.notebook import versions_line
 
     done = df["finished_at"].dropna() if "finished_at" in df else pd.Series(dtype=str)
-    gpu = values("gpu_name") if values("gpu_name") != "unknown" else "CPU"
-    return {"GPU": f"{gpu} (compute capability {values('compute_capability')})", "torch": values("torch"),
-            "CUDA (torch)": values("torch_cuda"), "Transformer Engine": values("te_version"),
-            "git sha": values("git_sha"),
+    names = set(df["point"]) if "point" in df else set()
+    lines = sorted({versions_line(d) for d in point_dirs(sweep_dir) if d.name in names}) if sweep_dir else []
+    return {"measured on": " / ".join(lines) or gpu_of(df),
             "date": f"{done.min()} – {done.max()}".replace("T", " ") if len(done) else "unknown",
             "points": str(df["point"].nunique()) if "point" in df else "unknown"}
 
@@ -109,11 +114,14 @@ DEFINITIONS = {
 }
 
 
-def intro(df: pd.DataFrame) -> str:
-    """The report's opening, as Markdown: the headline, any unstable reference, the environment, the definitions."""
-    env = environment(df)
+def intro(df: pd.DataFrame, sweep_dir: str | Path | None = None) -> str:
+    """The report's opening, as Markdown: the headline, on a CPU the run's caveat on its timings, any unstable
+    reference, the environment, the definitions."""
+    env = environment(df, sweep_dir)
     reference = df["reference"].iloc[0]
-    lines = [f"**{headline(crossover(df), env['GPU'].split(' (')[0], reference)}**", ""]
+    lines = [f"**{headline(crossover(df), gpu_of(df), reference)}**", ""]
+    if gpu_of(df) == "CPU":  # the caveat every CPU run's summary carries: speedups here are noise
+        lines += [f"⚠ {slow_path.CPU_NOTE}.", ""]
     bad = df[(df["student"] == reference) & df["unstable"]]
     for _, r in bad.iterrows():
         lines.append(
@@ -163,7 +171,7 @@ def write_files(df: pd.DataFrame, out_dir: str | Path, sweep_dir: str | Path | N
     }
     if sweep_dir is not None:
         written["failed_points.csv"] = results.write_csv(out_dir / "failed_points.csv", failed_points(sweep_dir))
-    figures = dict(FIGURES)
+    figures = drawable(df)  # no empty frame: a figure without data is not drawn (as a run's plots)
     spread = multi_gpu(df)
     if len(spread):  # points that ran over several GPUs: their scaling, beside the sizes
         written["scaling.csv"] = results.write_csv(out_dir / "scaling.csv", spread)

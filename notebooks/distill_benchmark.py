@@ -28,7 +28,8 @@
 # The notebook names the kernel `te-workbench`, which `make` registers for its venv; elsewhere pick your
 # environment's kernel in Jupyter, or give papermill `-k python3`.
 #
-# `papermill --help-notebook notebooks/distill_benchmark.ipynb` lists every parameter.
+# `papermill --help-notebook notebooks/distill_benchmark.ipynb` lists every parameter; the parameters cell
+# (every config field, about 70 lines) opens collapsed: click its `…` to open it.
 
 # %%
 # Colab only (elsewhere this cell does nothing): install the workbench from its repository, leaving
@@ -44,7 +45,7 @@ if "google.colab" in sys.modules:
 
     cli.main(["install-te"])
 
-# %% tags=["parameters"]
+# %% jupyter={"source_hidden": true} tags=["parameters"]
 # Papermill parameters (`papermill --help-notebook` lists them), generated from workbench/config.py:
 # edit the dataclasses there and run scripts/sync_notebooks.py, not this cell.
 from typing import Optional
@@ -123,14 +124,14 @@ device: Optional[str] = None  # 'auto' (CUDA when available, else CPU), 'cuda' o
 show_panel: Optional[bool] = None  # The widget panel at the end: True shows it, False hides it, None shows it unless papermill runs the notebook.
 
 # %%
-from workbench import notebook, results
+from workbench import notebook
 
 run_dir = notebook.run_cell(globals())
 
 # %%
 print(notebook.versions_line(run_dir))
 print(notebook.timings_note(run_dir))
-notebook.summary_table(run_dir)
+notebook.readable(notebook.summary_table(run_dir))
 
 # %% [markdown]
 # ## Loss curves, step time, peak memory
@@ -149,14 +150,14 @@ notebook.language_model_plots(run_dir);
 
 # %% [markdown]
 # ## Details: every student's row (`reason` says why a student fell back or was skipped) and summary.json
+# Four significant digits, empty where a student has no value; students.csv in the run folder has every column
+# in full precision. summary.json opens on a click.
 
 # %%
-results.load(run_dir)[["student", "mode", "status", "reason", "initial_loss", "final_train_loss", "eval_mse",
-                       "step_ms_median", "step_ms_p20", "step_ms_p80", "tflops", "peak_mem_allocated_mb",
-                       "teacher_ms_median", "gpu_busy_share", "slow_path"]]
+notebook.details_table(run_dir)
 
 # %%
-results.load_summary(run_dir)
+notebook.summary_json(run_dir)
 
 # %% [markdown]
 # ## Interactive panel: pick preset, hidden sizes and backends, then Run

@@ -5,7 +5,8 @@
 
 Derived here:
   * the main notebook's papermill parameters cell, from the config dataclasses
-    (workbench.notebook.parameters_cell; the help texts are the fields' docstrings in workbench/config/);
+    (workbench.notebook.parameters_cell; the help texts are the fields' docstrings in workbench/config/), and its
+    metadata that opens it collapsed (notebook.PARAMETERS_CELL_METADATA);
   * every repository address: the Colab badges (README.md, each notebook's first cell), the notebooks'
     Colab `%pip install` line and environments/colab.md, from `[project.urls] Repository` in pyproject.toml.
 Run it after editing workbench/config/ or the repository address; tests/test_config.py and
@@ -55,6 +56,7 @@ def synced_notebook(ipynb: Path, repo: str):
     for cell in nb.cells:
         if "parameters" in cell.metadata.get("tags", []) and ipynb.name == notebook.MAIN_NOTEBOOK.name:
             cell.source = notebook.parameters_cell()
+            cell.metadata.update(notebook.PARAMETERS_CELL_METADATA)  # opens collapsed
         else:
             cell.source = with_repository(cell.source, repo)
     return nb

@@ -76,6 +76,54 @@ def test_the_runner_lines_stream_while_the_kernel_runs(executed):
     assert "[torch_fp32] training 3 steps" in printed and "[te_fp8:delayed]" in printed
 
 
+@pytest.mark.slow
+def test_the_executed_notebook_shows_readable_tables_and_folds_its_dumps(executed):
+    """The parameters cell opens collapsed; the tables show no NaN / None and no six-decimal numbers; summary.json
+    is a block that opens on a click, one line as plain text."""
+    _, nb, _ = executed
+    params = next(c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", []))
+    assert params["metadata"]["jupyter"]["source_hidden"] is True
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    run_call = next(i for i, c in enumerate(code) if "run_cell" in "".join(c["source"]))
+    tables = [code[run_call + 1], next(c for c in code if "details_table" in "".join(c["source"]))]
+    for cell in tables:
+        shown = _text_of(cell) + "".join("".join(o.get("data", {}).get("text/html", "")) for o in cell["outputs"])
+        assert "NaN" not in shown and "None" not in shown, shown
+        digits = [n.replace(".", "").lstrip("0") for n in re.findall(r"\d+\.\d+", shown)]
+        assert digits and max(map(len, digits)) <= 4, shown  # four significant digits at most
+    folded = next(c for c in code if "summary_json" in "".join(c["source"]))["outputs"][0]["data"]
+    assert folded["text/html"][0].startswith("<details><summary>summary.json: ") and '"mode":' in \
+        "".join(folded["text/html"]).replace("&quot;", '"')
+    assert "".join(folded["text/plain"]).count("\n") == 0
+
+
+def test_tables_are_shown_to_four_significant_digits_and_empty_where_missing(tmp_path):
+    t = pd.DataFrame({"ms": [652.1969189999481, None, 12345.678], "status": ["ok", None, "skipped"],
+                      "ranks": [1, 2, 4], "loss": [0.123456, float("nan"), 3e-7]}, index=["a", "b", "c"])
+    shown = notebook.readable(t)
+    assert shown.loc["a"].tolist() == ["652.2", "ok", "1", "0.1235"]
+    assert shown.loc["b"].tolist() == ["", "", "2", ""]
+    assert shown.loc["c"].tolist() == ["12346", "skipped", "4", "3e-07"]
+    cfg = config.from_preset("cpu-smoke")
+    results.write_json(tmp_path / "config.json", {"config": cfg.to_dict()})
+    rows = [{"student": "torch_bf16", "status": "ok", "step_ms_median": 10.123456, "final_train_loss": 0.2},
+            {"student": "te_fp8:delayed", "status": "skipped", "reason": "no GPU"}]
+    results.write_csv(tmp_path / "students.csv", results.students_frame(rows))
+    results.write_json(tmp_path / "summary.json", {"baseline": "torch_bf16", "mode": "cpu", "fp8_reason": None})
+    results.mark_complete(tmp_path)
+    details = notebook.details_table(tmp_path)
+    assert details.loc["torch_bf16", "step_ms_median"] == "10.12" and details.loc["te_fp8:delayed", "eval_mse"] == ""
+    folded = notebook.summary_json(tmp_path)
+    assert repr(folded).startswith("summary.json: 3 keys") and "<details><summary>" in folded._repr_html_()
+    assert "&quot;fp8_reason&quot;: null" in folded._repr_html_()
+
+
+def test_the_main_notebooks_parameters_cell_opens_collapsed():
+    nb = nbformat.read(ROOT / "notebooks" / notebook.MAIN_NOTEBOOK.name, as_version=4)
+    params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(params) == 1 and params[0].metadata["jupyter"] == {"source_hidden": True}
+
+
 def test_a_taken_run_id_is_named_as_the_notebooks_parameter(tmp_path):
     """Re-running an executed notebook (papermill keeps its injected run_id) meets its own run folder: the
     notebook names its parameter and how papermill sets it, not the command line's --run-id."""

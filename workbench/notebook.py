@@ -12,7 +12,10 @@ the wheel carries real copies, so an installed workbench runs them from any fold
 from __future__ import annotations
 
 import dataclasses
+import html
 import importlib.util
+import json
+import numbers
 import os
 import sys
 from importlib import resources
@@ -41,6 +44,13 @@ RUN_PARAMETERS = {  # the notebook's parameters besides the config fields: name 
 
 RUN_ID_TAKEN = ("choose another run_id (this notebook's parameter; papermill -p run_id NAME: an executed notebook "
                 "keeps the run_id it ran with), or set it to None for a new one (papermill -p run_id None)")
+
+PARAMETERS_CELL_METADATA = {"jupyter": {"source_hidden": True}}
+"""The main notebook's parameters cell opens collapsed (Jupyter shows '…'; a click opens it): some 70 lines of every
+config field come before the run otherwise. scripts/sync_notebooks.py writes it; papermill keeps it."""
+DETAILS = ["student", "mode", "status", "reason", "initial_loss", "final_train_loss", "eval_mse", "step_ms_median",
+           "step_ms_p20", "step_ms_p80", "tflops", "peak_mem_allocated_mb", "teacher_ms_median", "gpu_busy_share",
+           "slow_path"]  # the notebook's details table: students.csv's columns a reader asks about first
 
 
 def checkout_root() -> Path | None:
@@ -115,6 +125,51 @@ def run_cell(namespace: dict[str, Any]) -> Path:
 def _sig(x: Any, digits: int = 3) -> float | None:
     """`x` rounded to `digits` significant digits (None for a missing value)."""
     return None if x is None or pd.isna(x) else float(f"{x:.{digits}g}")
+
+
+def _cell(x: Any, digits: int) -> str:
+    """One table cell as text: '' for a missing value, a number to `digits` significant digits (no exponent from
+    10**digits up to 10**15: 12345 ms, not 1.234e+04), anything else as it is."""
+    if x is None or (not isinstance(x, str | list | dict) and pd.isna(x)):
+        return ""
+    if isinstance(x, bool | numbers.Integral) or not isinstance(x, numbers.Real):
+        return str(x)
+    return f"{x:.0f}" if 10 ** digits <= abs(x) < 1e15 else f"{x:.{digits}g}"
+
+
+def readable(table: pd.DataFrame, digits: int = 4) -> pd.DataFrame:
+    """`table` as a person reads it: every number to `digits` significant digits, an empty cell where a value is
+    missing (not NaN / None), text as it is. For showing only: the cells are strings."""
+    return pd.DataFrame({c: table[c].map(lambda x: _cell(x, digits)) for c in table.columns}, index=table.index)
+
+
+def details_table(run_dir: str | Path) -> pd.DataFrame:
+    """Every student's row with the columns of DETAILS that the run has (`reason`: why a student fell back or was
+    skipped), readable: four significant digits, empty where there is no value."""
+    df = results.load(run_dir)
+    return readable(df[[c for c in DETAILS if c in df]].set_index("student"))
+
+
+class Folded:
+    """Text shown folded: Jupyter draws an HTML <details> block whose title opens it; as plain text (a terminal,
+    papermill's log) only the title."""
+
+    def __init__(self, title: str, text: str):
+        self.title, self.text = title, text
+
+    def _repr_html_(self) -> str:
+        return (f"<details><summary>{html.escape(self.title)}</summary>"
+                f"<pre>{html.escape(self.text)}</pre></details>")
+
+    def __repr__(self) -> str:
+        return self.title
+
+
+def summary_json(run_dir: str | Path) -> Folded:
+    """The run's summary.json, indented, in a block that opens on a click instead of a 40-line dict."""
+    summary = results.load_summary(run_dir)
+    return Folded(f"summary.json: {len(summary)} keys (click to open; the file is {Path(run_dir) / 'summary.json'})",
+                  json.dumps(summary, indent=1, default=str))
 
 
 def summary_table(run_dir: str | Path) -> pd.DataFrame:
@@ -264,8 +319,6 @@ def add_arguments(p) -> None:
 
 
 def main(args) -> int:
-    import json
-
     overrides = config.parse_set(args.overrides)
     nb = args.notebook or MAIN_NOTEBOOK
     problem = f"--notebook {nb}: no such file" if not nb.is_file() else \

@@ -41,6 +41,7 @@ from pathlib import Path
 import pandas as pd
 from IPython.display import Image, Markdown
 
+from workbench.notebook import readable  # tables to four significant digits, empty where a value is missing
 from workbench.study.report import report
 
 head = report(study_dir, headline_arm, headline_metric)  # writes study.csv, arms.csv, gaps.csv, headline.json, README.md and the figures
@@ -50,7 +51,7 @@ Markdown(f"**{head['sentence']}**")
 # ## Arms: mean, sd and 95% interval over seeds; did the held-out curves flatten
 
 # %%
-pd.read_csv(Path(study_dir) / "arms.csv")
+readable(pd.read_csv(Path(study_dir) / "arms.csv"))
 
 # %%
 Image(str(Path(study_dir) / "heldout_curves.png"))
@@ -61,7 +62,7 @@ Image(str(Path(study_dir) / "heldout_curves.png"))
 
 # %%
 gaps = Path(study_dir) / "gaps.csv"
-pd.read_csv(gaps) if gaps.exists() else Markdown("no gaps: " + head["sentence"])
+readable(pd.read_csv(gaps)) if gaps.exists() else Markdown("no gaps: " + head["sentence"])
 
 # %%
 Image(str(Path(study_dir) / "gap_vs_noise.png")) if gaps.exists() else None
@@ -70,7 +71,7 @@ Image(str(Path(study_dir) / "gap_vs_noise.png")) if gaps.exists() else None
 # ## Every arm x seed (study.csv)
 
 # %%
-pd.read_csv(Path(study_dir) / "study.csv")
+readable(pd.read_csv(Path(study_dir) / "study.csv"))
 
 # %% [markdown]
 # ## About this report

@@ -273,3 +273,11 @@ def test_default_output_is_the_repository_results_folder_in_a_checkout(monkeypat
     monkeypatch.chdir(ROOT / "notebooks")
     assert notebook.checkout_root() == ROOT
     assert notebook.default_out() == ROOT / "results"
+
+
+def test_the_quality_report_shows_its_csv_tables_readable():
+    """Every table the study report reads from a CSV is shown through notebook.readable (four significant digits,
+    empty cells for NaN), not as pandas prints a raw frame."""
+    nb = nbformat.read(ROOT / "notebooks" / "quality_report.ipynb", as_version=4)
+    shown = [c.source for c in nb.cells if c.cell_type == "code" and "read_csv(" in c.source]
+    assert len(shown) == 3 and all("readable(pd.read_csv(" in s for s in shown), shown

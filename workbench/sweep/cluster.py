@@ -64,12 +64,19 @@ def visible_gpus() -> list[str]:
     return ids[:n]
 
 
+# The scheduler's HTTP server (its health and metrics routes) starts even with the dashboard off, at 8787 unless
+# told otherwise: a second sweep, or anything else there, made every sweep say "Port 8787 is already in use".
+# Port 0 is any free port, and the dashboard itself stays off.
+NO_DASHBOARD = {"dashboard_address": ":0", "dashboard": False}  # a Scheduler's options
+NO_DASHBOARD_KW = {"dashboard_address": ":0", "scheduler_kwargs": {"dashboard": False}}  # a LocalCluster's arguments
+
+
 def embedded_cluster(cp: ClusterPlan):
     """A cluster on this machine for the sweep's lifetime (the driver closes it). Workers are processes
-    with one thread each: a worker runs one point (one notebook kernel) at a time."""
+    with one thread each: a worker runs one point (one notebook kernel) at a time. No dashboard, no fixed port."""
     from distributed import LocalCluster, Nanny, Scheduler, SpecCluster
 
-    quiet = {"dashboard_address": None, "silence_logs": logging.WARNING}  # the sweep's own lines stay readable
+    quiet = {**NO_DASHBOARD_KW, "silence_logs": logging.WARNING}  # the sweep's own lines stay readable
     if not cp.gpus_per_worker:
         return LocalCluster(n_workers=len(cp.workers), threads_per_worker=1, processes=True, **quiet)
     gpus = {"GPU": cp.gpus_per_worker}
@@ -83,7 +90,7 @@ def embedded_cluster(cp: ClusterPlan):
     specs = {f"gpu{ids}": {**worker, "options": {**worker["options"], "env": {"CUDA_VISIBLE_DEVICES": ids}}}
              for ids in cp.workers}
     return SpecCluster(workers=specs, silence_logs=logging.WARNING,
-                       scheduler={"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard_address": None}})
+                       scheduler={"cls": Scheduler, "options": {"host": "127.0.0.1", **NO_DASHBOARD}})
 
 
 class SchedulerError(ConfigError):
@@ -179,7 +186,11 @@ def dask_client(scheduler: str | None, workers: str | int, nprocs: list[int],
 def slow_close_is_no_error(resource):
     """`with resource`, but a TimeoutError from closing it is one line, not an error: the cluster closes
     once the points have ended, and a teardown past distributed's deadline used to lose the report. An
-    error of the body still propagates (the close's TimeoutError does not replace it)."""
+    error of the body still propagates (the close's TimeoutError does not replace it). The close is quiet:
+    distributed's warnings while it tears down ("Worker process still alive after 4.0 seconds, killing": its
+    nanny ending a worker whose kernel is slow to exit) are not the sweep's news; its errors still show."""
+    from distributed.utils import silence_logging_cmgr
+
     value = resource.__enter__()
     exc: BaseException | None = None
     try:
@@ -189,7 +200,8 @@ def slow_close_is_no_error(resource):
         raise
     finally:
         try:
-            resource.__exit__(type(exc) if exc else None, exc, exc.__traceback__ if exc else None)
+            with silence_logging_cmgr(logging.ERROR):
+                resource.__exit__(type(exc) if exc else None, exc, exc.__traceback__ if exc else None)
         except TimeoutError as e:
             print(f"workbench sweep: the Dask {type(resource).__name__} was slow to close ({e or 'TimeoutError'}); "
                   f"not an error, going on", file=sys.stderr)

@@ -39,6 +39,10 @@ from workbench.sweep.analysis import (
 from workbench.sweep.figures import drawable
 
 REPORT_NOTEBOOK = resources.files("workbench") / "notebooks" / "sweep_report.ipynb"  # package data
+# The report kernel's own log stays out of the sweep's terminal: its "Kernel is running over TCP without
+# encryption" warning at start and the "KeyboardInterrupt caught in kernel" that jupyter_client's shutdown (an
+# interrupt first) makes it log at the end. A failing cell still fails the report (papermill raises).
+QUIET_KERNEL = ["--IPKernelApp.log_level=CRITICAL"]
 NO_NBCONVERT = "pip install 'nbconvert>=7.0'"  # the `report` extra; the same command for a wheel and a checkout
 
 # ---- the words at the top of the report --------------------------------------------------------
@@ -219,7 +223,7 @@ def run(sweep_dir: str | Path, reference: str = REFERENCE, out_dir: str | Path |
         pm.execute_notebook(str(REPORT_NOTEBOOK), str(executed),
                             parameters={"sweep_dir": str(sweep_dir), "reference": reference, "out_dir": str(out_dir)},
                             kernel_name="python3", language="python", progress_bar=progress,
-                            cwd=str(out_dir))
+                            cwd=str(out_dir), extra_arguments=QUIET_KERNEL)
         if importlib.util.find_spec("nbconvert") is None:  # the report stands without its HTML page
             results.write_bytes(out_dir / executed.name, executed.read_bytes())
             print(f"workbench report: report.html not written: it needs nbconvert ({NO_NBCONVERT}); the CSVs, "

@@ -226,8 +226,19 @@ def _report_only_main(args) -> int:
     except FileNotFoundError as e:
         print(f"workbench sweep: no report: {e}", file=sys.stderr)
         return 1
-    print(json.dumps({"report_dir": str(out)}))
+    print(json.dumps({"report_dir": str(out)}), flush=True)
+    print(done_line(sweep_dir, out), file=sys.stderr)
     return 1 if damaged_points(sweep_dir) else 0
+
+
+def done_line(sweep_dir: str | Path, report_dir: str | Path | None) -> str:
+    """The last line a person reads (as `workbench notebook`'s): the report to open, where the points are."""
+    html = Path(report_dir) / "report.html" if report_dir else None
+    if html is not None and html.exists():
+        return f"Done: open {html} (the sweep's report); its CSVs and plots are beside it, the points in {sweep_dir}/"
+    if report_dir:  # no nbconvert: the executed report notebook stands in for report.html
+        return f"Done: the sweep's report (CSVs, plots, the notebook) is in {report_dir}/, the points in {sweep_dir}/"
+    return f"Done: no report written (see above); the points' result files are in {sweep_dir}/"
 
 
 def main(args) -> int:
@@ -264,5 +275,6 @@ def main(args) -> int:
         except Exception as e:  # noqa: BLE001 - the sweep's results stand; say why the report did not
             print(f"workbench sweep: the report failed: {type(e).__name__}: {e}", file=sys.stderr)
             rc = 1
-    print(json.dumps(summary))  # last line: machine-readable
+    print(json.dumps(summary), flush=True)  # last stdout line: machine-readable
+    print(done_line(summary["sweep_dir"], summary.get("report_dir")), file=sys.stderr)  # and the last a person reads
     return rc

@@ -312,4 +312,4 @@ def test_smollm2_from_its_wheel_matches_the_gguf_and_teaches_a_run(smollm2_wheel
     assert (df["tokenizer"] == "pretrained").all() and (df["cfg_vocab"] == 49152).all()
     assert pd.notna(df["kl_teacher_student_t1_nats"]).all()
     task = json.loads((tmp_path / "smol" / "task.json").read_text())
-    assert str(bf16) in json.dumps(task)
+    assert task["teacher_source"] == str(bf16) and task["tokenizer_path"] == str(bf16)

@@ -242,6 +242,17 @@ def test_a_failing_notebook_still_leaves_the_executed_copy(tmp_path):
 
 
 @pytest.mark.slow
+def test_the_kernels_own_log_stays_out_of_the_terminal(tmp_path, capfd):
+    """No 'Kernel is running over TCP without encryption' warning at the start of every run, and no
+    'KeyboardInterrupt caught in kernel' at its end (capfd sees the kernel process's own stderr)."""
+    nb = _tiny_notebook(tmp_path / "quiet.ipynb", "print('cell ran')")
+    notebook.execute("cpu-smoke", out=tmp_path / "runs", run_id="q", notebook=nb)
+    err = capfd.readouterr().err
+    assert "Kernel is running over TCP" not in err and "KeyboardInterrupt" not in err, err
+    assert "cell ran" in (tmp_path / "runs" / "q" / "quiet.ipynb").read_text()
+
+
+@pytest.mark.slow
 def test_cell_timeout_stops_a_cell_that_runs_too_long(tmp_path):
     nb = _tiny_notebook(tmp_path / "slow.ipynb", "import time; time.sleep(60)")
     with pytest.raises(Exception, match="(?i)timed out"):

@@ -263,6 +263,12 @@ def peak_memory(run_dir: str | Path):
     return None
 
 
+# A kernel's own log stays out of the terminal: its "Kernel is running over TCP without encryption" warning at
+# start and the "KeyboardInterrupt caught in kernel" that jupyter_client's shutdown (an interrupt first) makes it
+# log at the end. A failing cell still fails the run (papermill raises). Every notebook the workbench runs.
+QUIET_KERNEL = ["--IPKernelApp.log_level=CRITICAL"]
+
+
 def execute(preset: str = "auto", overrides: dict[str, Any] | None = None, out: str | Path = "results",
             run_id: str | None = None, notebook: Path | resources.abc.Traversable = MAIN_NOTEBOOK,
             progress: bool = False, cell_timeout: int | None = None, log_output: bool = True) -> Path:
@@ -301,7 +307,7 @@ def execute(preset: str = "auto", overrides: dict[str, Any] | None = None, out: 
                 kernel_name="python3", language="python", progress_bar=progress,
                 log_output=log_output, stdout_file=sys.stdout if log_output else None,
                 stderr_file=sys.stderr if log_output else None, execution_timeout=cell_timeout,
-                cwd=str(checkout_root() or Path.cwd()),
+                cwd=str(checkout_root() or Path.cwd()), extra_arguments=QUIET_KERNEL,
             )
         finally:
             os.environ.pop(results.HANDOVER_ENV, None)

@@ -39,10 +39,6 @@ from workbench.sweep.analysis import (
 from workbench.sweep.figures import drawable
 
 REPORT_NOTEBOOK = resources.files("workbench") / "notebooks" / "sweep_report.ipynb"  # package data
-# The report kernel's own log stays out of the sweep's terminal: its "Kernel is running over TCP without
-# encryption" warning at start and the "KeyboardInterrupt caught in kernel" that jupyter_client's shutdown (an
-# interrupt first) makes it log at the end. A failing cell still fails the report (papermill raises).
-QUIET_KERNEL = ["--IPKernelApp.log_level=CRITICAL"]
 NO_NBCONVERT = "pip install 'nbconvert>=7.0'"  # the `report` extra; the same command for a wheel and a checkout
 
 # ---- the words at the top of the report --------------------------------------------------------
@@ -212,7 +208,7 @@ def run(sweep_dir: str | Path, reference: str = REFERENCE, out_dir: str | Path |
         raise FileNotFoundError(f"no complete sweep point (students.csv + done.json) in {sweep_dir}")
     out_dir = Path(out_dir).resolve() if out_dir else default_out(sweep_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    from workbench.notebook import kernel_uses_this_python
+    from workbench.notebook import QUIET_KERNEL, kernel_uses_this_python
 
     kernel_uses_this_python()
     # The executed notebook is executed outside the report folder: it is report.html's source, with this run's

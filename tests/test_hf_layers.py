@@ -221,6 +221,8 @@ def test_nope_layers_get_no_rotary_angles_and_sliding_layers_their_window():
     assert g[0].block.self_attention.window_size == (7, 0) and g[1].block.self_attention.window_size is None
     assert g[0].rope is not g[1].rope  # sliding and global layers: their own theta
     assert not torch.equal(g[0].rope.rope.inv_freq, g[1].rope.rope.inv_freq)
+    g2 = backends.make("te_bf16").build(reference("gemma2"), cfg(), torch.device("cpu")).model.model.layers
+    assert g2[0].rope is g2[1].rope  # Gemma 2: one rope for both layer types, its angles made once
 
 
 def test_linear_conversion_on_request_and_the_row_says_which_ran():

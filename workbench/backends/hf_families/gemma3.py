@@ -104,9 +104,9 @@ class Gemma3(Llama):
         """One rope per layer type, with HF's frequencies for that type (its theta, its linear scaling)."""
         _, rotary = rope_of(hf_model)
         kinds = rotary.rope_type if isinstance(rotary.rope_type, dict) else None
-        if kinds is None:
-            return {key: TERope(te, shape.head_dim, 1.0, rotary.inv_freq)
-                    for key in set(getattr(hf_model.config, "layer_types", None) or ["default"])}
+        if kinds is None:  # one rope for every layer type (Gemma 2): one module, its angles made once
+            rope = TERope(te, shape.head_dim, 1.0, rotary.inv_freq)
+            return dict.fromkeys(getattr(hf_model.config, "layer_types", None) or ["default"], rope)
         return {t: TERope(te, shape.head_dim, 1.0, getattr(rotary, f"{t}_inv_freq")) for t in kinds}
 
     def make_layer(self, te, hf_model: nn.Module, shape: LayerShape, rope: TERope | None, index: int,

@@ -13,7 +13,8 @@
 # .whl holds the gguf wheel (transformers reads GGUF files with it; the image lacks it).
 # Knobs: REAL_PARTS (which of 'step0 run bench' to do; at 01f4102 the three took over one call's 600 s: the import
 # 45 s, step0 ~110 s, the run past its 200 s limit, so give the bench a call of its own), REAL_BUDGET_S (the
-# bench's budget, default 120), REAL_STEPS (default 20).
+# bench's budget, default 120), REAL_VARIANTS (the bench's
+# --variants, default the preset's), REAL_STEPS (default 20).
 # Writes $OUT/real/: step0.csv / .json / .png, import.json (hf_import.json), run.tar.gz (the run's small files),
 # bench.tar.gz and real.log (every step's output): 7 files, under the device call's 8.
 set -uo pipefail
@@ -41,7 +42,7 @@ echo "== run: exit $?"; tail -12 "$OUT/real/real.log"
 (cd "$R" && tar -czf "$OUT/real/run.tar.gz" $(find . \( -name '*.csv' -o -name '*.json' -o -name '*.png' \) -size -4M))
 B=$(mktemp -d)
 [[ " ${REAL_PARTS:-step0 run bench} " == *" bench "* ]] && timeout $(( ${REAL_BUDGET_S:-120} + 90 )) python3 -m workbench bench --preset hf-llama-4l --repeats 2 \
-  --budget-s "${REAL_BUDGET_S:-120}" --set lm.student="$M" --set no_kd_student=false --out "$B" --run-id smollm2 \
+  --budget-s "${REAL_BUDGET_S:-120}" --set lm.student="$M" --set no_kd_student=false ${REAL_VARIANTS:+--variants "$REAL_VARIANTS"} --out "$B" --run-id smollm2 \
   >> "$OUT/real/real.log" 2>&1
 echo "== bench: exit $?"; tail -25 "$OUT/real/real.log"
 (cd "$B" && tar -czf "$OUT/real/bench.tar.gz" $(find . \( -name '*.csv' -o -name '*.md' -o -name '*.json' \) -size -4M))

@@ -32,7 +32,7 @@ LAB_UID  ?= $(shell id -u)
 # a module fixture is built at most once per worker); 2 fits a 2-core machine, raise it on a bigger one.
 JOBS   ?= 2
 
-.PHONY: setup run lint test test-fast lab bench clean-venv
+.PHONY: setup run lint test test-fast lab git-filter bench clean-venv
 setup: $(VENV)/.installed-$(RUN_EXTRAS)
 
 # The venv and torch, once; then one stamp per set of extras (named by the set, so changing a set reinstalls).
@@ -69,9 +69,25 @@ test: lint
 test-fast: lint
 	$(PYTEST) -q -n $(JOBS) --dist worksteal -m "not slow"
 
-# JupyterLab on notebooks/, with the te-workbench kernel (this venv's, found before a user-wide one of that name).
-lab: $(VENV)/.installed-$(LAB_EXTRAS)
-	JUPYTER_PREFER_ENV_PATH=1 $(BIN)/python -m jupyter lab $(if $(filter 0,$(LAB_UID)),--allow-root) $(LAB_ARGS) notebooks/
+# JupyterLab on notebooks/, with the te-workbench kernel (this venv's, found before a user-wide one of that name);
+# after each save, workbench/lab.py keeps git's index in step with a notebook whose only change is its outputs.
+LAB_HOOK = --ContentsManager.post_save_hook=workbench.lab.git_post_save
+lab: $(VENV)/.installed-$(LAB_EXTRAS) git-filter
+	JUPYTER_PREFER_ENV_PATH=1 $(BIN)/python -m jupyter lab $(if $(filter 0,$(LAB_UID)),--allow-root) $(LAB_HOOK) $(LAB_ARGS) notebooks/
+
+# Run All in Lab writes outputs into the tracked notebooks, and the next `git pull` would conflict: .gitattributes
+# sends notebooks/*.ipynb through nbstripout's git filter, defined here in this clone's .git/config (a filter lives
+# in git config, never in the repository). These are nbstripout's manual set-up lines: its --install would filter
+# every .ipynb, the executed evidence under results/ among them. Lab keeps its outputs on disk; `git status`,
+# `git diff` and commits see the notebook without them. --keep-id keeps the committed cell ids (nbstripout would
+# renumber them), and the kernel's language_info (its Python version) goes with the outputs. Outside a git
+# checkout, or without nbstripout (the lab and dev extras), it does nothing.
+git-filter:
+	@if git rev-parse --git-dir >/dev/null 2>&1 && $(BIN)/python -c "import nbstripout" 2>/dev/null; then \
+	  git config filter.nbstripout.clean '"$(abspath $(BIN))/python" -m nbstripout --keep-id' && \
+	  git config filter.nbstripout.smudge cat && git config filter.nbstripout.required true && \
+	  git config filter.nbstripout.extrakeys metadata.language_info && \
+	  git config diff.ipynb.textconv '"$(abspath $(BIN))/python" -m nbstripout -t'; fi
 
 # Every variant (eager / compile / graphs x layout x param dtype) of a preset, the matmul peak probe, the
 # profiler cross-check and the noise repeats: $(OUT)/bench/<timestamp>-bench-<preset>/ (workbench/bench/).

@@ -213,7 +213,7 @@ def test_every_dynamic_import_is_declared():
 LAYERS = [  # bottom-up; a part may import its own layer's peers and any layer below, never one above
     {"config"}, {"results"}, {"data", "env"}, {"models"}, {"backends"}, {"measure"}, {"train"}, {"run"},
     {"notebook"},  # executes the notebooks: the `notebook` command, and the sweep's and the study's points
-    {"bench", "sweep", "study", "teacher", "verdict"}, {"panel", "cli", "__main__"},
+    {"bench", "sweep", "study", "teacher", "verdict"}, {"panel", "cli", "__main__", "lab"},
 ]
 
 

@@ -54,19 +54,19 @@ def test_a_refused_family_and_a_supported_one(tmp_path):
     te = p["eligibility"]["te_layers"]
     assert te["supported"] is False and "OLMo2" in te["reason"]
     assert p["eligibility"]["attention"]["fp8"]["eligible"] is False
-    assert not _recipe(p, "te_fp8_layers_head_attention")["eligible"]
+    assert not _recipe(p, "te_fp8_delayed_head_attention")["eligible"]
     q = vp.predict("qwen3-0.6b-4l", batch=4, seq_len=2048)  # a supported family at head_dim 128
     assert q["eligibility"]["te_layers"]["supported"] is True
     assert q["eligibility"]["attention"]["fp8"]["eligible"] is True
-    assert _recipe(q, "te_fp8_layers_head_attention")["eligible"]
+    assert _recipe(q, "te_fp8_delayed_head_attention")["eligible"]
 
 
 def test_a_misaligned_head_refuses_te_fp8_head_but_torchao_keeps_it_bf16(tmp_path):
     p = vp.predict(_folder(tmp_path, "v520", hf_init.hf_config("tiny-llama", vocab=520)), batch=2, seq_len=32)
     head = next(g for g in p["eligibility"]["gemms"] if g["name"] == "lm_head")
     assert head["n"] == 520 and not head["tensor"]["eligible"]
-    assert _recipe(p, "te_fp8_layers")["eligible"]
-    assert not _recipe(p, "te_fp8_layers_head")["eligible"]
+    assert _recipe(p, "te_fp8_delayed")["eligible"]
+    assert not _recipe(p, "te_fp8_delayed_head")["eligible"]
     torchao = _recipe(p, "torchao_float8")
     assert torchao["eligible"] and "lm_head" not in torchao["fp8_gemms"]
     assert not _recipe(p, "te_fp8_block")["eligible"]  # hidden 64 is no multiple of 128
@@ -99,8 +99,14 @@ def test_llama_3_2_1b_at_8192_tokens_matches_the_projects_numbers():
     for key, want in (("total", 64.0), ("layer_gemms", 47.8), ("lm_head", 12.9), ("attention", 3.3)):
         assert f[f"{key}_tflop"] == pytest.approx(want, rel=0.02), key
     assert p["eligibility"]["attention"]["fp8"]["eligible"] is False  # head_dim 64
-    layers, head = _recipe(p, "te_fp8_layers"), _recipe(p, "te_fp8_layers_head")
-    assert 1 < layers["speedup_worst"] < layers["speedup_best"] < head["speedup_best"]
+    layers, head = _recipe(p, "te_fp8_delayed"), _recipe(p, "te_fp8_delayed_head")
+    current = _recipe(p, "te_fp8_current")
+    assert 1 < current["speedup_expected"] < layers["speedup_expected"] < head["speedup_expected"]
+    assert layers["speedup_expected"] < layers["speedup_ideal"]  # the real step pays for casts, floors, attention
+    assert layers["speedup_low"] < layers["speedup_expected"] < layers["speedup_high"]
+    parts = layers["parts_ms"]
+    assert parts["fp8_casts"] > 0 and _recipe(p, "bf16")["parts_ms"]["fp8_casts"] == 0
+    assert layers["expected_ms"] == pytest.approx(sum(parts.values()))
     assert "datasheet" in p["ceilings"]["peak_source"]
 
 

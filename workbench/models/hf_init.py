@@ -58,6 +58,11 @@ SHAPES: dict[str, dict] = {
                          num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, rope_theta=1_000_000.0,
                          rms_norm_eps=1e-6, max_position_embeddings=32768, tie_word_embeddings=True),
     "qwen3-0.6b": _QWEN3_06B, "qwen3-0.6b-4l": {**_QWEN3_06B, **_CUT},
+    # SmolLM2-135M: the config of the registry's GGUF as `workbench hf-import` writes it (results/reference/h200/real)
+    "smollm2-135m": dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, head_dim=64, vocab_size=49152,
+                         rope_theta=100_000.0, rms_norm_eps=1e-5, max_position_embeddings=8192,
+                         tie_word_embeddings=True),
     "gemma-3-1b": _GEMMA3_1B,  # the cut keeps one global layer after its sliding ones, as the model has
     "gemma-3-1b-4l": {**_GEMMA3_1B, **_CUT, "layer_types": ["sliding_attention"] * 3 + ["full_attention"]},
     "phi-4-mini": _PHI4_MINI, "phi-4-mini-4l": {**_PHI4_MINI, **_CUT},

@@ -1,5 +1,5 @@
 """The verdict's files: verdict.json (the prediction and the GPU part), verdict.md (one page) and verdict.png /
-.svg (the ideal step split, bf16 against each FP8 recipe), each written atomically (workbench.results)."""
+.svg (the expected step split, bf16 against each FP8 recipe), each written atomically (workbench.results)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,31 +15,39 @@ def _ms(v: float | None) -> str:
     return "—" if v is None else f"{v:.1f}"
 
 
+def _range(r: dict) -> str:
+    if r["recipe"] == "bf16":
+        return "1.00x (the denominator)"
+    if r.get("speedup_expected") is None:
+        return "—"
+    return f"{r['speedup_expected']:.2f}x ({r['speedup_low']:.2f}–{r['speedup_high']:.2f})"
+
+
 def headline(verdict: dict[str, Any]) -> str:
-    """One sentence with numbers: the best eligible recipe's predicted range, or why none applies."""
-    rows = [r for r in verdict["prediction"]["recipes"][1:] if r["eligible"] and r.get("speedup_best")]
+    """One sentence with numbers: the best eligible calibrated recipe's expected speed-up, or why none applies."""
+    recipes = verdict["prediction"]["recipes"][1:]
+    rows = [r for r in recipes if r["eligible"] and r.get("speedup_expected") and r["calibrated"]]
     ceil = verdict["prediction"]["ceilings"]
     m = verdict["measured"]
     gpu_part = f"GPU part: {m['status']} ({m['reason']})."
     if not rows:
-        return (f"No speed-up predicted on {ceil['gpu']}: no FP8 recipe is eligible here or the GPU's peaks are "
+        return (f"No speed-up predicted on {ceil['gpu']}: no calibrated FP8 recipe is eligible here or the GPU is "
                 f"unknown ({ceil['peak_source']}). {gpu_part}")
-    top = max(rows, key=lambda r: r["speedup_best"])
-    pays = ("ahead of bf16 even with the floors and casts added" if top["speedup_worst"] > 1
-            else "with the floors and casts added FP8 is slower than bf16: it may not pay")
-    return (f"Predicted on {ceil['gpu']} ({ceil['peak_source'].split(' (')[0]} peaks): {top['what']}: "
-            f"{top['speedup_worst']:.2f}–{top['speedup_best']:.2f}x the fastest bf16 path (idealised); {pays}. "
-            f"{gpu_part}")
+    top = max(rows, key=lambda r: r["speedup_expected"])
+    pays = ("FP8 pays" if top["speedup_low"] > 1 else "FP8 does not pay" if top["speedup_high"] < 1
+            else "within the prediction's range of bf16: FP8 may not pay")
+    return (f"Predicted on {ceil['gpu']}: {top['what']}: {_range(top)} the fastest bf16 path (TE bf16 layers, "
+            f"graphed; ideal bound {top['speedup_ideal']:.2f}x); {pays}. {gpu_part}")
 
 
 def _recipe_table(p: dict) -> list[str]:
-    out = ["| recipe | eligible | best ms | worst ms | speed-up vs fastest bf16 (worst–best) | why not |",
-           "|---|---|---|---|---|---|"]
+    out = ["| recipe | eligible | calibrated | ideal ms | expected ms | speed-up vs fastest bf16, expected (range) | "
+           "ideal bound | why not |", "|---|---|---|---|---|---|---|---|"]
     for r in p["recipes"]:
-        rng = ("1.00x (the denominator)" if r["recipe"] == "bf16" else "—" if r.get("speedup_best") is None
-               else f"{r['speedup_worst']:.2f}–{r['speedup_best']:.2f}x")
-        out.append(f"| {r['what']} | {'yes' if r['eligible'] else 'no'} | {_ms(r.get('best_ms'))} | "
-                   f"{_ms(r.get('worst_ms'))} | {rng} | {r['reason'] or ''} |")
+        ideal = "" if r["recipe"] == "bf16" or r.get("speedup_ideal") is None else f"{r['speedup_ideal']:.2f}x"
+        out.append(f"| {r['what']} | {'yes' if r['eligible'] else 'no'} | {'yes' if r['calibrated'] else 'no'} | "
+                   f"{_ms(r.get('ideal_ms'))} | {_ms(r.get('expected_ms'))} | {_range(r)} | {ideal} | "
+                   f"{r['reason'] or ''} |")
     return out
 
 
@@ -63,7 +71,7 @@ def markdown(verdict: dict[str, Any]) -> str:
     f, fl, model = p["flops"], p["floors"], p["model"]
     lines = [f"# Verdict: {model['source']} ({model['model_type']}), {p['run']['tokens_per_step']} tokens a step",
              "", headline(verdict), "", "## Predicted speed-up by recipe", "", *_recipe_table(p), "",
-             "![ideal step split](verdict.png)", "", "## FP8 eligibility", "", *_eligibility_table(p), "",
+             "![expected step split](verdict.png)", "", "## FP8 eligibility", "", *_eligibility_table(p), "",
              "## FLOPs of a training step", "", "| part | TFLOP | share |", "|---|---|---|"]
     for key, name in (("layer_gemms", "decoder-layer GEMMs"), ("lm_head", "LM head"), ("attention", "attention")):
         lines.append(f"| {name} | {f[key + '_tflop']:.2f} | {f['share'][key]:.1%} |")
@@ -79,8 +87,8 @@ def markdown(verdict: dict[str, Any]) -> str:
 
 
 def figure(verdict: dict[str, Any]):
-    """Stacked bars: each path's ideal step (worst case: compute + floors + casts) split into its parts, with the
-    predicted speed-up range beside each FP8 bar; None where no time is predicted (an unknown GPU)."""
+    """Stacked bars: each path's expected step split into its parts, a tick at its ideal (compute-only) time, and the
+    expected speed-up beside each FP8 bar; None where no time is predicted (an unknown GPU)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -96,15 +104,16 @@ def figure(verdict: dict[str, Any]):
             width = r["parts_ms"].get(part) or 0.0
             ax.barh(i, width, left=left, color=colour, label=part.replace("_", " ") if i == 0 else None)
             left += width
-        ax.plot([r["best_ms"]] * 2, [i - 0.4, i + 0.4], color="black", lw=1)  # the best case: compute only
-        label = "denominator" if r["recipe"] == "bf16" else f"{r['speedup_worst']:.2f}–{r['speedup_best']:.2f}x"
+        if r.get("ideal_ms"):
+            ax.plot([r["ideal_ms"]] * 2, [i - 0.4, i + 0.4], color="black", lw=1)  # compute only, at the peaks
+        label = "denominator" if r["recipe"] == "bf16" else _range(r) + ("" if r["calibrated"] else ", not calibrated")
         ax.text(left, i, f" {label}", va="center", fontsize=9)
     ax.set_yticks(range(len(rows)), [r["recipe"] for r in rows])
     ax.invert_yaxis()
-    ax.set_xlim(0, max(r["worst_ms"] for r in rows) * 1.25)
+    ax.set_xlim(0, max(r["expected_ms"] for r in rows) * 1.45)
     p = verdict["prediction"]
-    ax.set_xlabel(f"ideal step time, ms (worst case; black tick: best case, compute only) — "
-                  f"{p['ceilings']['peak_source'].split(' (')[0]} peaks, {p['ceilings']['gpu']}")
+    ax.set_xlabel(f"expected step time, ms (calibrated on the H200; black tick: ideal, compute only at "
+                  f"{p['ceilings']['peak_source'].split(' (')[0]} peaks) — {p['ceilings']['gpu']}")
     ax.set_title(f"{p['model']['source']}: {p['flops']['total_tflop']:.1f} TFLOP a step at "
                  f"{p['run']['tokens_per_step']} tokens", fontsize=10)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)  # outside: never over a bar's label

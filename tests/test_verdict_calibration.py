@@ -1,0 +1,43 @@
+"""The verdict's expected speed-up against the H200's measurements (issue 35's target: within 10% on >= 3 shapes).
+The measured rows are committed result files (results/reference/h200/); the prediction is computed here on the CPU,
+so a change to the step model or its constants that moves a prediction off its measurement fails this test."""
+from pathlib import Path
+
+import pytest
+
+from workbench.verdict import calibration, check
+from workbench.verdict.predict import fused_gemms
+from workbench.verdict.shapes import read
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def table():
+    return check.table(ROOT)
+
+
+def test_every_calibrated_recipe_is_within_the_target_on_every_shape(table):
+    assert set(table["shape"]) == {c[0] for c in check.CASES}  # every case found its committed rows
+    assert len(table) >= 10
+    worst = table.loc[table["miss"].abs().idxmax()]
+    assert abs(worst["miss"]) <= check.TARGET, worst.to_dict()
+
+
+def test_the_shapes_not_fitted_are_within_the_quoted_range(table):
+    """Llama-3.2-1B x4 and x16 gave no constant: their misses are what calibration.TOLERANCE is built from."""
+    held_out = table[~table["fitted"]]
+    assert set(held_out["shape"]) == {"llama-3.2-1b-4l", "llama-3.2-1b"}
+    assert (held_out["miss"].abs() <= calibration.TOLERANCE).all()
+
+
+def test_the_prediction_says_fp8_does_not_pay_where_it_measured_so(table):
+    """SmolLM2-135M: FP8 measured 0.99x / 0.92x; the ideal model said 1.45x."""
+    small = table[table["shape"] == "smollm2-135m"]
+    assert (small["speedup_expected"] < 1).all() and (small["speedup_ideal"] > 1.3).all()
+
+
+def test_te_fuses_qkv_and_gate_up():
+    g = {x.name: x for x in fused_gemms(read("qwen3-0.6b-4l", 2048))}
+    assert g["self_attn.qkv"].n == 2048 + 1024 + 1024 and g["mlp.fc1"].n == 2 * 3072
+    assert set(g) == {"self_attn.qkv", "self_attn.o_proj", "mlp.fc1", "mlp.down_proj", "lm_head"}

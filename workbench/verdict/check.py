@@ -1,0 +1,64 @@
+"""The verdict's prediction against the H200's measurements: the table behind calibration.TOLERANCE.
+
+Each case names an hf-init shape, the bench preset it ran at (its tokens a step) and the committed bench rows
+(results/reference/h200/...) of the fastest bf16 path (TE bf16 layers, the whole step graphed: the fastest bf16
+row of each of these benches) and of each FP8 recipe in the same graphed variant. `scripts/verdict_calibration.py`
+writes the table; tests/test_verdict_calibration.py holds every calibrated recipe within TARGET of its measurement.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from workbench import config
+from workbench.verdict.predict import predict
+
+TARGET = 0.10  # issue 35: the predicted best-FP8 / fastest-bf16 ratio within +-10% of the measured one
+H200 = Path("results/reference/h200")
+# (shape, preset, students files: variant -> csv, fitted: whether the calibration's constants were taken from it)
+CASES = (
+    ("llama-3.2-1b-4l", "hf-llama-4l", {"hf-te-layer-step": "hf/llama-4l/bench.csv"}, False),
+    ("llama-3.2-1b", "hf-llama-1b", {"hf-te-layer-step": "hf/llama-1b/bench.csv"}, False),
+    ("qwen3-0.6b-4l", "hf-llama-4l", {"hf-te-layer-step": "hf/families/qwen3-4l-rest/bench.csv",
+                                      "hf-te-layer-fp8-head": "hf/families/qwen3-4l-rest/bench.csv"}, True),
+    ("smollm2-135m", "hf-llama-4l", {"hf-te-layer-step": "real/bench_real/step/students.csv"}, True),
+)
+# the measured row of each predicted recipe: (variant, student)
+ROWS = {"bf16": ("hf-te-layer-step", "te_bf16"), "te_fp8_delayed": ("hf-te-layer-step", "te_fp8:delayed"),
+        "te_fp8_current": ("hf-te-layer-step", "te_fp8:current"),
+        "te_fp8_delayed_head": ("hf-te-layer-fp8-head", "te_fp8:delayed"),
+        "te_fp8_current_head": ("hf-te-layer-fp8-head", "te_fp8:current")}
+
+
+def _measured(root: Path, files: dict[str, str]) -> dict[tuple[str, str], float]:
+    out = {}
+    for variant, rel in files.items():
+        df = pd.read_csv(root / H200 / rel)
+        if "variant" in df:
+            df = df[df["variant"] == variant]
+        for row in df[df["status"] == "ok"].itertuples():
+            out[(variant, row.student)] = row.step_ms_median
+    return out
+
+
+def table(root: Path) -> pd.DataFrame:
+    """One row per (shape, recipe) measured: predicted and measured step times and speed-ups, and the miss."""
+    rows: list[dict[str, Any]] = []
+    for shape, preset, files, fitted in CASES:
+        cfg = config.from_preset(preset)
+        pred = {r["recipe"]: r for r in predict(shape, cfg.model.batch, cfg.model.seq_len)["recipes"]}
+        meas = _measured(root, files)
+        base = meas[ROWS["bf16"]]
+        for recipe, key in ROWS.items():
+            if key not in meas or recipe == "bf16":
+                continue
+            p = pred[recipe]
+            rows.append({"shape": shape, "tokens": cfg.model.batch * cfg.model.seq_len, "recipe": recipe,
+                         "fitted": fitted, "bf16_ms_measured": base, "bf16_ms_expected": pred["bf16"]["expected_ms"],
+                         "fp8_ms_measured": meas[key], "fp8_ms_expected": p["expected_ms"],
+                         "speedup_measured": base / meas[key], "speedup_expected": p["speedup_expected"],
+                         "speedup_ideal": p["speedup_ideal"],
+                         "miss": p["speedup_expected"] / (base / meas[key]) - 1})
+    return pd.DataFrame(rows)

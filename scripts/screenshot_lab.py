@@ -9,13 +9,14 @@ workbench; nothing in the package or the tests imports this file):
     /tmp/shotvenv/bin/python scripts/screenshot_lab.py --out results/reference/cpu/screens
 
 What it does, in one Chromium session: opens notebooks/distill_benchmark.ipynb at 1280x800 and 1920x1080
-(lab-1280.png, lab-1920.png); runs all its cells through Lab's Run menu, as a user would, which ends with
-the ipywidgets panel; screenshots the panel at both widths (panel-1280.png, panel-1920.png); then types
-'1O24' (a letter O) into the panel's numeric boxes and screenshots what the widgets make of it
-(panel-1O24-1280.png); run-all-1280.png is the first result table after Run All. Each step prints what it
-measured (viewport, kernel name, whether the panel's boxes fit the window, error text), so a run's log says
-what the pictures should show. Point it at a Lab started just before: the notebook's kernel lives as long as
-the server, so a second run against the same server shows higher execution counts than a new user sees.
+(lab-1280.png, lab-1920.png); runs all its cells through Lab's Run menu, as a user would, which ends with the
+ipywidgets panel; screenshots the panel at both widths (panel-1280.png, panel-1920.png); then types '1O24' (a
+letter O) into the panel's "hidden" box and presses Run (panel-1O24-hidden-1280.png), puts 64 back and types
+'1O24' into "MLP ×" and presses Run (panel-1O24-1280.png); run-all-1280.png is the first result table after
+Run All. Each step prints what it measured (viewport, kernel name, whether the panel's boxes fit the window,
+error text), so a run's log says what the pictures should show. Point it at a Lab started just before: the
+notebook's kernel lives as long as the server, so a second run against the same server shows higher execution
+counts than a new user sees.
 """
 from __future__ import annotations
 
@@ -115,20 +116,26 @@ def overflow(driver, panel) -> list[str]:
         "  .map(e => (e.innerText || e.className).slice(0, 40));", panel)
 
 
-def type_bad_number(driver, panel) -> str:
-    """'1O24' (letter O) into the hidden-sizes tag box and into the first numeric text box."""
-    tags = panel.find_elements(By.CSS_SELECTOR, ".jupyter-widget-tagsinput")
-    if tags:  # its text box is display:none until the tag row is clicked, as a user would
-        tags[0].click()
-        tags[0].find_element(By.CSS_SELECTOR, "input").send_keys("1O24", Keys.ENTER)
-    boxes = panel.find_elements(By.CSS_SELECTOR, ".widget-text input[type=number], .widget-inline-hbox input")
-    numeric = [b for b in boxes if b.get_attribute("type") == "number"]
-    if numeric:
-        numeric[0].send_keys(Keys.CONTROL, "a")
-        numeric[0].send_keys("1O24", Keys.TAB)
+def text_box(panel, label: str):
+    return panel.find_element(By.XPATH, f".//div[contains(@class,'widget-text')][.//label[text()='{label}']]//input")
+
+
+def type_and_run(driver, panel, label: str, text: str) -> str:
+    """`text` into the panel's text box `label` (read when it loses focus), then the Run button, as a user
+    would; the page scrolled to the panel's message. Returns what the boxes hold and the message."""
+    box = text_box(panel, label)
+    box.send_keys(Keys.CONTROL, "a")
+    box.send_keys(text, Keys.TAB)
     time.sleep(2)
-    shown = [t.text.replace("\n", " ") for t in panel.find_elements(By.CSS_SELECTOR, ".jupyter-widget-tag")]
-    return f"tags now: {shown}, number boxes now: " + ", ".join(b.get_attribute("value") for b in numeric)
+    panel.find_element(By.XPATH, ".//button[contains(@class,'widget-button')][contains(normalize-space(.),'Run')]"
+                       ).click()
+    time.sleep(3)
+    msg = panel.find_elements(By.XPATH, ".//b[starts-with(normalize-space(.), 'Not run')]")
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", msg[0] if msg else panel)
+    time.sleep(1)
+    held = ", ".join(f"{k}={text_box(panel, k).get_attribute('value')!r}" for k in ("hidden", "MLP ×"))
+    outputs = len(panel.find_elements(By.CSS_SELECTOR, ".widget-output .jp-OutputArea-child"))
+    return f"{held} | run outputs: {outputs} | message: {msg[0].text if msg else '(none)'}"
 
 
 def main() -> None:
@@ -160,7 +167,12 @@ def main() -> None:
             print(f"panel-{w}.png:", describe(driver), "| past the right edge:", overflow(driver, panel) or "none")
         resize(driver, *SIZES[0])
         panel = show_panel(driver)
-        print("1O24:", type_bad_number(driver, panel))
+        # '1O24' (letter O) into "hidden", Run; then "hidden" back to 64 and '1O24' into "MLP ×", Run
+        print(f"panel-1O24-hidden-{SIZES[0][0]}.png:", type_and_run(driver, panel, "hidden", "1O24"))
+        driver.save_screenshot(str(args.out / f"panel-1O24-hidden-{SIZES[0][0]}.png"))
+        text_box(panel, "hidden").send_keys(Keys.CONTROL, "a")
+        text_box(panel, "hidden").send_keys("64", Keys.TAB)
+        print(f"panel-1O24-{SIZES[0][0]}.png:", type_and_run(driver, panel, "MLP ×", "1O24"))
         driver.save_screenshot(str(args.out / f"panel-1O24-{SIZES[0][0]}.png"))
     finally:
         driver.quit()

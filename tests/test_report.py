@@ -1,4 +1,4 @@
-"""workbench.sweep's analysis, figures and report on a synthetic sweep with known answers, and the widget panel."""
+"""workbench.sweep's analysis, figures and report on a synthetic sweep with known answers."""
 import matplotlib.colors as mcolors
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -320,37 +320,6 @@ def test_a_cpu_sweep_report_says_its_timings_are_a_smoke_test_and_draws_no_empty
     plt.close(gpu)
 
 
-# ---- the widget panel (its several-size view is the report's plots) ------------------------------
-def test_panel_is_skipped_under_papermill_and_when_turned_off():
-    from workbench import panel
-
-    papermill_ns = {"In": ["", "# Parameters\npreset = \"cpu-smoke\"\n"], "show_panel": None}
-    assert panel.under_papermill(papermill_ns) and panel.maybe_show(papermill_ns) is None
-    assert panel.maybe_show({"In": [""], "show_panel": False}) is None
-    assert not panel.under_papermill({"In": ["", "preset = 'seed'"]})
-
-
-@pytest.mark.slow
-def test_panel_run_button_runs_each_size_with_the_notebook_call(tmp_path):
-    from workbench import panel
-
-    p = panel.Panel(preset="cpu-smoke", out=tmp_path)
-    assert "te_fp8:current" in p.backends and p.ratio.value == 4
-    p.nproc.value = 2  # a multi-GPU run goes through run_cell, as the notebook's: its config asks for 2 processes
-    assert {ns["nproc"] for ns in p.namespaces()} == {2}
-    p.nproc.value = 1
-    p.sizes.value = [32, 48]
-    for spec, box in p.backends.items():
-        box.value = spec in ("torch_fp32", "torch_bf16")
-    p.run_button.click()
-    assert [d.name for d in p.last_runs] == ["hidden32", "hidden48"] and not p.run_button.disabled
-    df = results.load(p.last_runs[0].parent)
-    assert sorted(df["cfg_intermediate"].unique()) == [128, 192] and set(df["student"]) == {"torch_fp32", "torch_bf16"}
-    p.sizes.value = [0]  # invalid: said in the panel, nothing run
-    p.run_button.click()
-    assert p.last_runs and len(list(tmp_path.iterdir())) == 1
-
-
 def test_points_over_several_gpus_get_their_scaling_table_and_plot(tmp_path):
     """A sweep whose points ran over 2 GPUs (parallel.nproc): each point's distributed row and its '@1gpu'
     reference row become the report's scaling.csv and plot."""
@@ -363,34 +332,3 @@ def test_points_over_several_gpus_get_their_scaling_table_and_plot(tmp_path):
     assert set(table["gpus"]) == {1, 2} and written["scaling.png"].stat().st_size > 0
     assert table[table["gpus"] == 2]["scaling_efficiency"].between(0.85, 0.95).all()
     assert set(table["student"]) == {"torch_bf16", "te_fp8:delayed", "te_fp8:current"}
-
-
-def test_panel_inputs_validate_mark_what_cannot_run_here_and_wrap(tmp_path):
-    """Issue 33 (ecosystem 9): sizes are validated whole numbers ('1O24' is refused by the widget, not an int()
-    traceback at Run), the backends a checkbox list (no ctrl-click) marking those that cannot run on this machine
-    with the backend's own reason, and the rows wrap (the GPUs box stays on screen at 1280 px)."""
-    import ipywidgets as w
-    import traitlets
-
-    from workbench import backends, panel
-    from workbench.run import runner
-
-    p = panel.Panel(preset="cpu-smoke", out=tmp_path)
-    with pytest.raises(traitlets.TraitError):
-        p.sizes.value = ["1O24"]
-    assert isinstance(p.ratio, w.BoundedIntText) and p.ratio.min == 1
-    assert all(isinstance(b, w.Checkbox) for b in p.backends.values())
-    base = config.from_preset("cpu-smoke")
-    ctx = backends.Context(device=runner.resolve_device(base), cfg=base)
-    for spec, box in p.backends.items():
-        ok, why = backends.make(spec).availability(ctx)
-        assert (panel.CANNOT in box.description) == (not ok) and box.tooltip == ("" if ok else why), spec
-    if runner.resolve_device(base).type == "cpu":
-        assert panel.CANNOT in p.backends["te_fp8:mxfp8"].description
-        assert panel.CANNOT not in p.backends["torch_fp32"].description
-    rows = [c for c in p.widget.children if isinstance(c, w.Box) and not isinstance(c, w.VBox)]
-    assert len(rows) == 2 and all(r.layout.flex_flow == "row wrap" for r in rows)
-    assert p.nproc in rows[0].children
-    p.sizes.value = [64, 96]
-    assert [ns["hidden"] for ns in p.namespaces()] == [64, 96]
-    assert p.namespaces()[0]["backends"] == p.chosen() == [s for s in backends.all_specs() if s in base.backends]

@@ -13,6 +13,7 @@ time and memory against size (several sizes).
 from __future__ import annotations
 
 import datetime as _dt
+import html
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,13 @@ def maybe_show(namespace: dict[str, Any]) -> "Panel | None":
 
 WRAP = {"flex_flow": "row wrap", "align_items": "flex-start"}  # rows that wrap: nothing off-screen at 1280 px
 CANNOT = "cannot run here"
+# What each text box takes, said with any error about it (the boxes are plain text, read on Run: a number
+# box would clamp or cut '1O24' in the browser, before the kernel could say anything).
+ALLOWED = {
+    "hidden": "whole numbers of 1 or more, separated by commas or spaces, e.g. 512, 1024",
+    "MLP ×": "one whole number from 1 to 64 (intermediate = this × hidden)",
+    "GPUs": "one whole number of 1 or more (processes per run; above 1 the run goes through torchrun)",
+}
 
 
 def availability(preset: str) -> dict[str, str]:
@@ -59,10 +67,41 @@ def availability(preset: str) -> dict[str, str]:
     return out
 
 
+def short(why: str, limit: int = 48) -> str:
+    """A reason's first clause, for a checkbox's label ('transformer_engine.pytorch does not import');
+    the whole reason is in the panel's 'why' list."""
+    head = why.split(": ")[0].split("; ")[0].strip()
+    return head if len(head) <= limit else head[: limit - 1] + "…"
+
+
+def read_ints(label: str, text: str, key: str, hi: int | None = None, one: bool = False) -> list[int]:
+    """The whole numbers typed into the panel's `label` box, each read as the config reads field `key` from
+    the CLI or papermill (`Config.replace`'s coercion: '1O24' is no int); each at least 1, at most `hi`.
+    Anything else raises ConfigError naming the box, what was typed and `ALLOWED[label]`. The run's
+    config is validated whole after this (`config.from_preset`), so the config's own rules still apply."""
+    tokens = text.replace(",", " ").split()
+    if not tokens or (one and len(tokens) > 1):
+        raise config.ConfigError(f"{label}: {repr(text.strip()) if tokens else 'empty'} is not allowed. "
+                                 f"Allowed: {ALLOWED[label]}.")
+    values = []
+    for tok in tokens:
+        try:
+            value = config.Config().replace(**{key: tok}).flat()[key]
+        except config.ConfigError:
+            value = None
+        if value is None or value < 1 or (hi is not None and value > hi):
+            raise config.ConfigError(f"{label}: {tok!r} is not allowed. Allowed: {ALLOWED[label]}.")
+        values.append(value)
+    return list(dict.fromkeys(values))  # a size typed twice runs once (its folder is hidden<h>)
+
+
 class Panel:
-    """The widgets and the Run handler; `widget` is what the notebook displays. The inputs validate what is
-    typed (sizes are whole numbers, one tag each; the ratio and GPUs bounded), the backends are a checkbox
-    list that marks those that cannot run here (the reason as the tooltip), and the rows wrap."""
+    """The widgets and the Run handler; `widget` is what the notebook displays. Sizes, the MLP ratio and
+    GPUs are text boxes with visible labels, read on Run (and when a box loses focus): a value that is not
+    allowed is named, with what is allowed, in red under the Run button, it stays in its box, and nothing
+    runs. The backends are a checkbox list; those that cannot run here say so, with the reason's first
+    clause, in their label (ipywidgets 8 shows a checkbox's label, not its tooltip, on hover) and whole in
+    the 'why' list; the default ticks the preset's backends that can run here. The rows wrap."""
 
     def __init__(self, preset: str = "auto", out: str | Path = "results/panel"):
         import ipywidgets as w
@@ -76,27 +115,31 @@ class Panel:
             value=preset if preset in config.PRESETS else "auto",
             description="preset",
         )
-        self.sizes = w.IntsInput(value=[base.model.hidden], min=1, description="hidden", allow_duplicates=False,
-                                 tooltip="hidden sizes, one run each: type a whole number and press Enter")
-        self.ratio = w.BoundedIntText(value=max(1, base.model.intermediate // base.model.hidden), min=1, max=64,
-                                      description="MLP ×", tooltip="intermediate = this × hidden")
+        text = {"continuous_update": False, "layout": w.Layout(width="16em")}  # read on Enter / leaving the box
+        self.sizes = w.Text(value=str(base.model.hidden), description="hidden", placeholder="e.g. 512, 1024", **text)
+        self.ratio = w.Text(value=str(max(1, base.model.intermediate // base.model.hidden)), description="MLP ×",
+                            **text)
+        self.nproc = w.Text(value=str(base.parallel.nproc), description="GPUs", **text)
         self.cannot = availability(preset)
-        self.backends = {spec: w.Checkbox(value=spec in base.backends, indent=False, layout=w.Layout(width="auto"),
-                                          description=f"{spec} ({CANNOT})" if spec in self.cannot else spec,
-                                          tooltip=self.cannot.get(spec, ""))
+        runnable = [s for s in base.backends if s not in self.cannot]
+        ticked = runnable or list(base.backends)  # none runs here: the preset's own, as fallback rows
+        self.backends = {spec: w.Checkbox(value=spec in ticked, indent=False, layout=w.Layout(width="auto"),
+                                          description=f"{spec} ({CANNOT}: {short(self.cannot[spec])})"
+                                          if spec in self.cannot else spec)
                          for spec in backends.all_specs()}
-        self.nproc = w.BoundedIntText(value=base.parallel.nproc, min=1, max=64, description="GPUs",
-                                      tooltip="processes (GPUs) per run: above 1 the run goes through torchrun")
         self.run_button = w.Button(description="Run", button_style="primary", icon="play")
+        self.message = w.HTML("")  # why nothing ran: the box, what was typed, what is allowed
         self.output = w.Output()
         self.run_button.on_click(lambda _: self.run())
+        for box in (self.sizes, self.ratio, self.nproc):
+            box.observe(lambda _: self.check(), names="value")
         notes = "".join(f"<li><code>{s}</code>: {why}</li>" for s, why in self.cannot.items())
         self.widget = w.VBox([
             w.Box([self.preset, self.sizes, self.ratio, self.nproc], layout=w.Layout(**WRAP)),
             w.HTML("<b>backends</b>"), w.Box(list(self.backends.values()), layout=w.Layout(**WRAP)),
             w.HTML(f"<details><summary>{len(self.cannot)} {CANNOT}: why</summary><ul>{notes}</ul></details>"
                    if self.cannot else ""),
-            self.run_button, self.output])
+            self.run_button, self.message, self.output])
         self.last_runs: list[Path] = []
 
     def chosen(self) -> list[str]:
@@ -105,32 +148,39 @@ class Panel:
 
     def namespaces(self) -> list[dict[str, Any]]:
         """One notebook-parameter namespace per size (what run_cell reads), validated up front."""
-        sizes = [int(s) for s in self.sizes.value]
-        if not sizes:
-            raise config.ConfigError("hidden: give at least one size, e.g. 512 and 1024")
+        sizes = read_ints("hidden", self.sizes.value, "hidden")
+        ratio = read_ints("MLP ×", self.ratio.value, "intermediate", hi=64, one=True)[0]
+        nproc = read_ints("GPUs", self.nproc.value, "nproc", one=True)[0]
         folder = self.out / _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         out = []
         for h in sizes:
-            ns = {"preset": self.preset.value, "hidden": h, "intermediate": self.ratio.value * h,
-                  "backends": self.chosen(), "nproc": self.nproc.value, "out": str(folder),
-                  "run_id": f"hidden{h}"}
+            ns = {"preset": self.preset.value, "hidden": h, "intermediate": ratio * h,
+                  "backends": self.chosen(), "nproc": nproc, "out": str(folder), "run_id": f"hidden{h}"}
             config.from_preset(ns["preset"], **{k: ns[k] for k in ("hidden", "intermediate", "backends", "nproc")})
             out.append(ns)
         return out
+
+    def check(self) -> list[dict[str, Any]]:
+        """The namespaces, or [] with the reason shown in red under the Run button (cleared once it is fixed)."""
+        try:
+            runs = self.namespaces()
+        except config.ConfigError as e:
+            self.message.value = f'<b style="color:#c62828">Not run: {html.escape(str(e))}</b>'
+            return []
+        self.message.value = ""
+        return runs
 
     def run(self) -> list[Path]:
         from IPython.display import display
         from tqdm.auto import tqdm
 
         self.output.clear_output()
+        runs = self.check()
+        if not runs:
+            return []
         self.run_button.disabled = True
         try:
             with self.output:
-                try:
-                    runs = self.namespaces()
-                except (config.ConfigError, ValueError) as e:
-                    print(f"not run: {e}")
-                    return []
                 self.last_runs = [notebook.run_cell(ns) for ns in tqdm(runs, desc="sizes", unit="run")]
                 for note in dict.fromkeys(notebook.timings_note(d) for d in self.last_runs):  # the run's caveat
                     if note:

@@ -3,8 +3,10 @@
     python -m workbench verdict llama-3.2-1b --preset hf-llama-1b --out results/verdict/llama-3.2-1b
     python -m workbench verdict models/my-model --preset hf-llama-4l --set model.batch=8 --out DIR --peak peak.json
 
-MODEL is a Hugging Face folder (config.json is all that is read) or an hf-init shape name. The preset and --set
-give the tokens a step (model.batch x model.seq_len); the model's own fields come from its config.
+MODEL is a Hugging Face folder (config.json is all the prediction reads) or an hf-init shape name (the GPU part
+writes its random-weight folder first). The preset and --set give the tokens a step (model.batch x model.seq_len);
+the model's own fields come from its config. On a CUDA GPU the bench of measured.variants_for() runs into
+OUT/bench/ with the model as its own teacher.
 """
 from __future__ import annotations
 
@@ -26,6 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="override a config field, e.g. --set model.batch=8")
     p.add_argument("--out", required=True, help="the folder for verdict.json, verdict.md, verdict.png / .svg")
     p.add_argument("--gpu", default=DEFAULT_GPU, help=f"the GPU whose datasheet peaks apply (default {DEFAULT_GPU!r})")
+    p.add_argument("--budget-s", type=float, default=360.0,
+                   help="the GPU part's bench: variants not started after this many seconds become rows saying so "
+                        "(default 360: the full Llama-3.2-1B shape's verdict within 8 minutes)")
     p.add_argument("--peak", default=None, help="a bench's peak.json: its measured GEMM peaks (and GPU) replace the "
                                                 "datasheet's")
 
@@ -38,6 +43,8 @@ def command(args: argparse.Namespace) -> str:
         parts += ["--gpu", args.gpu]
     if args.peak:
         parts += ["--peak", args.peak]
+    if args.budget_s != 360.0:
+        parts += ["--budget-s", f"{args.budget_s:g}"]
     return " ".join(shlex.quote(p) if " " in p and not p.startswith(("python", "--set")) else p for p in parts)
 
 
@@ -48,7 +55,8 @@ def main(args: argparse.Namespace) -> int:
     prediction = predict(args.model, cfg.model.batch, cfg.model.seq_len, gpu=args.gpu, peak=peak)
     verdict = {"schema": prediction["schema"], "model": args.model, "preset": args.preset, "set": overrides,
                "command": command(args), "prediction": prediction,
-               "measured": measured.measure(args.model, prediction, cfg)}
+               "measured": measured.measure(args.model, prediction, args.preset, overrides, Path(args.out),
+                                            args.budget_s)}
     verdict["headline"] = page.headline(verdict)
     paths = page.write(verdict, Path(args.out))
     print(verdict["headline"])

@@ -23,21 +23,68 @@ def _range(r: dict) -> str:
     return f"{r['speedup_expected']:.2f}x ({r['speedup_low']:.2f}–{r['speedup_high']:.2f})"
 
 
+def measured_sentence(m: dict[str, Any]) -> str | None:
+    """The GPU part in one sentence with numbers, or None where it did not run."""
+    if m.get("status") != "ok":
+        return None
+    b, d = m["best_fp8"], m["denominator"]
+    if not b:
+        why = "; ".join(f"{r['variant']} {r['student']}: {r['reason']}" for r in m["not_run"][:3])
+        return f"Measured: no FP8 row ran ({why})."
+    parts = [f"{b['what']}, `{b['student']}`: {b['speedup_vs_fastest_bf16']:.2f}x your fastest bf16 path "
+             f"({d['what']}, `{d['student']}`, {d['step_ms']:.1f} ms)"]
+    if b["speedup_vs_compiled_bf16"]:
+        parts.append(f"{b['speedup_vs_compiled_bf16']:.2f}x compiled HF bf16")
+    parts.append(f"peak memory {b['mem_vs_fastest_bf16']:+.0%}")
+    if b.get("kl_teacher_student_t1_nats_step0") is not None:
+        parts.append(f"before training it is {b['kl_teacher_student_t1_nats_step0']:.3g} nats/token (KL) from the "
+                     f"model's bf16 forward, top-1 agreement {b['top1_agreement_step0']:.3f}")
+    if b.get("predicted_speedup"):
+        parts.append(f"predicted {b['predicted_speedup']:.2f}x")
+    j = m["judgement"]
+    return f"Measured: {'; '.join(parts)}. {'Recommended' if j['recommended'] else 'Not recommended'}: {j['why']}."
+
+
 def headline(verdict: dict[str, Any]) -> str:
-    """One sentence with numbers: the best eligible calibrated recipe's expected speed-up, or why none applies."""
+    """One sentence with numbers: the measurement where the GPU part ran, and the prediction beside it."""
     recipes = verdict["prediction"]["recipes"][1:]
     rows = [r for r in recipes if r["eligible"] and r.get("speedup_expected") and r["calibrated"]]
     ceil = verdict["prediction"]["ceilings"]
     m = verdict["measured"]
-    gpu_part = f"GPU part: {m['status']} ({m['reason']})."
+    measured = measured_sentence(m) or f"GPU part: {m['status']} ({m['reason']})."
     if not rows:
         return (f"No speed-up predicted on {ceil['gpu']}: no calibrated FP8 recipe is eligible here or the GPU is "
-                f"unknown ({ceil['peak_source']}). {gpu_part}")
+                f"unknown ({ceil['peak_source']}). {measured}")
     top = max(rows, key=lambda r: r["speedup_expected"])
     pays = ("FP8 pays" if top["speedup_low"] > 1 else "FP8 does not pay" if top["speedup_high"] < 1
             else "within the prediction's range of bf16: FP8 may not pay")
-    return (f"Predicted on {ceil['gpu']}: {top['what']}: {_range(top)} the fastest bf16 path (TE bf16 layers, "
-            f"graphed; ideal bound {top['speedup_ideal']:.2f}x); {pays}. {gpu_part}")
+    predicted = (f"Predicted on {ceil['gpu']}: {top['what']}: {_range(top)} the fastest bf16 path (TE bf16 layers, "
+                 f"graphed; ideal bound {top['speedup_ideal']:.2f}x); {pays}.")
+    return f"{measured} {predicted}" if m.get("status") == "ok" else f"{predicted} {measured}"
+
+
+def f(v: float | None, fmt: str) -> str:
+    return "" if v is None else format(v, fmt)
+
+
+def _measured_section(verdict: dict[str, Any]) -> list[str]:
+    m = verdict["measured"]
+    if m.get("status") != "ok":
+        return [f"{m['status']}: {m['reason']}"]
+    out = [f"Bench: `{m['bench_dir']}`. Denominator: the fastest bf16 row, {m['denominator']['what']} "
+           f"(`{m['denominator']['student']}`, {m['denominator']['step_ms']:.2f} ms).", "",
+           "| variant | student | step ms | x fastest bf16 | x compiled bf16 | peak MiB (vs fastest bf16) | "
+           "step-0 KL, nats | step-0 top-1 | predicted |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(m["rows"], key=lambda r: r["step_ms"]):
+        out.append(f"| {r['what']} | `{r['student']}` | {r['step_ms']:.2f} | {r['speedup_vs_fastest_bf16']:.2f} | "
+                   f"{f(r['speedup_vs_compiled_bf16'], '.2f')} | {f(r['peak_mem_mb'], '.0f')} "
+                   f"({r['mem_vs_fastest_bf16']:+.0%}) | {f(r['kl_teacher_student_t1_nats_step0'], '.3g')} | "
+                   f"{f(r['top1_agreement_step0'], '.3f')} | {f(r['predicted_speedup'], '.2f')} |")
+    out += ["", *[f"- not run: {r['variant']} `{r['student']}` ({r['status']}): {r['reason']}" for r in m["not_run"]]]
+    if m.get("best_fp8_split_ms"):
+        split = ", ".join(f"{k} {v:.2f}" for k, v in sorted(m["best_fp8_split_ms"].items(), key=lambda kv: -kv[1]))
+        out += ["", f"Where the fastest FP8 row's step goes (profiler, ms a step): {split}."]
+    return out
 
 
 def _recipe_table(p: dict) -> list[str]:
@@ -81,7 +128,10 @@ def markdown(verdict: dict[str, Any]) -> str:
               "## Memory-bound floors (not shrunk by FP8)", "", "| part | GB a step | ms |", "|---|---|---|",
               *[f"| {k} | {fl['gb'][k]:.2f} | {_ms(fl['ms'][k])} |" for k in fl["gb"]], "",
               "## Assumptions", "", *[f"- {a}" for a in p["assumptions"]], "",
-              "## Measured on the GPU", "", f"{verdict['measured']['status']}: {verdict['measured']['reason']}", "",
+              "## Measured on the GPU", "", *_measured_section(verdict), "",
+              "## Quality over training", "", "Untested by the verdict (it measures step 0 only). A study of what "
+              "FP8 does to what the student learns, against the bf16 noise floor: `python -m workbench study "
+              "--preset distill-quality --set lm.teacher=<model folder> --set lm.student=<model folder>`.", "",
               "## Reproduce", "", f"    {verdict['command']}", ""]
     return "\n".join(lines)
 

@@ -122,7 +122,7 @@ def text_box(panel, label: str):
 
 def type_and_run(driver, panel, label: str, text: str) -> str:
     """`text` into the panel's text box `label` (read when it loses focus), then the Run button, as a user
-    would; the page scrolled to the panel's message. Returns what the boxes hold and the message."""
+    would; the page scrolled to the panel's top. Returns what the boxes hold and the message."""
     box = text_box(panel, label)
     box.send_keys(Keys.CONTROL, "a")
     box.send_keys(text, Keys.TAB)
@@ -131,7 +131,8 @@ def type_and_run(driver, panel, label: str, text: str) -> str:
                        ).click()
     time.sleep(3)
     msg = panel.find_elements(By.XPATH, ".//b[starts-with(normalize-space(.), 'Not run')]")
-    driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", msg[0] if msg else panel)
+    # the panel's top at the window's: the boxes, what they hold and the message under Run in one picture
+    driver.execute_script("arguments[0].scrollIntoView({block: 'start'});", panel)
     time.sleep(1)
     held = ", ".join(f"{k}={text_box(panel, k).get_attribute('value')!r}" for k in ("hidden", "MLP ×"))
     outputs = len(panel.find_elements(By.CSS_SELECTOR, ".widget-output .jp-OutputArea-child"))

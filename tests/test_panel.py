@@ -58,6 +58,8 @@ def test_a_backend_that_cannot_run_here_says_why_in_its_label(p):
         else:
             assert box.description == spec
         assert not box.tooltip, spec
+    shown = list(p.backends)  # what can run here first: the long labels below it
+    assert shown == [s for s in shown if s not in CPU] + [s for s in shown if s in CPU]
     assert "fp16 autocast with a grad scaler is a GPU path" in p.backends["torch_fp16"].description
     assert "on CPU use" not in p.backends["torch_fp16"].description  # shortened: the first clause
 

@@ -101,7 +101,8 @@ class Panel:
     allowed is named, with what is allowed, in red under the Run button, it stays in its box, and nothing
     runs. The backends are a checkbox list; those that cannot run here say so, with the reason's first
     clause, in their label (ipywidgets 8 shows a checkbox's label, not its tooltip, on hover) and whole in
-    the 'why' list; the default ticks the preset's backends that can run here. The rows wrap."""
+    the 'why' list, listed after those that can run; the default ticks the preset's backends that can run
+    here. The rows wrap."""
 
     def __init__(self, preset: str = "auto", out: str | Path = "results/panel"):
         import ipywidgets as w
@@ -123,10 +124,12 @@ class Panel:
         self.cannot = availability(preset)
         runnable = [s for s in base.backends if s not in self.cannot]
         ticked = runnable or list(base.backends)  # none runs here: the preset's own, as fallback rows
+        self.specs = backends.all_specs()
+        shown = sorted(self.specs, key=lambda s: s in self.cannot)  # what runs here first, each in registry order
         self.backends = {spec: w.Checkbox(value=spec in ticked, indent=False, layout=w.Layout(width="auto"),
                                           description=f"{spec} ({CANNOT}: {short(self.cannot[spec])})"
                                           if spec in self.cannot else spec)
-                         for spec in backends.all_specs()}
+                         for spec in shown}
         self.run_button = w.Button(description="Run", button_style="primary", icon="play")
         self.message = w.HTML("")  # why nothing ran: the box, what was typed, what is allowed
         self.output = w.Output()
@@ -144,7 +147,7 @@ class Panel:
 
     def chosen(self) -> list[str]:
         """The checked backends, in the registry's order."""
-        return [spec for spec, box in self.backends.items() if box.value]
+        return [spec for spec in self.specs if self.backends[spec].value]
 
     def namespaces(self) -> list[dict[str, Any]]:
         """One notebook-parameter namespace per size (what run_cell reads), validated up front."""

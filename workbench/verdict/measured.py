@@ -65,7 +65,7 @@ def measure(model: str, prediction: dict[str, Any], preset: str, overrides: dict
                                                   "no_kd_student": False},
                         variants=variants_for(prediction), repeats=2, budget_s=budget_s)
     bench_dir = run_bench(opts, out=out, run_id="bench")
-    return {**summarize(bench_dir), "model_folder": str(folder), "model_created_s": round(created_s, 1),
+    return {**summarize(bench_dir, prediction), "model_folder": str(folder), "model_created_s": round(created_s, 1),
             "wall_s": round(time.monotonic() - t0, 1), "budget_s": budget_s}
 
 

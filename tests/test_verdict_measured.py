@@ -86,3 +86,11 @@ def test_variants_follow_the_prediction(prediction):
                                                  "hf-te-layer"]  # head_dim 64: no FP8 attention variant
     qwen3 = predict("qwen3-0.6b-4l", batch=4, seq_len=2048)
     assert "hf-te-layer-fp8-dpa" in measured.variants_for(qwen3)
+
+
+def test_a_shape_outside_the_calibration_says_so():
+    assert predict("llama-3.2-1b", batch=4, seq_len=2048)["calibration"]["outside"] == ""
+    tiny = predict("tiny-llama", batch=2, seq_len=256)
+    assert tiny["calibration"]["outside"] == "hidden 64, calibrated on 576-2048; 512 tokens a step, calibrated at 8192"
+    v = {"prediction": tiny, "measured": {"status": "not run", "reason": "no CUDA GPU here"}}
+    assert "Outside the calibrated range (hidden 64" in page.headline(v)

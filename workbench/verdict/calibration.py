@@ -36,6 +36,18 @@ CURRENT_MODULE_US = 12.0
 FUSED = {"qkv": ("q_proj", "k_proj", "v_proj"), "fc1": ("gate_proj", "up_proj")}
 TOLERANCE = 0.05  # the range quoted around the expected speed-up: twice the largest miss (2.3%, Llama x4, not fitted)
 CALIBRATED_ON = "NVIDIA H200"
+HIDDEN_RANGE = (576, 2048)  # the hidden sizes of the shapes the constants were fitted and checked on
+TOKENS_RANGE = (8192, 8192)  # tokens a step of those benches
+
+
+def outside(hidden: int, tokens: int) -> str:
+    """'' inside the calibrated shapes, else what is outside them (a tiny model is all fixed per-kernel costs)."""
+    why = []
+    if not HIDDEN_RANGE[0] <= hidden <= HIDDEN_RANGE[1]:
+        why.append(f"hidden {hidden}, calibrated on {HIDDEN_RANGE[0]}-{HIDDEN_RANGE[1]}")
+    if not TOKENS_RANGE[0] <= tokens <= TOKENS_RANGE[1]:
+        why.append(f"{tokens} tokens a step, calibrated at {TOKENS_RANGE[0]}")
+    return "; ".join(why)
 
 
 def attention_efficiency(head_dim: int) -> float:

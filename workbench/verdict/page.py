@@ -60,6 +60,9 @@ def headline(verdict: dict[str, Any]) -> str:
             else "within the prediction's range of bf16: FP8 may not pay")
     predicted = (f"Predicted on {ceil['gpu']}: {top['what']}: {_range(top)} the fastest bf16 path (TE bf16 layers, "
                  f"graphed; ideal bound {top['speedup_ideal']:.2f}x); {pays}.")
+    outside = verdict["prediction"].get("calibration", {}).get("outside")
+    if outside:
+        predicted += f" Outside the calibrated range ({outside}): expect larger misses."
     return f"{measured} {predicted}" if m.get("status") == "ok" else f"{predicted} {measured}"
 
 
@@ -164,7 +167,7 @@ def figure(verdict: dict[str, Any]):
     p = verdict["prediction"]
     ax.set_xlabel(f"expected step time, ms (calibrated on the H200; black tick: ideal, compute only at "
                   f"{p['ceilings']['peak_source'].split(' (')[0]} peaks) — {p['ceilings']['gpu']}")
-    ax.set_title(f"{p['model']['source']}: {p['flops']['total_tflop']:.1f} TFLOP a step at "
+    ax.set_title(f"{p['model']['source']}: {p['flops']['total_tflop']:.3g} TFLOP a step at "
                  f"{p['run']['tokens_per_step']} tokens", fontsize=10)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)  # outside: never over a bar's label
     fig.tight_layout()

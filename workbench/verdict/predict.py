@@ -328,5 +328,7 @@ def predict(model: str, batch: int, seq_len: int, gpu: str | None = DEFAULT_GPU,
         "eligibility": elig, "flops": flops_split(shape, batch, seq_len), "ceilings": ceil,
         "floors": floors(shape, tokens, ceil["bandwidth_tb_s"]),
         "recipes": recipe_rows(shape, batch, seq_len, ceil, elig["attention"]["fp8"]["eligible"]),
+        "calibration": {"on": cal.CALIBRATED_ON, "tolerance": cal.TOLERANCE,
+                        "outside": cal.outside(shape.hidden, tokens)},
         "assumptions": assumptions(ceil, tokens),
     }

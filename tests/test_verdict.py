@@ -13,6 +13,8 @@ from workbench.models import hf_init  # noqa: E402
 from workbench.verdict import predict as vp  # noqa: E402
 from workbench.verdict import shapes  # noqa: E402
 
+ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+
 
 def _folder(tmp_path, name, config):
     """A Hugging Face folder holding only config.json: all a verdict reads."""
@@ -143,3 +145,22 @@ def test_the_command_on_a_tiny_folder_writes_three_files_gpu_part_not_run(tmp_pa
 def test_the_command_refuses_what_is_neither_folder_nor_shape(tmp_path, capsys):
     assert cli.main(["verdict", str(tmp_path / "nothing"), "--out", str(tmp_path / "v")]) == 2
     assert "neither a folder with a config.json nor an hf-init shape" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_verdict_notebook_runs_under_papermill_and_shows_the_page(tmp_path):
+    """notebooks/verdict.ipynb, executed as a user would (papermill, CPU): the headline, the figure, the page."""
+    import nbformat
+    import papermill
+
+    from workbench import notebook
+
+    out = tmp_path / "v"
+    executed = tmp_path / "verdict.ipynb"
+    papermill.execute_notebook(str(ROOT / "notebooks" / "verdict.ipynb"), str(executed), kernel_name="python3",
+                               parameters={"model": "tiny-llama", "preset": "cpu-smoke", "out": str(out)},
+                               cwd=str(ROOT), progress_bar=False, extra_arguments=notebook.QUIET_KERNEL)
+    v = json.loads((out / "verdict.json").read_text())
+    assert v["measured"] == {"status": "not run", "reason": "no CUDA GPU here"}
+    text = json.dumps(nbformat.read(executed, as_version=4).cells)
+    assert v["headline"][:60] in text and "image/png" in text and "## FP8 eligibility" in text

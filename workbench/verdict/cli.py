@@ -48,17 +48,25 @@ def command(args: argparse.Namespace) -> str:
     return " ".join(shlex.quote(p) if " " in p and not p.startswith(("python", "--set")) else p for p in parts)
 
 
+def run(model: str, preset: str = "hf-llama-1b", overrides: dict | None = None, out: str | Path = "results/verdict",
+        gpu: str = DEFAULT_GPU, peak: str | None = None, budget_s: float = 360.0, command_line: str = "") -> dict:
+    """Predict, measure where a CUDA GPU is, write verdict.json / .md / .png into `out`; returns the verdict.
+    What `workbench verdict` and notebooks/verdict.ipynb call."""
+    overrides = dict(overrides or {})
+    cfg = config.from_preset(preset, **overrides)
+    peak_data = results.read_json(Path(peak)) if peak else None
+    prediction = predict(model, cfg.model.batch, cfg.model.seq_len, gpu=gpu, peak=peak_data)
+    verdict = {"schema": prediction["schema"], "model": model, "preset": preset, "set": overrides,
+               "command": command_line, "prediction": prediction,
+               "measured": measured.measure(model, prediction, preset, overrides, Path(out), budget_s)}
+    verdict["headline"] = page.headline(verdict)
+    verdict["files"] = [p.name for p in page.write(verdict, Path(out))]
+    return verdict
+
+
 def main(args: argparse.Namespace) -> int:
     overrides = config.parse_set(args.overrides)
-    cfg = config.from_preset(args.preset, **overrides)
-    peak = results.read_json(Path(args.peak)) if args.peak else None
-    prediction = predict(args.model, cfg.model.batch, cfg.model.seq_len, gpu=args.gpu, peak=peak)
-    verdict = {"schema": prediction["schema"], "model": args.model, "preset": args.preset, "set": overrides,
-               "command": command(args), "prediction": prediction,
-               "measured": measured.measure(args.model, prediction, args.preset, overrides, Path(args.out),
-                                            args.budget_s)}
-    verdict["headline"] = page.headline(verdict)
-    paths = page.write(verdict, Path(args.out))
+    verdict = run(args.model, args.preset, overrides, args.out, args.gpu, args.peak, args.budget_s, command(args))
     print(verdict["headline"])
-    print(json.dumps({"out": args.out, "files": [p.name for p in paths]}))
+    print(json.dumps({"out": args.out, "files": verdict["files"]}))
     return 0

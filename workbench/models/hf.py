@@ -185,6 +185,20 @@ def config_vocab(path: str) -> int:
     return int(vocab)
 
 
+PROVENANCE_FILES = ("hf_prune.json", "hf_import.json", "hf_init.json")  # what `workbench hf-*` wrote beside the weights
+
+
+def provenance(path: str | Path) -> dict:
+    """The folder and where it came from (hf-prune / hf-import / hf-init's json), for task.json."""
+    out: dict = {"folder": str(path)}
+    for name in PROVENANCE_FILES:
+        try:
+            out[name.removesuffix(".json")] = json.loads((Path(path) / name).read_text())
+        except (OSError, ValueError):
+            continue
+    return out
+
+
 def read_config(path: str | Path):
     """The folder's transformers config, offline, after the remote-code refusal."""
     refuse_remote_code(path)

@@ -112,8 +112,9 @@ class LMTask:
         from workbench.models import CausalLM
 
         if self.cfg.lm.student:
-            from workbench.models.hf import load_causal_lm
+            from workbench.models.hf import load_causal_lm, provenance
 
+            self.info["student_source"] = provenance(self.cfg.lm.student)
             return load_causal_lm(self.cfg.lm.student, seq_len=self.cfg.model.seq_len)
         return CausalLM(self.shape())
 

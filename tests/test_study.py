@@ -114,8 +114,15 @@ def test_report_gaps_noise_floor_and_headline(tmp_path):
     assert kl.loc["torch_bf16_b", "within_noise"] == True  # noqa: E712 - |mean| <= its own RMS
     assert head["refused"] is False and head["gap_pct"] == pytest.approx(10.0)
     assert head["noise_floor_pct"] == pytest.approx(floor)
+    # the paired difference in nats: KL 0.66, 0.682, 0.704 against 0.60, 0.62, 0.64 -> 0.060, 0.062, 0.064
+    half = 4.302653 * 0.002 / 3 ** 0.5  # t(0.975, 2 df) x sd / sqrt(n)
+    assert kl.loc["te_fp8_delayed", "diff_mean"] == pytest.approx(0.062)
+    assert kl.loc["te_fp8_delayed", "diff_ci_low"] == pytest.approx(0.062 - half, rel=1e-4)
+    assert kl.loc["torch_bf16_b", "noise_floor_abs"] == pytest.approx(((0.012**2 + 0.0062**2 + 0.0064**2) / 3) ** 0.5)
+    assert head["diff_nats"] == pytest.approx(0.062)
     assert head["sentence"] == (f"FP8 delayed changes held-out KL to the teacher by +10.0% (95% interval [+10.0%, "
-                                f"+10.0%], 3 seeds); the bf16 noise floor is {floor:.1f}%: outside the noise.")
+                                f"+10.0%], 3 seeds; in nats +0.0620 [{0.062 - half:+.4f}, {0.062 + half:+.4f}]); "
+                                f"the bf16 noise floor is {floor:.1f}%: outside the noise.")
     assert json.loads((folder / "headline.json").read_text())["sentence"] == head["sentence"]
     assert head["sentence"] in (folder / "README.md").read_text()
     arms = pd.read_csv(folder / "arms.csv").set_index("arm")
@@ -304,3 +311,53 @@ def test_a_hand_edited_study_json_is_one_line_naming_the_file(tmp_path, capsys, 
     rc = cli.main(["study", "--name", "s", "--out", str(tmp_path), "--report-only"])
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1 and str(folder / spec.STUDY_FILE) in err, err
+
+
+def test_the_real_teacher_presets_ask_for_their_folders():
+    with pytest.raises(ConfigError, match=r"needs --set lm.teacher=DIR --set lm.student=DIR .*hf-prune"):
+        spec.from_preset("distill-quality-real", {})
+    with pytest.raises(ConfigError, match=r"needs --set lm.teacher=DIR \("):
+        spec.from_preset("finetune-fp8", {"lm.student": "x"})
+    s = spec.from_preset("finetune-fp8", {"lm.teacher": "models/m"})  # fine-tuning: the student is the teacher
+    assert s.fixed["lm.student"] == "models/m" and s.fixed["lm.teacher"] == "models/m"
+    real = spec.from_preset("distill-quality-real", {"teacher": "t", "student": "s"})  # flat names too
+    assert [a.name for a in real.arms] == [a.name for a in spec.GPU_ARMS]
+
+
+@pytest.mark.slow
+def test_a_real_teacher_study_with_a_pruned_student_runs_end_to_end(tmp_path, monkeypatch):
+    """distill-quality-real on a tiny Hugging Face teacher and its depth-pruned student (workbench hf-prune), the
+    first seed's main and noise points run in-process: every torch arm ok, the TE / torchao arms rows with their
+    reasons (no GPU here), the student's provenance in task.json, the report's gaps in nats."""
+    from workbench.models import hf_init, hf_prune
+    from workbench.results import plots
+    from workbench.run import runner
+    from workbench.study.report import report
+
+    monkeypatch.setattr(plots, "plot_run", lambda run_dir: None)
+    teacher = hf_init.write("tiny-smollm3", tmp_path / "teacher", dtype="fp32", corpus_mb=0.2)
+    student = hf_prune.write(teacher, "every:2", tmp_path / "student")
+    s = spec.from_preset("distill-quality-real", {"lm.teacher": str(teacher), "lm.student": str(student),
+                                                  "corpus_mb": 0.2, "steps": 4, "eval_every": 2, "eval_batches": 1,
+                                                  "seq_len": 32, "batch": 2, "compile": False, "graphs": False,
+                                                  "warmup": 1, "iters": 1},
+                         seeds=[1, 2], study_name="real")
+    folder = tmp_path / "studies" / "real"
+    folder.mkdir(parents=True)
+    results.write_json(folder / spec.STUDY_FILE, s.to_dict())
+    for p in plan(spec.sweep_spec(s)):
+        cfg = config.from_preset(s.preset, **p.overrides)
+        run_dir = runner.run(cfg, out=folder, run_id=p.id, progress=False)
+        rows = results.load(run_dir).set_index("student")
+        torch_rows = rows[rows.index.str.startswith("torch_bf16")]
+        assert (torch_rows["status"] == "ok").all(), torch_rows["reason"].to_dict()
+        if "te_fp8:delayed" in rows.index:  # the main point (the noise point trains the second bf16 arm only)
+            assert rows.loc["te_fp8:delayed", "reason"]  # says why it is no TE run here
+        assert results.read_json(run_dir / "task.json")["student_source"]["hf_prune"]["layers"] == [0, 2]
+    head = report(folder)
+    # a random tiny teacher is beaten by students that read the text: the report refuses and says why
+    if head["refused"]:
+        assert head["sentence"].startswith("Refused") and not (folder / "gaps.csv").exists()
+    else:
+        assert {"diff_mean", "diff_ci_low", "noise_floor_abs"} <= set(pd.read_csv(folder / "gaps.csv").columns)
+    assert (folder / "study.csv").exists() and len(pd.read_csv(folder / "study.csv")) == 7 * 2

@@ -123,21 +123,14 @@ def _path(r: dict[str, Any]) -> str:
 
 
 def gaps_table(study: Study, df: pd.DataFrame) -> pd.DataFrame:
-    """Per arm (but the reference) and metric: the gap to the reference in %, paired by seed, its mean, sd and
-    95% interval, the metric's noise floor and the within-noise verdict."""
+    """Per arm (but the reference) and metric: the paired gap to the reference in % and in the metric's unit, with
+    their 95% intervals, the noise floors and the within-noise verdict (stats.gap_row)."""
     out = []
     for m in METRICS:
-        ref = _by_seed(df, REFERENCE_ARM, m)
-        floor = qs.noise_floor_pct(ref, _by_seed(df, NOISE_ARM, m))
-        for a in study.arms:
-            if a.name == REFERENCE_ARM:
-                continue
-            gaps = qs.paired_gaps_pct(ref, _by_seed(df, a.name, m))
-            s = qs.summary(gaps.values())
-            out.append({"arm": a.name, "metric": m, "n_seeds": s["n"], "gap_pct_mean": s["mean"], "gap_pct_sd": s["sd"],
-                        "gap_pct_ci_low": s["ci_low"], "gap_pct_ci_high": s["ci_high"], "noise_floor_pct": floor,
-                        "within_noise": qs.within_noise(s, floor),
-                        "gap_pct_by_seed": json.dumps({str(k): v for k, v in gaps.items()})})
+        ref, noise = _by_seed(df, REFERENCE_ARM, m), _by_seed(df, NOISE_ARM, m)
+        floors = qs.noise_floor_pct(ref, noise), qs.noise_floor_abs(ref, noise)
+        out += [{"arm": a.name, "metric": m, **qs.gap_row(ref, _by_seed(df, a.name, m), *floors)}
+                for a in study.arms if a.name != REFERENCE_ARM]
     return pd.DataFrame(out)
 
 
@@ -148,6 +141,7 @@ def _pct(v: float | None, sign: bool = True) -> str:
     )
 
 
+NATS_METRICS = ("kl_teacher_student_t1_nats", "final_train_loss")  # their paired difference is quoted in nats
 OVERFIT_NATS = 0.5  # a teacher whose held-out loss exceeds its last training loss by this much learnt its text
 
 
@@ -201,9 +195,14 @@ def headline(study: Study, df: pd.DataFrame, gaps: pd.DataFrame | None, beaten: 
     out.update(gap_pct=g["gap_pct_mean"], ci_low_pct=g["gap_pct_ci_low"], ci_high_pct=g["gap_pct_ci_high"],
                n_seeds=int(g["n_seeds"]), within_noise=g["within_noise"])
     verdict = {True: "within noise", False: "outside the noise", None: "noise unknown"}[g["within_noise"]]
+    nats = ""
+    if metric in NATS_METRICS and g.get("diff_mean") is not None:
+        out.update(diff_nats=g["diff_mean"], diff_ci_low_nats=g["diff_ci_low"], diff_ci_high_nats=g["diff_ci_high"])
+        span = "" if g["diff_ci_low"] is None else f" [{g['diff_ci_low']:+.4f}, {g['diff_ci_high']:+.4f}]"
+        nats = f"; in nats {g['diff_mean']:+.4f}{span}"
+    interval = f"[{_pct(g['gap_pct_ci_low'])}, {_pct(g['gap_pct_ci_high'])}]"
     out["sentence"] = (f"{label} changes {METRIC_NAMES[metric]} by {_pct(g['gap_pct_mean'])} (95% interval "
-                       f"[{_pct(g['gap_pct_ci_low'])}, {_pct(g['gap_pct_ci_high'])}], {int(g['n_seeds'])} seeds); "
-                       f"{floor_text}: {verdict}.")
+                       f"{interval}, {int(g['n_seeds'])} seeds{nats}); {floor_text}: {verdict}.")
     return out
 
 

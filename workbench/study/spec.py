@@ -87,7 +87,43 @@ PRESETS: dict[str, dict[str, Any]] = {
         "set": {"steps": 30, "eval_every": 10, "eval_batches": 2, "warmup": 1, "iters": 2, "corpus_mb": 0.3,
                 "teacher_steps": 150, "teacher_seed": 0},
     },
+    # A real pretrained teacher (issue 36): --set lm.teacher=DIR (e.g. SmolLM2-135M from `workbench hf-import`) and
+    # lm.student=DIR (`workbench hf-prune` of it: its layers copied, or --init random at the same shape; run the
+    # study once per student). Held-out text: the built-in corpus (the Python standard library's sources and
+    # docs, then the installed packages'), which no chat model was tuned on. A pretrained model moves with a
+    # smaller learning rate than a student trained from scratch.
+    "distill-quality-real": {
+        "preset": "lm-distill", "arms": GPU_ARMS, "seeds": [1, 2, 3], "needs": ("lm.teacher", "lm.student"),
+        "set": {"kind": "llama", "seq_len": 512, "batch": 16, "steps": 800, "lr": 2e-4, "eval_every": 100,
+                "eval_batches": 8, "warmup": 3, "iters": 10, "compile": True, "graphs": True, "te_graph": "step",
+                "corpus_mb": 64.0, "teacher_seed": 0, "temperature": 1.0},
+    },
+    # "Can I fine-tune my model in FP8 without drifting from it?": the student is the teacher's own checkpoint
+    # (lm.student defaults to lm.teacher), trained on its KD loss in bf16 and in each FP8 recipe; the KL to the
+    # original model and held-out perplexity at step 0 (students.csv *_step0) and at the end, against the noise.
+    "finetune-fp8": {
+        "preset": "lm-distill", "arms": GPU_ARMS, "seeds": [1, 2, 3], "needs": ("lm.teacher",),
+        "student_is_teacher": True,
+        "set": {"kind": "llama", "seq_len": 512, "batch": 16, "steps": 300, "lr": 1e-5, "eval_every": 50,
+                "eval_batches": 8, "warmup": 3, "iters": 10, "compile": True, "graphs": True, "te_graph": "step",
+                "corpus_mb": 64.0, "teacher_seed": 0, "temperature": 1.0},
+    },
 }
+
+
+def _folders(name: str, p: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """The Hugging Face folders a preset needs, from --set (dotted or flat names); ConfigError naming them."""
+    def given(field: str):
+        return overrides.get(field) or overrides.get(field.split(".")[-1])
+
+    missing = [f for f in p.get("needs", ()) if not given(f)]
+    if missing:
+        raise ConfigError(f"study preset {name!r} needs " + " ".join(f"--set {f}=DIR" for f in missing) +
+                          " (a Hugging Face folder: `workbench hf-import` a real model, `workbench hf-prune` a "
+                          "student from it; docs/usage.md)")
+    if p.get("student_is_teacher") and not given("lm.student"):
+        return {**overrides, "lm.student": given("lm.teacher")}
+    return overrides
 
 
 def from_preset(name: str, overrides: dict[str, Any] | None = None, seeds: list[int] | None = None,
@@ -101,6 +137,7 @@ def from_preset(name: str, overrides: dict[str, Any] | None = None, seeds: list[
         raise ConfigError(f"--set {fixed_here[0]}: the study sets seed, backends, baseline and no_kd_student per "
                           "point (its arms); pick seeds with --seeds")
     p = PRESETS[name]
+    overrides = _folders(name, p, overrides)
     study = Study(name=results.check_name(study_name or name, "study name"), preset=p["preset"],
                   fixed={**p["set"], **overrides}, arms=list(p["arms"]), seeds=list(seeds or p["seeds"]),
                   study_preset=name)

@@ -13,6 +13,7 @@ Pure functions of numbers, no files, no torch, so every rule here is tested agai
 """
 from __future__ import annotations
 
+import json
 import math
 from typing import Any, Iterable, Mapping
 
@@ -66,6 +67,37 @@ def paired_gaps_pct(reference: Mapping[Any, Any], arm: Mapping[Any, Any]) -> dic
         if r and a and r[0] != 0:
             out[seed] = 100.0 * (a[0] - r[0]) / r[0]
     return out
+
+
+def paired_diffs(reference: Mapping[Any, Any], arm: Mapping[Any, Any]) -> dict[Any, float]:
+    """{seed: arm - reference} in the metric's own unit (nats for KL and loss), over the seeds where both are
+    finite: the absolute scale against which a relative gap of a small KL can be read."""
+    out = {}
+    for seed in sorted(set(reference) & set(arm)):
+        r, a = _finite([reference[seed]]), _finite([arm[seed]])
+        if r and a:
+            out[seed] = a[0] - r[0]
+    return out
+
+
+def noise_floor_abs(reference: Mapping[Any, Any], noise: Mapping[Any, Any]) -> float | None:
+    """The noise floor in the metric's unit: the root mean square of the paired differences between the two bf16
+    arms (as noise_floor_pct, without dividing). None with fewer than two seeds."""
+    d = list(paired_diffs(reference, noise).values())
+    return math.sqrt(sum(x * x for x in d) / len(d)) if len(d) >= 2 else None
+
+
+def gap_row(reference: Mapping[Any, Any], arm: Mapping[Any, Any], floor_pct: float | None,
+            floor_abs: float | None) -> dict[str, Any]:
+    """gaps.csv's columns of one arm and metric: the paired gap in % (mean, sd, 95% interval, per seed), the
+    within-noise verdict, and the paired difference in the metric's unit with its interval and floor."""
+    gaps = paired_gaps_pct(reference, arm)
+    s, d = summary(gaps.values()), summary(paired_diffs(reference, arm).values())
+    return {"n_seeds": s["n"], "gap_pct_mean": s["mean"], "gap_pct_sd": s["sd"], "gap_pct_ci_low": s["ci_low"],
+            "gap_pct_ci_high": s["ci_high"], "noise_floor_pct": floor_pct, "within_noise": within_noise(s, floor_pct),
+            "gap_pct_by_seed": json.dumps({str(k): v for k, v in gaps.items()}),
+            "diff_mean": d["mean"], "diff_ci_low": d["ci_low"], "diff_ci_high": d["ci_high"],
+            "noise_floor_abs": floor_abs}
 
 
 def noise_floor_pct(reference: Mapping[Any, Any], noise: Mapping[Any, Any]) -> float | None:

@@ -52,11 +52,13 @@ for preset in ${PRESETS:-seed large lm-a lm-b}; do
     *) echo "gpu_bench.sh: unknown preset $preset"; continue ;;
   esac
   timeout "$hard" python3 -m workbench bench --preset "$preset" --out "$B" --run-id "$preset" "${args[@]}" \
-    --repeats 3 --budget-s "$budget" --variants "$variants" > "$R/$preset.log" 2>&1
+    --repeats 3 --budget-s "$budget" --variants "$variants" --targets results/reference/bench_targets.json \
+    > "$R/$preset.log" 2>&1
   rc=$?
   if [ $rc -ne 0 ] && [ -d "$B/$preset" ]; then  # cut short: the finished variants still make its files
     echo "== $preset: exit $rc; aggregating what finished" >> "$R/$preset.log"
-    python3 -m workbench bench --aggregate "$B/$preset" >> "$R/$preset.log" 2>&1
+    python3 -m workbench bench --aggregate "$B/$preset" --targets results/reference/bench_targets.json \
+      >> "$R/$preset.log" 2>&1
   fi
   { echo "== $preset: exit $rc at $((SECONDS - T0)) s"; show 25 < "$R/$preset.log"; } | tee -a "$R/bench.log"
 done

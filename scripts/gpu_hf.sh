@@ -34,7 +34,7 @@ for s in ${SHAPES:-llama-4l llama-1b qwen-0.5b}; do
   python3 -m workbench hf-init "${SHAPE[$s]}" --out "$M/$s" > "$OUT/hf/$s.log" 2>&1 || { echo "== $s: hf-init failed"; continue; }
   timeout $(( ${HF_BUDGET_S:-150} + 120 )) python3 -m workbench bench --preset "${PRESET[$s]}" --repeats 2 \
     --budget-s "${HF_BUDGET_S:-150}" --set lm.student="$M/$s" ${HF_SET:---set no_kd_student=false} \
-    --out "$B" --run-id "$s" >> "$OUT/hf/$s.log" 2>&1
+    --out "$B" --run-id "$s" --targets results/reference/bench_targets.json >> "$OUT/hf/$s.log" 2>&1
   echo "== $s: exit $?"
   python3 - "$B/$s" <<'PY'
 import json, sys

@@ -43,6 +43,6 @@ echo "== run: exit $?"; tail -12 "$OUT/real/real.log"
 B=$(mktemp -d)
 [[ " ${REAL_PARTS:-step0 run bench} " == *" bench "* ]] && timeout $(( ${REAL_BUDGET_S:-120} + 90 )) python3 -m workbench bench --preset hf-llama-4l --repeats 2 \
   --budget-s "${REAL_BUDGET_S:-120}" --set lm.student="$M" --set no_kd_student=false ${REAL_VARIANTS:+--variants "$REAL_VARIANTS"} --out "$B" --run-id smollm2 \
-  >> "$OUT/real/real.log" 2>&1
+  --targets results/reference/bench_targets.json >> "$OUT/real/real.log" 2>&1
 echo "== bench: exit $?"; tail -25 "$OUT/real/real.log"
 (cd "$B" && tar -czf "$OUT/real/bench.tar.gz" $(find . \( -name '*.csv' -o -name '*.md' -o -name '*.json' \) -size -4M))

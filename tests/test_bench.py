@@ -17,11 +17,13 @@ from workbench import config, results
 from workbench.bench import cells, crosscheck, tables, variants
 from workbench.bench import rows as rows_module
 from workbench.bench.rows import COLUMNS, _with_tutorial_ratios, bench_rows, host_bound
-from workbench.bench.targets import TARGETS, evaluate_targets
+from workbench.bench.targets import MEASURES, evaluate_targets, load_targets
 from workbench.cli import main as cli_main
 from workbench.measure import flops, peaks, profiler, timing
 
 REFERENCE = Path(__file__).resolve().parent.parent / "results" / "reference" / "h200"
+PROJECT_TARGETS = REFERENCE.parent / "bench_targets.json"  # the project's own goals, beside their evidence
+TARGETS = load_targets(PROJECT_TARGETS)
 
 
 # ---- FLOP counter ---------------------------------------------------------------------------------
@@ -241,7 +243,7 @@ def _rows(preset: str) -> pd.DataFrame:
 
 
 def test_targets_at_large_and_not_evaluated_elsewhere():
-    t = {r["id"]: r for r in evaluate_targets(_rows("large"), "large")}
+    t = {r["id"]: r for r in evaluate_targets(_rows("large"), "large", TARGETS)}
     assert t["P2"]["achieved"] == 17.0 and t["P2"]["met"] is True and t["P2"]["by"] == "graphs / te_fp8:delayed"
     assert t["P2-vs-tutorial"]["achieved"] == pytest.approx(30 / 17) and t["P2-vs-tutorial"]["met"] is False
     assert t["P2-bf16-mfu"]["achieved"] == 82.0 and t["P2-bf16-mfu"]["met"] is True
@@ -254,15 +256,15 @@ def test_targets_at_large_and_not_evaluated_elsewhere():
     assert t["P5"]["achieved"] == pytest.approx(1.1) and t["P5"]["by"] == "graphs / te_fp8:delayed"
     assert t["P1"]["met"] is None and "seed" in t["P1"]["note"]  # the seed target is not judged at large
     assert t["P6"]["met"] is None and t["P6"]["target"] == "<= 20 ms"
-    s = {r["id"]: r for r in evaluate_targets(_rows("seed"), "seed")}
+    s = {r["id"]: r for r in evaluate_targets(_rows("seed"), "seed", TARGETS)}
     assert s["P1"]["achieved"] == 17.0 and s["P1"]["met"] is False
     assert s["P1-te-fp8"]["achieved"] == 17.0 and s["P2"]["met"] is None
     assert s["P4"]["achieved"] == 2.5  # at seed only graphed rows count; the host-bound eager row reports apart
-    a = {r["id"]: r for r in evaluate_targets(_rows("lm-a"), "lm-a")}
+    a = {r["id"]: r for r in evaluate_targets(_rows("lm-a"), "lm-a", TARGETS)}
     assert a["P6"]["achieved"] == 17.0 and a["P6"]["met"] is True and a["P6"]["target"] == "<= 20 ms"
     assert a["P6-vs-bf16"]["achieved"] == pytest.approx(25 / 17) and a["P6-vs-bf16"]["met"] is False
     assert a["P6-vs-torchao"]["achieved"] == pytest.approx(17 / 20) and a["P6-vs-torchao"]["met"] is True
-    b = {r["id"]: r for r in evaluate_targets(_rows("lm-b"), "lm-b")}
+    b = {r["id"]: r for r in evaluate_targets(_rows("lm-b"), "lm-b", TARGETS)}
     assert b["P6"]["target"] == "<= 33.5 ms" and b["P6"]["met"] is True
 
 
@@ -270,7 +272,7 @@ def test_hf_shape_targets_judge_the_te_decoder_layers_and_always_show_the_fp8_sp
     cats = {"gemm": 15.2, "attention": 3.1, "cast/amax/transpose": 3.0}
     monkeypatch.setattr(crosscheck, "kernel_breakdown", lambda d, row: {"kernel_categories_ms_per_step": cats}
                         if row["student"] == "te_fp8:delayed" else {})
-    t = {r["id"]: r for r in evaluate_targets(_rows("hf-llama-4l"), "hf-llama-4l", tmp_path)}
+    t = {r["id"]: r for r in evaluate_targets(_rows("hf-llama-4l"), "hf-llama-4l", TARGETS, tmp_path)}
     # the fastest TE FP8 row (17 ms) against the compiled bf16 student (25 ms) and torchao (20 ms)
     assert t["H1"]["achieved"] == pytest.approx(25 / 17) and t["H1"]["met"] is True
     assert t["H1"]["by"] == "graphs / te_fp8:delayed" and t["H1"]["breakdown"] is None
@@ -280,7 +282,7 @@ def test_hf_shape_targets_judge_the_te_decoder_layers_and_always_show_the_fp8_sp
     assert t["H2"]["met"] is None and t["H2"]["achieved"] == 17.0 and t["H2"]["breakdown"] == cats
     assert t["P6"]["met"] is None  # lm-a's goals are not judged on a Hugging Face shape
     # the full shapes: H2 is judged there, the 4-layer cut's speed target is not
-    full = {r["id"]: r for r in evaluate_targets(_rows("hf-llama-1b"), "hf-llama-1b", tmp_path)}
+    full = {r["id"]: r for r in evaluate_targets(_rows("hf-llama-1b"), "hf-llama-1b", TARGETS, tmp_path)}
     assert full["H2"]["breakdown"] == cats and full["H1"]["met"] is None
     table = tables.targets_table([_targets_dir(tmp_path, "hf-llama-1b", list(full.values()))])
     assert "gemm 15.2, attention 3.1, cast/amax/transpose 3" in table
@@ -298,7 +300,7 @@ def test_a_missed_target_carries_the_profilers_split_of_its_row(tmp_path, monkey
     monkeypatch.setattr(crosscheck, "kernel_breakdown", lambda d, row: {"kernel_categories_ms_per_step": cats}
                         if row["student"] == "te_fp8:delayed" else {})
     t = {r["id"]: r for r in evaluate_targets(_rows("large").assign(step_ms_median=lambda d: d.step_ms_median * 2),
-                                                     "large", tmp_path)}
+                                                     "large", TARGETS, tmp_path)}
     assert t["P2"]["met"] is False and t["P2"]["breakdown"] == cats
     # a met target decided by the same row needs no breakdown
     assert t["P2-crosscheck"]["by"].endswith("te_fp8:delayed") and t["P2-crosscheck"]["met"] is True
@@ -345,7 +347,7 @@ def test_markdown_and_readme_from_files(tmp_path):
                                compile_ms=None, gpu_name="NVIDIA H200", torch="2.11", te_version="2.20.2",
                                tutorial_rows="eager / torch_bf16")
     df.to_csv(d / "bench.csv", index=False)
-    (d / "targets.json").write_text(json.dumps({"preset": "large", "targets": evaluate_targets(df, "large")}))
+    (d / "targets.json").write_text(json.dumps({"preset": "large", "targets": evaluate_targets(df, "large", TARGETS)}))
     md = tables.markdown(tmp_path)
     assert "### `large` preset — NVIDIA H200" in md
     assert "| graphs | `te_fp8:delayed` | 17 |" in md
@@ -372,7 +374,7 @@ def test_the_readme_table_is_generated_from_targets_json(tmp_path, capsys):
             preset=preset, tflops=1.0, pct_of_datasheet_peak=1.0, capture_ms=None, compile_ms=None
         )
         df.to_csv(d / "bench.csv", index=False)
-        targets = evaluate_targets(df, preset)
+        targets = evaluate_targets(df, preset, TARGETS)
         for t in targets:  # every target carries one here: the table shows it only where the target is missed
             t["breakdown"] = {"gemm": 15.2, "optimizer": 4.7}
         (d / "targets.json").write_text(json.dumps({"preset": preset, "targets": targets}))
@@ -395,13 +397,15 @@ FILES = ["peak.json", "bench.json", "bench.csv", "crosscheck.json", "targets.jso
 
 def test_bench_cpu_smoke_writes_its_files(tmp_path, capsys):
     rc = cli_main(["bench", "--preset", "cpu-smoke", "--set", "steps=2", "--set", "warmup=1", "--set", "iters=2",
-                   "--set", "eval_batches=1", "--repeats", "3", "--out", str(tmp_path), "--run-id", "b"])
+                   "--set", "eval_batches=1", "--repeats", "3", "--out", str(tmp_path), "--run-id", "b",
+                   "--targets", str(PROJECT_TARGETS)])
     assert rc == 0
     d = tmp_path / "b"
     for name in FILES:
         assert (d / name).stat().st_size > 0, name
     assert not list(d.rglob(".*tmp*")), "atomic writes leave no temporary files behind"
-    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["bench_dir"] == str(d)
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed["bench_dir"] == str(d) and {t["id"] for t in printed["targets"]} == {t.id for t in TARGETS}
 
     peak = json.loads((d / "peak.json").read_text())
     assert peak["measured"]["fp32"]["status"] == "ok" and peak["measured"]["fp32"]["tflops"] > 0
@@ -429,6 +433,7 @@ def test_bench_cpu_smoke_writes_its_files(tmp_path, capsys):
     tg = {t["id"]: t for t in json.loads((d / "targets.json").read_text())["targets"]}
     assert set(tg) == {t.id for t in TARGETS}
     assert tg["P2"]["met"] is None and tg["P4"]["achieved"] is not None
+    assert json.loads((d / "bench.json").read_text())["requested"]["targets"] == str(PROJECT_TARGETS)
 
     # each student's own row carries its repeats and profiler sums; bench.csv and observations.json are read
     # from the rows and the profile files, nothing is matched by value
@@ -454,7 +459,7 @@ def test_bench_cpu_smoke_writes_its_files(tmp_path, capsys):
     # a bench cut short (a time limit) before its aggregate: --aggregate rebuilds its files at its preset
     for name in ("bench.csv", "targets.json"):
         (d / name).unlink()
-    assert cli_main(["bench", "--aggregate", str(tmp_path)]) == 0
+    assert cli_main(["bench", "--aggregate", str(tmp_path), "--targets", str(PROJECT_TARGETS)]) == 0
     assert pd.read_csv(d / "bench.csv")["preset"].eq("cpu-smoke").all()
     assert json.loads((d / "targets.json").read_text())["preset"] == "cpu-smoke"
 
@@ -567,14 +572,87 @@ def test_a_new_variant_is_one_entry_in_the_catalogue(tmp_path):
 
 
 def test_a_bench_whose_budget_skips_every_variant_still_writes_every_file(tmp_path, capsys):
-    """--budget-s spent before the first variant: every file is written, each row 'skipped' with why."""
+    """--budget-s spent before the first variant: every file is written, each row 'skipped' with why. Without
+    --targets the bench judges no goals: no targets.json, no targets table, nothing of the project's in it."""
     rc = cli_main(["bench", "--preset", "cpu-smoke", "--budget-s", "0", "--out", str(tmp_path), "--run-id", "b"])
     assert rc == 0, capsys.readouterr().err
+    assert "targets" not in json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     d = tmp_path / "b"
-    for name in ("peak.json", "bench.json", "bench.csv", "crosscheck.json", "targets.json", "bench.md"):
+    for name in ("peak.json", "bench.json", "bench.csv", "crosscheck.json", "bench.md"):
         assert (d / name).stat().st_size > 0, name
+    assert not (d / "targets.json").exists()
+    md = (d / "bench.md").read_text()
+    assert "| target |" not in md and not any(f"| {t.id} |" in md for t in TARGETS)
     df = pd.read_csv(d / "bench.csv")
     assert set(df["student"]) == set(variants.VARIANTS["smoke"].backends)
     assert (df["status"] == "skipped").all() and df["reason"].str.contains("time budget").all()
-    assert all(t["achieved"] is None for t in json.loads((d / "targets.json").read_text())["targets"])
-    assert "skipped" in (d / "bench.md").read_text()
+    assert "skipped" in md
+    # rebuilt without --targets: still none; with it: every goal of the file, none achieved (nothing ran)
+    assert cli_main(["bench", "--aggregate", str(d)]) == 0 and not (d / "targets.json").exists()
+    assert cli_main(["bench", "--aggregate", str(d), "--targets", str(PROJECT_TARGETS)]) == 0
+    tg = json.loads((d / "targets.json").read_text())
+    assert tg["source"] == str(PROJECT_TARGETS) and [t["id"] for t in tg["targets"]] == [t.id for t in TARGETS]
+    assert all(t["achieved"] is None for t in tg["targets"])
+    assert "| target |" in (d / "bench.md").read_text()
+
+
+@pytest.mark.parametrize("folder", ["real/bench_real", "hf/families/qwen3-4l-rest"])
+def test_the_targets_file_judges_a_committed_bench_as_the_code_did(folder, tmp_path):
+    """The goals moved from the code to results/reference/bench_targets.json: a committed H200 bench whose
+    targets.json the old code wrote, re-aggregated with --targets, gets the same targets.json (every goal, value,
+    figure, row, verdict and split); re-aggregated without --targets its targets.json is kept byte for byte."""
+    d = shutil.copytree(REFERENCE / folder, tmp_path / "b")
+    committed = (d / "targets.json").read_bytes()
+    assert cli_main(["bench", "--aggregate", str(d)]) == 0
+    assert (d / "targets.json").read_bytes() == committed
+    assert "| P4 |" in (d / "bench.md").read_text()  # the kept targets.json is still shown
+    assert cli_main(["bench", "--aggregate", str(d), "--targets", str(PROJECT_TARGETS)]) == 0
+    old, new = json.loads(committed), json.loads((d / "targets.json").read_text())
+    assert new["source"] == str(PROJECT_TARGETS) and new["preset"] == old["preset"]
+    assert _rounded(new["targets"]) == _rounded(old["targets"])
+
+
+def test_the_project_targets_file_names_only_known_measures():
+    doc = json.loads(PROJECT_TARGETS.read_text())
+    assert [t["id"] for t in doc["targets"]][:3] == ["P1", "P1-te-fp8", "P2"]
+    assert {t.measure for t in TARGETS} <= set(MEASURES)
+    assert {t.id: t.goal("lm-b") for t in TARGETS}["P6"] == 33.5
+
+
+def _bad_targets(tmp_path, text):
+    p = tmp_path / "goals.json"
+    p.write_text(text)
+    return p
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"comparison": "=="}, "field 'comparison' must be one of '<=', '>=', '<', 'report', got '=='"),
+    ({"measure": "fastest"}, "field 'measure' must be one of fastest_step, "),
+    ({"value": "fast"}, "field 'value' must be a number, or an object {preset: number}, got 'fast'"),
+    ({"value": None}, "field 'value' must be a number, or an object {preset: number}, got None"),
+    ({"presets": "seed"}, "field 'presets' must be a non-empty list of preset names"),
+    ({"goal": 1.0}, "unknown field 'goal'; allowed fields: id, presets, what, comparison, value, unit, measure"),
+    ({"unit": ""}, "field 'unit' must be a non-empty string"),
+])
+def test_a_malformed_targets_file_is_one_line_naming_the_field(change, message, tmp_path, capsys):
+    good = {"id": "G1", "what": "fastest step", "comparison": "<=", "value": 1.0, "unit": "ms",
+            "measure": "fastest_step"}
+    path = _bad_targets(tmp_path, json.dumps({"targets": [good, {**good, "id": "G2", **change}]}))
+    # refused before anything runs: no bench folder is made
+    assert cli_main(["bench", "--preset", "cpu-smoke", "--targets", str(path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and f"{path}: target 2 (G2): {message}" in err, err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{not json", "cannot read a JSON targets file"),
+    ('{"targets": []}', "expected an object with a non-empty list 'targets'"),
+    ('{"targets": [' + ", ".join(['{"id": "A", "what": "w", "comparison": "report", "unit": "ms", '
+                                  '"measure": "fp8_step"}'] * 2) + ']}', "target id 'A' appears more than once"),
+])
+def test_a_targets_file_that_is_no_list_of_goals_is_one_line(text, message, tmp_path, capsys):
+    path = _bad_targets(tmp_path, text)
+    assert cli_main(["bench", "--aggregate", str(tmp_path), "--targets", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and message in err, err

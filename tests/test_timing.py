@@ -123,6 +123,6 @@ def test_cpu_memory_is_unknown_not_zero():
 
 
 def test_seed_step_is_the_tutorials_40_gflop():
-    """REFERENCE §1: the seed size is 'a student step of 40 GFLOP' (a literal, not the formula again)."""
+    """The tutorial's seed size is 'a student step of 40 GFLOP' (a literal, not the formula again)."""
     m = ModelConfig(hidden=512, intermediate=2048, layers=3, seq_len=128, batch=8)
     assert flops.train_flops(m) == 40_265_318_400

@@ -1,6 +1,7 @@
 """`workbench bench`: every backend's best path, side by side, against the hardware's ceiling.
 
     python -m workbench bench --preset large --out results/bench --run-id large
+    python -m workbench bench --preset large --targets results/reference/bench_targets.json   # judge goals too
     python -m workbench bench --preset seed --variants eager,graphs-fused-bf16 --out results/bench
     python -m workbench bench --list                                  # the variant catalogue
     python -m workbench bench --markdown results/bench [--readme PATH]   # tables from the files
@@ -12,7 +13,7 @@ The package, in the order a bench runs:
               options); a rejected student or a failed run becomes an 'error' row with its reason
   rows        bench.csv's rows from the run folders: peaks, teacher share, repeats, '× tutorial' ratios
   crosscheck  event-timed median vs the profiler's GPU time per row, and a row's kernel-time split
-  targets     the targets as data (TARGETS), judged per preset
+  targets     the goals of a --targets file (load_targets), judged per preset by named measures (MEASURES)
   tables      aggregate() (files in, files out) and the Markdown / README written from the files
   cli         the flags
 
@@ -22,10 +23,11 @@ OUT/<run_id>/ holds
                    each student) the repeat medians and the profiled block, gathered from those files
   bench.csv        one row per (variant, student), units in the column names (see rows.COLUMNS)
   crosscheck.json  event-timed median vs torch.profiler GPU time per row; headline = the fastest FP8 row
-  targets.json     the targets: goal, best achieved, by which row, met (null = not judged here), and where
-                   missed the profiler's kernel categories of that row
+  targets.json     only with --targets FILE: each goal of FILE, the best achieved, by which row, met (null =
+                   not judged here), and where missed the profiler's kernel categories of that row
   bench.json       what was asked, variant status and wall time, environment
   bench.md         the Markdown tables (`--markdown` renders the same from any folder of benches)
   step_time_by_backend.png/.svg, pct_of_peak.png/.svg
-bench.csv, crosscheck.json, targets.json and the tables are rebuilt from the other files by `tables.aggregate()`.
+bench.csv, crosscheck.json and the tables are rebuilt from the other files by `tables.aggregate()` (`--aggregate
+DIR`); targets.json is judged anew only when a targets file is given, else a folder's own is kept as it is.
 """

@@ -11,6 +11,7 @@ from workbench import results
 from workbench.bench.cells import read
 from workbench.bench.run import BenchOptions, run_bench
 from workbench.bench.tables import README_BEGIN, README_END, aggregate, markdown, readme, update_readme
+from workbench.bench.targets import load_targets
 from workbench.bench.variants import DEFAULT_VARIANTS, VARIANTS
 
 
@@ -21,7 +22,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="config override applied to every variant, e.g. --set iters=50")
     p.add_argument("--variants", default=None,
                    help="comma-separated variant names (default: the preset's list; see --list)")
-    p.add_argument("--repeats", type=int, default=3, help="timed blocks per region for the noise figure (P4)")
+    p.add_argument("--repeats", type=int, default=3, help="timed blocks per region for the noise figure")
+    p.add_argument("--targets", metavar="FILE", default=None,
+                   help="a JSON file of goals to judge into targets.json and bench.md (the project's own: "
+                        "results/reference/bench_targets.json); without it the bench judges no goals. With "
+                        "--aggregate: judge them anew (without: a folder's targets.json is kept as it is)")
     p.add_argument("--no-crosscheck", action="store_true", help="skip the profiled block per timed region")
     p.add_argument("--budget-s", type=float, default=None, help="skip variants not started after this many seconds")
     p.add_argument("--out", default="results/bench", help="parent folder of the bench folder")
@@ -34,7 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--write-readme", metavar="DIR", default=None,
                    help="write DIR/README.md: the targets of every bench below DIR in one table, then their rows")
     p.add_argument("--aggregate", metavar="DIR", default=None,
-                   help="rebuild bench.csv, crosscheck.json, targets.json, bench.md and plots of DIR from its files")
+                   help="rebuild bench.csv, crosscheck.json, bench.md and plots of DIR from its files "
+                        "(and targets.json with --targets)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -45,9 +51,11 @@ def main(args: argparse.Namespace) -> int:
         for preset, names in DEFAULT_VARIANTS.items():
             print(f"default for {preset}: {','.join(names)}")
         return 0
+    if args.targets:
+        load_targets(args.targets)  # checked before anything runs or is rewritten: one line naming the field
     if args.aggregate:  # bench.json, not bench.csv: a bench cut short before its aggregate has none yet
         for d in results.folders_with(args.aggregate, "bench.json"):
-            aggregate(d)
+            aggregate(d, args.targets)
             print(f"aggregated {d}")
         return 0
     if args.write_readme:
@@ -66,8 +74,9 @@ def main(args: argparse.Namespace) -> int:
         return 0
     opts = BenchOptions(preset=args.preset, overrides=config_mod.parse_set(args.overrides),
                         variants=[s.strip() for s in args.variants.split(",") if s.strip()] if args.variants else None,
-                        repeats=args.repeats, crosscheck=not args.no_crosscheck, budget_s=args.budget_s)
+                        repeats=args.repeats, crosscheck=not args.no_crosscheck, budget_s=args.budget_s,
+                        targets=args.targets)
     bench_dir = run_bench(opts, out=args.out, run_id=args.run_id)
-    print(json.dumps({"bench_dir": str(bench_dir),
-                      "targets": (read(bench_dir / "targets.json") or {}).get("targets")}, default=str))
+    judged = {"targets": (read(bench_dir / "targets.json") or {}).get("targets")} if args.targets else {}
+    print(json.dumps({"bench_dir": str(bench_dir), **judged}, default=str))
     return 0

@@ -19,6 +19,7 @@ from workbench import config as config_mod
 from workbench import results
 from workbench.bench.rows import observations
 from workbench.bench.tables import aggregate
+from workbench.bench.targets import load_targets
 from workbench.bench.variants import Variant, resolve_variants, variant_config
 from workbench.config import ConfigError
 from workbench.measure import peaks
@@ -36,6 +37,8 @@ class BenchOptions:
     """One more block per region under torch.profiler (the config's `profile`)."""
     budget_s: float | None = None
     """Skip the variants not yet started once this many seconds have passed (rows say so)."""
+    targets: str | None = None
+    """A targets file (`--targets`): its goals are judged into targets.json; None: the bench judges no goals."""
 
 
 def run_bench(opts: BenchOptions, out: str | Path = "results/bench", run_id: str | None = None,
@@ -44,6 +47,8 @@ def run_bench(opts: BenchOptions, out: str | Path = "results/bench", run_id: str
     from workbench.run import runner
 
     _refuse_measured_overrides(opts.overrides)
+    if opts.targets is not None:
+        load_targets(opts.targets)  # a malformed file is one line now, not after the bench
     preset = config_mod.default_preset_name() if opts.preset == "auto" else opts.preset
     base_cfg = config_mod.from_preset(preset, **opts.overrides, repeats=opts.repeats, profile=opts.crosscheck)
     runner.check_registered(base_cfg)  # before the peak probe: a mistyped kind or backend is one line, not N rows
@@ -62,12 +67,13 @@ def run_bench(opts: BenchOptions, out: str | Path = "results/bench", run_id: str
     results.write_json(bench_dir / "bench.json", {
         "schema_version": results.SCHEMA_VERSION, "bench_id": run_id, "preset": preset,
         "requested": {"preset": opts.preset, "overrides": opts.overrides, "variants": opts.variants,
-                      "repeats": opts.repeats, "crosscheck": opts.crosscheck, "budget_s": opts.budget_s},
+                      "repeats": opts.repeats, "crosscheck": opts.crosscheck, "budget_s": opts.budget_s,
+                      "targets": opts.targets},
         "variants": {v.name: {"overrides": v.overrides, "backends": list(v.backends), "doc": v.doc,
                               **status.get(v.name, {})} for v in variants},
         "wall_s": time.perf_counter() - t0, "torchao_version": _version("torchao"),
     })
-    aggregate(bench_dir)
+    aggregate(bench_dir, opts.targets)
     _say(progress, f"[bench] wrote {bench_dir} in {time.perf_counter() - t0:.0f} s")
     return bench_dir
 

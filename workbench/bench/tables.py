@@ -1,6 +1,6 @@
-"""bench.csv, crosscheck.json, targets.json, bench.md and the plots of a bench folder, rebuilt from its other
-files (`aggregate`), and the Markdown of any folder of benches: each preset's table of rows, the targets
-table, and the README of results/reference/<gpu>/bench/ - all read from the files alone."""
+"""bench.csv, crosscheck.json, bench.md, the plots (and targets.json, given a targets file) of a bench folder,
+rebuilt from its other files (`aggregate`), and the Markdown of any folder of benches: each preset's table of
+rows, the targets table, and the README of results/reference/<gpu>/bench/ - all read from the files alone."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,12 +11,15 @@ from workbench import results
 from workbench.bench.cells import num, read, truthy
 from workbench.bench.crosscheck import crosscheck_report
 from workbench.bench.rows import bench_rows
-from workbench.bench.targets import evaluate_targets
+from workbench.bench.targets import evaluate_targets, load_targets
 from workbench.measure import peaks
 
 
-def aggregate(bench_dir: str | Path) -> pd.DataFrame:
-    """(Re)build bench.csv, crosscheck.json, targets.json, bench.md and the plots from the files."""
+def aggregate(bench_dir: str | Path, targets: str | Path | None = None) -> pd.DataFrame:
+    """(Re)build bench.csv, crosscheck.json, bench.md and the plots from the files. With a `targets` file
+    (`--targets`), targets.json is judged anew from its goals; without one, a targets.json already in the
+    folder (an older bench's, or one run with --targets) is kept as it is and shown in bench.md, and a folder
+    without one gets none: a bench holds only the goals it was given."""
     from workbench.results import plots
 
     bench_dir = Path(bench_dir)
@@ -24,9 +27,10 @@ def aggregate(bench_dir: str | Path) -> pd.DataFrame:
     preset = (read(bench_dir / "bench.json") or {}).get("preset")
     results.write_csv(bench_dir / "bench.csv", df)
     results.write_json(bench_dir / "crosscheck.json", crosscheck_report(df, preset, bench_dir))
-    results.write_json(bench_dir / "targets.json", {"schema_version": results.SCHEMA_VERSION, "preset": preset,
-                                                     "source": "workbench.bench.targets.TARGETS",
-                                                     "targets": evaluate_targets(df, preset, bench_dir)})
+    if targets is not None:
+        results.write_json(bench_dir / "targets.json", {
+            "schema_version": results.SCHEMA_VERSION, "preset": preset, "source": str(targets),
+            "targets": evaluate_targets(df, preset, load_targets(targets), bench_dir)})
     results.write_bytes(bench_dir / "bench.md", markdown(bench_dir).encode())
     plots.plot_bench(bench_dir)
     return df

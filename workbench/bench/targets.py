@@ -1,7 +1,11 @@
-"""targets.json: the bench's performance targets, each one declarative entry of TARGETS (its presets, goal and
-the function that picks its deciding row and figure from the rows that ran), judged by evaluate_targets."""
+"""A bench's targets: goals read from a file the user names (`workbench bench --targets FILE`), each judged
+by `evaluate_targets` from the rows that ran into targets.json. The file holds the goals (id, presets, what,
+comparison, value, unit, measure); the code holds only the measures, each a named function that picks a
+target's deciding row and figure from the rows (MEASURES). The project's own goals live beside their evidence,
+in results/reference/bench_targets.json; a bench run without --targets judges nothing."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -12,6 +16,7 @@ from workbench import results
 from workbench.bench import crosscheck
 from workbench.bench.cells import best, div, num, truthy
 from workbench.bench.rows import shape_is_preset
+from workbench.config import ConfigError
 from workbench.measure import profiler
 
 STEP = "step_ms_median"
@@ -42,7 +47,7 @@ class Target:
     comparison: str  # "<=", ">=", "<" or "report" (a figure to show, no goal)
     value: float | dict[str, float] | None  # a dict: the goal per preset
     unit: str
-    figure: Callable[[Pools], Figure]
+    measure: str  # a name in MEASURES: how the figure is taken from the rows
     split: bool = False  # always attach the profiler's kernel split of the deciding row (else only when missed)
 
     def goal(self, preset: str | None) -> float | None:
@@ -119,55 +124,102 @@ def _te_vs_torchao(p: Pools) -> Figure:
     return row, div(row[STEP], ao[STEP]) if row and ao else None, ""
 
 
-# ---- the targets ---------------------------------------------------------------------------------
-LM_SHAPES = ("lm-a", "lm-b")
-HF_SHAPES = ("hf-llama-4l", "hf-llama-1b", "hf-qwen2.5-0.5b")  # a Hugging Face folder of that shape as student
-TARGETS = (
-    Target("P1", ("seed",), "fastest student train step", "<=", 0.30, "ms", _cell(lambda p: p.ran)),
-    Target("P1-te-fp8", ("seed",), "TE FP8 student step, whole step (forward, loss, backward, optimizer, FP8 "
-           "scale updates) in one CUDA graph", "<=", 0.60, "ms",
-           _cell(lambda p: p.te_fp8[p.te_fp8["graph_scope"] == "step"])),
-    Target("P2", ("large",), "TE FP8 student step", "<=", 18.0, "ms", _cell(lambda p: p.te_fp8)),
-    Target("P2-vs-tutorial", ("large",), "fastest TE FP8 student, × the tutorial-equivalent bf16 student of the "
-           "same run", ">=", 2.4, "x", _cell(lambda p: p.te_fp8, "speedup_vs_tutorial")),
-    Target("P2-bf16-mfu", ("large",), "our bf16 path, % of the bf16 matmul peak measured in the same run", ">=", 80.0,
-           "%", _cell(lambda p: p.ran[p.ran["precision"] == "bf16"], "pct_of_measured_peak", "pct_of_measured_peak",
-                      largest=True)),
-    Target("P2-crosscheck", ("large",), "|profiler GPU busy time / event-timed median - 1|, fastest TE FP8 row",
-           "<=", profiler.TOLERANCE * 100, "%", _crosscheck),
-    Target("P3", None, "teacher forward, % of the measured matmul peak of its precision", ">=", 75.0, "%",
-           _teacher_mfu),
-    Target("P3-share", None, "teacher's share of a distillation step (its forward + the fastest student's step)",
-           "report", None, "%", _cell(lambda p: p.ran, "teacher_share_pct")),
-    Target("P4", None, "spread of the median over repeats, worst row (seed: graphed rows; elsewhere every row)",
-           "<=", 2.0, "%", _spread),
-    Target("P5", ("large",) + LM_SHAPES + HF_SHAPES, "peak memory of a TE FP8 student / the bf16 student's (same "
-           "variant, else the bench's lowest), worst", "<=", 1.0, "x", _memory_ratio),
-    Target("P6", LM_SHAPES, "fastest FP8 student step", "<=", {"lm-a": 20.0, "lm-b": 33.5}, "ms",
-           _cell(lambda p: p.fp8)),
-    Target("P6-vs-bf16", LM_SHAPES, "fastest FP8 student, × the fastest compiled bf16 student", ">=", 1.7, "x",
-           _vs_compiled_bf16(lambda p: p.fp8)),
-    Target("P6-vs-torchao", LM_SHAPES, "fastest TE FP8 step / fastest torchao float8 step", "<", 1.0, "x",
-           _te_vs_torchao),
-    # your own Llama-shaped model: the TE decoder-layer conversion against the compiled HF model and torchao
-    Target("H1", ("hf-llama-4l",), "fastest TE FP8 student, × the fastest compiled bf16 student", ">=", 1.15, "x",
-           _vs_compiled_bf16(lambda p: p.te_fp8)),
-    Target("H1-vs-torchao", ("hf-llama-4l",), "fastest TE FP8 step / fastest torchao float8 step", "<", 1.0, "x",
-           _te_vs_torchao),
-    Target("H2", HF_SHAPES, "fastest FP8 student step, with the profiler's split of where its time goes", "report",
-           None, "ms", _cell(lambda p: p.fp8), split=True),
-)
+# ---- the measures a targets file names ------------------------------------------------------------
+MEASURES: dict[str, Callable[[Pools], Figure]] = {
+    "fastest_step": _cell(lambda p: p.ran),
+    "te_fp8_whole_step_graph_step": _cell(lambda p: p.te_fp8[p.te_fp8["graph_scope"] == "step"]),
+    "te_fp8_step": _cell(lambda p: p.te_fp8),
+    "fp8_step": _cell(lambda p: p.fp8),
+    "te_fp8_speedup_vs_tutorial": _cell(lambda p: p.te_fp8, "speedup_vs_tutorial"),
+    "bf16_pct_of_measured_peak": _cell(lambda p: p.ran[p.ran["precision"] == "bf16"], "pct_of_measured_peak",
+                                       "pct_of_measured_peak", largest=True),
+    "kernel_to_event_deviation_pct": _crosscheck,
+    "teacher_pct_of_measured_peak": _teacher_mfu,
+    "teacher_share_pct": _cell(lambda p: p.ran, "teacher_share_pct"),
+    "worst_median_spread_pct": _spread,
+    "te_fp8_peak_memory_vs_bf16": _memory_ratio,
+    "fp8_vs_compiled_bf16": _vs_compiled_bf16(lambda p: p.fp8),
+    "te_fp8_vs_compiled_bf16": _vs_compiled_bf16(lambda p: p.te_fp8),
+    "te_fp8_vs_torchao_step": _te_vs_torchao,
+}
+COMPARISONS = ("<=", ">=", "<", "report")
+FIELDS = ("id", "presets", "what", "comparison", "value", "unit", "measure", "split")
+REQUIRED = ("id", "what", "comparison", "unit", "measure")
+
+
+class TargetsError(ConfigError):
+    """A targets file that cannot be judged: one line naming the file, the target, the field and what is allowed."""
+
+
+# ---- reading a targets file ------------------------------------------------------------------------
+def load_targets(path: str | Path) -> tuple[Target, ...]:
+    """The targets of a JSON file {"targets": [{id, presets?, what, comparison, value?, unit, measure,
+    split?}, ...]}, checked field by field before any bench runs."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise TargetsError(f"{path}: cannot read a JSON targets file ({type(e).__name__}: {e})") from None
+    items = doc.get("targets") if isinstance(doc, dict) else None
+    if not isinstance(items, list) or not items:
+        raise TargetsError(f"{path}: expected an object with a non-empty list 'targets'")
+    out = tuple(_target(path, i, t) for i, t in enumerate(items))
+    ids = [t.id for t in out]
+    if dup := sorted({i for i in ids if ids.count(i) > 1}):
+        raise TargetsError(f"{path}: target id {dup[0]!r} appears more than once; ids must be unique")
+    return out
+
+
+def _target(path: Path, i: int, t: Any) -> Target:
+    """One entry of the file, every field checked; the error names the entry, the field and what is allowed."""
+    where = f"{path}: target {i + 1}" + (f" ({t['id']})" if isinstance(t, dict) and isinstance(t.get("id"), str)
+                                         else "")
+
+    def bad(field: str, allowed: str) -> TargetsError:
+        return TargetsError(f"{where}: field '{field}' must be {allowed}, got {t.get(field)!r}")
+
+    if not isinstance(t, dict):
+        raise TargetsError(f"{where}: must be an object with the fields {', '.join(FIELDS)}")
+    if unknown := sorted(set(t) - set(FIELDS)):
+        raise TargetsError(f"{where}: unknown field '{unknown[0]}'; allowed fields: {', '.join(FIELDS)}")
+    for field in REQUIRED:
+        if not isinstance(t.get(field), str) or not t[field]:
+            raise bad(field, "a non-empty string")
+    if t["comparison"] not in COMPARISONS:
+        raise bad("comparison", "one of " + ", ".join(repr(c) for c in COMPARISONS))
+    if t["measure"] not in MEASURES:
+        raise bad("measure", "one of " + ", ".join(MEASURES))
+    presets = t.get("presets")
+    if presets is not None and (not isinstance(presets, list) or not presets
+                                or not all(isinstance(p, str) and p for p in presets)):
+        raise bad("presets", "a non-empty list of preset names (absent: every preset)")
+    value = t.get("value")
+    number = (int, float)
+    ok = (isinstance(value, number) and not isinstance(value, bool)) or (
+        isinstance(value, dict) and value and all(isinstance(v, number) and not isinstance(v, bool)
+                                                  for v in value.values()))
+    if t["comparison"] == "report" and value is not None and not ok:
+        raise bad("value", "absent or a number for a 'report' target")
+    if t["comparison"] != "report" and not ok:
+        raise bad("value", "a number, or an object {preset: number}")
+    if not isinstance(t.get("split", False), bool):
+        raise bad("split", "true or false")
+    return Target(t["id"], None if presets is None else tuple(presets), t["what"], t["comparison"],
+                  value, t["unit"], t["measure"], t.get("split", False))
+
+
 MET = {"<=": lambda a, g: a <= g, ">=": lambda a, g: a >= g, "<": lambda a, g: a < g}
 
 
 # ---- judging -------------------------------------------------------------------------------------
-def evaluate_targets(df: pd.DataFrame, preset: str | None, bench_dir: Path | None = None) -> list[dict[str, Any]]:
-    """targets.json: every target with its goal, the best achieved figure here, the row that achieved it
+def evaluate_targets(df: pd.DataFrame, preset: str | None, targets: tuple[Target, ...],
+                     bench_dir: Path | None = None) -> list[dict[str, Any]]:
+    """targets.json: every target of `targets` with its goal, the best achieved figure here, the row that achieved it
     ('variant / student'), met (None: not judged here: another preset's target, a report-only figure, or
     nothing ran to measure it) and, where missed, the profiler's kernel categories of that row."""
     pools = Pools(results.ran(df).copy(), preset)
     same_shape = bool(len(pools.ran)) and shape_is_preset(preset, pools.ran.iloc[0].to_dict())
-    return [_judge(t, pools, same_shape, bench_dir) for t in TARGETS]
+    return [_judge(t, pools, same_shape, bench_dir) for t in targets]
 
 
 def _judge(t: Target, pools: Pools, same_shape: bool, bench_dir: Path | None) -> dict[str, Any]:
@@ -183,7 +235,7 @@ def _judge(t: Target, pools: Pools, same_shape: bool, bench_dir: Path | None) ->
         rec["note"] = f"evaluated on the {'/'.join(t.presets)} preset's shape; this bench is {preset!r}" + (
             "" if same_shape else " with overridden dims")
         return rec
-    row, achieved, note = t.figure(pools)
+    row, achieved, note = MEASURES[t.measure](pools)
     rec["note"] = note
     if achieved is None:
         rec["note"] = note or "no row measured it here"

@@ -83,7 +83,8 @@ class Plan:
 
 
 def build_env(env: dict[str, Any], max_jobs: int | None = None, force_build: bool = False) -> dict[str, str]:
-    """Environment for compiling transformer_engine_torch here (REFERENCE §3): MAX_JOBS from
+    """Environment for compiling transformer_engine_torch here (TE's setup.py reads MAX_JOBS and
+    NVTE_BUILD_THREADS_PER_JOB: https://github.com/NVIDIA/TransformerEngine#installation): MAX_JOBS from
     `build_jobs`; threads per job share the remaining cores among this GPU's architectures (one arch:
     one thread)."""
     cores = int(env.get("cpu_cores") or 1)

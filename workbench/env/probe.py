@@ -29,7 +29,7 @@ from packaging.utils import canonicalize_name
 from workbench.env import te as _te
 from workbench.env.facts import EXTENSION, META, is_core, printable
 
-# TE capability checks: probe key -> function name in transformer_engine.pytorch (REFERENCE §2)
+# TE capability checks: probe key -> function name in transformer_engine.pytorch (its is_*_available())
 CAPABILITY_CHECKS = {"fp8": "is_fp8_available", "fp8_block_scaling": "is_fp8_block_scaling_available",
                      "mxfp8": "is_mxfp8_available", "nvfp4": "is_nvfp4_available", "bf16": "is_bf16_available"}
 

@@ -1,4 +1,4 @@
-"""FLOPs and throughput of a student train step (REFERENCE §4), for tokens/s and TFLOP/s.
+"""FLOPs and throughput of a student train step, for tokens/s and TFLOP/s.
 
 The count comes from the model itself (`train_flops_per_token`), so a model of another shape brings
 its own maths; this module only scales it by the tokens of a step.

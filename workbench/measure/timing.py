@@ -1,6 +1,6 @@
 """The one timing module: every step time, teacher time and memory peak in the workbench comes from here.
 
-Rules (REFERENCE §4): warm-up steps run untimed; the device is synchronized before the timed region
+Rules: warm-up steps run untimed; the device is synchronized before the timed region
 (so queued work such as teacher targets or warm-up is not counted) and after it; on CUDA each step is
 bracketed by CUDA events recorded on the stream, on CPU by perf_counter. Peak-memory counters are reset
 right before the timed region. Median, p20, p80 and mean are reported, per-step times kept.

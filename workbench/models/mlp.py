@@ -2,7 +2,8 @@
 
 The student takes its Linear / LayerNorm classes as arguments, so the TE student is the same
 module tree built from `te.Linear` / `te.LayerNorm`: the parameter names match the torch student's
-and the TE student loads the baseline's initial state unchanged (matched init, REFERENCE §1.3).
+and the TE student loads the baseline's initial state unchanged (matched init:
+every student starts from the same weights).
 """
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ def resolve_device(cfg: Config) -> torch.device:
 
 def teacher_dtype(cfg: Config, device: torch.device) -> torch.dtype | None:
     """The torch autocast dtype of the teacher's forward (and of a language-model teacher's training);
-    None = fp32. 'auto': bf16 autocast on a bf16-capable GPU (REFERENCE §1.2: an fp32 teacher costs ~3x a
+    None = fp32. 'auto': bf16 autocast on a bf16-capable GPU (an fp32 teacher forward costs ~3x a
     student step at the large size), fp32 on CPU. 'fp8': what TE does not run in FP8 runs in bf16 (fp16 on a
     GPU without bf16), which is also the whole forward where FP8 cannot run (workbench.train.teacher_precision);
     fp32 on CPU."""

@@ -2,7 +2,7 @@
 
 Every student sees the same batches in the same order (the lists in `Data`), starts from the same
 weights (each is a converted copy of one reference model), and its timed step contains only its own forward, loss,
-backward and optimizer update: teacher targets were computed and synchronized before (REFERENCE §1.2).
+backward and optimizer update: teacher targets were computed and synchronized before.
 """
 from __future__ import annotations
 

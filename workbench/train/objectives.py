@@ -1,6 +1,6 @@
 """Distillation objectives, all computed in fp32 whatever precision the student ran in.
 
-The tutorial's `F.mse_loss(pred_bf16, target_fp32)` crashes on current torch (REFERENCE §1.1) and,
+The tutorial's `F.mse_loss(pred_bf16, target_fp32)` crashes on current torch (bf16 against fp32) and,
 where it runs, reduces in low precision; casting both sides to fp32 first fixes both.
 """
 from __future__ import annotations

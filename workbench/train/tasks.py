@@ -31,7 +31,7 @@ def for_config(cfg, device: torch.device, tdtype, cache_dir: str | Path) -> "MLP
 
 
 class MLPTask:
-    """The tutorial's set-up (REFERENCE §1): random tokens, the teacher's output as the regression target."""
+    """The tutorial's set-up: random tokens, the teacher's output as the regression target."""
 
     step0_metrics: tuple[str, ...] = ()  # no held-out evaluation before training: the tutorial's rows stay as they were
 

@@ -174,6 +174,21 @@ def bf16_reference(ran: pd.DataFrame, backend: str | None) -> str | None:
     return next((s for s in cls.bf16_counterparts if cells(ran, s)), None)
 
 
+def fastest_bf16(ran: pd.DataFrame) -> str | None:
+    """The bf16 student with the lowest median step (its own path: compiled, TE bf16 layers, graphed: whichever ran
+    fastest): the denominator the headline speed-ups name. Only students that ran their own backend (status ok), and
+    never a no-KD student (it skips the distillation loss: less work)."""
+    def bf16(spec: str) -> bool:
+        try:
+            return backends.make(spec).gemm_precision == "bf16"
+        except Exception:  # a spec this version no longer knows
+            return False
+
+    ok = ran[(ran["status"] == "ok") & ran["step_ms_median"].notna()] if len(ran) else ran
+    cand = ok[ok["student"].map(lambda s: ":no_kd" not in s and bf16(s)).astype(bool)] if len(ok) else ok
+    return str(cand.loc[cand["step_ms_median"].astype(float).idxmin(), "student"]) if len(cand) else None
+
+
 def fp8_vs_bf16(df: pd.DataFrame, ran: pd.DataFrame) -> dict[str, dict]:
     """Every FP8 student that ran ok (its backend declares fp8) against its bf16 reference: the loss, eval,
     held-out perplexity and KL-to-teacher ratios."""

@@ -343,6 +343,8 @@ def summarize(cfg: Config, env: dict, df: pd.DataFrame, run_id: str, device, tea
     spread = float((max(init) - min(init)) / abs(np.mean(init))) if init else None
     world = int(df["world_size"].max()) if "world_size" in df and df["world_size"].notna().any() else 1
     base_ms = base.get("step_ms_median")
+    fastest = rows.fastest_bf16(ran)
+    fastest_ms = rows.cells(df, fastest).get("step_ms_median") if fastest else None
     return {
         # the tutorial's keys
         "gpu_name": env.get("gpu_name"), "compute_capability": env.get("compute_capability"),
@@ -370,6 +372,10 @@ def summarize(cfg: Config, env: dict, df: pd.DataFrame, run_id: str, device, tea
         # the baseline's median step / each student's; none for a fallback row (it ran PyTorch, not its backend)
         "speedup_vs_baseline": {r["student"]: ratio(base_ms, r.get("step_ms_median")) if r["status"] == "ok" else None
                                 for r in ran.to_dict("records")},
+        # the fastest bf16 student's median step / each student's: the honest denominator (rows.fastest_bf16)
+        "fastest_bf16_student": fastest,
+        "speedup_vs_fastest_bf16": {r["student"]: ratio(fastest_ms, r.get("step_ms_median")) if r["status"] == "ok"
+                                    else None for r in ran.to_dict("records")} if fastest else {},
         "gpu_busy_share": {r["student"]: _known(r.get("gpu_busy_share")) for r in ran.to_dict("records")},
         # a slower path than this machine offers (workbench.run.slow_path), by student; {} when none did
         "slow_path": {r["student"]: r["slow_path"] for r in df.to_dict("records")

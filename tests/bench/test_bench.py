@@ -21,7 +21,7 @@ from workbench.bench.targets import MEASURES, evaluate_targets, load_targets
 from workbench.cli import main as cli_main
 from workbench.measure import flops, peaks, profiler, timing
 
-REFERENCE = Path(__file__).resolve().parent.parent / "results" / "reference" / "h200"
+REFERENCE = Path(__file__).resolve().parents[2] / "results" / "reference" / "h200"
 PROJECT_TARGETS = REFERENCE.parent / "bench_targets.json"  # the project's own goals, beside their evidence
 TARGETS = load_targets(PROJECT_TARGETS)
 
@@ -519,7 +519,7 @@ def test_generated_markdown_tables_escape_pipes():
     from workbench.bench.tables import md_cell
 
     assert md_cell("|a - 1|, b") == "\\|a - 1\\|, b"
-    readme = (Path(__file__).resolve().parent.parent / "results/reference/h200/bench/README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "results/reference/h200/bench/README.md").read_text()
     for line in readme.splitlines():
         if line.startswith("| `large` | P2-crosscheck"):
             assert line.replace("\\|", "").count("|") == 9, line  # 8 cells
@@ -656,3 +656,20 @@ def test_a_targets_file_that_is_no_list_of_goals_is_one_line(text, message, tmp_
     assert cli_main(["bench", "--aggregate", str(tmp_path), "--targets", str(path)]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and message in err, err
+
+
+def test_every_row_names_the_fastest_bf16_row_as_a_denominator():
+    """Issue 35: '× fastest bf16' wherever a bf16 row ran: the fastest bf16 row that ran its own backend, never a
+    no-KD student (it skips the distillation loss)."""
+    from workbench.bench.rows import with_fastest_bf16
+
+    rows = [{"variant": "v1", "student": "torch_bf16", "status": "ok", "precision": "bf16", "step_ms_median": 10.0},
+            {"variant": "v2", "student": "te_bf16", "status": "ok", "precision": "bf16", "step_ms_median": 8.0},
+            {"variant": "v2", "student": "te_bf16:no_kd", "status": "ok", "precision": "bf16", "step_ms_median": 7.0},
+            {"variant": "v2", "student": "te_fp8:delayed", "status": "ok", "precision": "fp8", "step_ms_median": 6.4},
+            {"variant": "v3", "student": "te_bf16", "status": "fallback", "precision": "bf16", "step_ms_median": 5.0}]
+    with_fastest_bf16(rows)
+    assert {r["fastest_bf16_row"] for r in rows} == {"v2 / te_bf16"}
+    assert rows[3]["speedup_vs_fastest_bf16"] == pytest.approx(8.0 / 6.4)
+    md = (REFERENCE / "bench" / "lm-a" / "bench.md").read_text()
+    assert "× fastest bf16: against the fastest bf16 row of this bench, lm-compile / torch_bf16 (30.56 ms)" in md

@@ -24,7 +24,7 @@ COLUMNS = [  # bench.csv, in order (env stamp and cfg_* columns follow)
     "step_ms_median", "step_ms_p20", "step_ms_p80", "tokens_per_s", "train_gflop_per_step", "tflops",
     "measured_peak_tflops", "pct_of_measured_peak", "datasheet_peak_tflops", "pct_of_datasheet_peak",
     "tutorial_bf16_ms", "speedup_vs_tutorial", "tutorial_same_path_ms", "speedup_vs_tutorial_same_path",
-    "tutorial_rows",
+    "tutorial_rows", "fastest_bf16_ms", "fastest_bf16_row", "speedup_vs_fastest_bf16",
     "teacher_precision", "teacher_ms_median", "teacher_pct_of_student_step", "teacher_share_pct", "teacher_tflops",
     "teacher_pct_of_measured_peak", "repeats", "median_spread_pct", "host_bound",
     "profiled_step_ms_median", "kernel_ms_per_step", "gpu_busy_ms_per_step", "kernels_per_step",
@@ -88,6 +88,7 @@ def bench_rows(bench_dir: Path) -> pd.DataFrame:
     for run_dir in runs:
         rows += _variant_rows(bench_dir, run_dir, meta, peak)
     _with_tutorial_ratios(rows)
+    with_fastest_bf16(rows)
     df = pd.DataFrame(rows)
     for c in COLUMNS:
         if c not in df.columns:
@@ -150,6 +151,19 @@ def _with_tutorial_ratios(rows: list[dict]) -> None:
         same = fp8_ms if r.get("precision") == "fp8" else bf16_ms
         r.update(tutorial_bf16_ms=bf16_ms, speedup_vs_tutorial=div(bf16_ms, step), tutorial_same_path_ms=same,
                  speedup_vs_tutorial_same_path=div(same, step), tutorial_rows=who)
+
+
+def with_fastest_bf16(rows: list[dict]) -> None:
+    """Every row's '× fastest bf16': the fastest bf16 row of this bench that ran its own backend (compiled, TE bf16
+    layers, graphed: whichever won; never a no-KD student, which skips the distillation loss) over its step."""
+    bf16 = [r for r in rows if r.get("status") == "ok" and r.get("precision") == "bf16"
+            and ":no_kd" not in str(r.get("student")) and num(r.get("step_ms_median")) is not None]
+    best = min(bf16, key=lambda r: num(r["step_ms_median"])) if bf16 else None
+    ms = num(best["step_ms_median"]) if best else None
+    who = f"{best['variant']} / {best['student']}" if best else None
+    for r in rows:
+        r.update(fastest_bf16_ms=ms, fastest_bf16_row=who,
+                 speedup_vs_fastest_bf16=div(ms, num(r.get("step_ms_median"))))
 
 
 # ---- one row's cells -----------------------------------------------------------------------------

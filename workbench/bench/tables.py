@@ -10,7 +10,7 @@ import pandas as pd
 from workbench import results
 from workbench.bench.cells import num, read, truthy
 from workbench.bench.crosscheck import crosscheck_report
-from workbench.bench.rows import bench_rows
+from workbench.bench.rows import bench_rows, with_fastest_bf16
 from workbench.bench.targets import evaluate_targets, load_targets
 from workbench.measure import peaks
 
@@ -57,11 +57,15 @@ def markdown(path: str | Path, targets: bool = True) -> str:
 
 def _markdown_one(d: Path, df: pd.DataFrame, targets: bool = True) -> str:
     """One bench folder's section: its heading, its rows fastest first, what did not run, its targets."""
+    if "fastest_bf16_row" not in df or df["fastest_bf16_row"].isna().all():  # a bench.csv from before the column
+        records = df.to_dict("records")
+        with_fastest_bf16(records)
+        df = pd.DataFrame(records)
     ran = results.ran(df).sort_values("step_ms_median")
     head = _heading(d, df)
     lines = ["| variant | student | step ms (median) | TFLOP/s | % measured peak | % datasheet peak "
-             "| × tutorial bf16 | spread % | kernel/event | peak MiB | capture ms | compile ms |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| × fastest bf16 | × tutorial bf16 | spread % | kernel/event | peak MiB | capture ms | compile ms |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in ran.to_dict("records"):
         # not TE: say so
         who = f"`{r['student']}`" + (" (fallback: torch autocast)" if r["status"] == "fallback" else "")
@@ -69,6 +73,7 @@ def _markdown_one(d: Path, df: pd.DataFrame, targets: bool = True) -> str:
         lines.append(
             f"| {md_cell(r['variant'])} | {md_cell(who)} | {_fmt(r['step_ms_median'])} | {_fmt(r['tflops'], '.3g')} "
             f"| {_fmt(r['pct_of_measured_peak'], '.0f')} | {_fmt(r['pct_of_datasheet_peak'], '.0f')} "
+            f"| {_fmt(r.get('speedup_vs_fastest_bf16'), '.2f')} "
             f"| {_fmt(r['speedup_vs_tutorial'], '.2f')} | {_fmt(r['median_spread_pct'], '.1f')}{host} "
             f"| {_fmt(r['kernel_to_event_ratio'], '.2f')} | {_fmt(r.get('peak_mem_allocated_mb'), '.0f')} "
             f"| {_fmt(r['capture_ms'], '.0f')} | {_fmt(r['compile_ms'], '.0f')} |"
@@ -100,6 +105,10 @@ def _heading(d: Path, df: pd.DataFrame) -> str:
             + (", ".join(f"{p} {_fmt(v, 'g')}" for p, v in ((peak.get('datasheet') or {}).get('tflops') or {}).items())
                if peak.get("datasheet") else "unknown for this GPU") + ".\n")
     tut = next((r for r in df.get("tutorial_rows", pd.Series(dtype=object)) if isinstance(r, str)), None)
+    best = next((r for r in df.get("fastest_bf16_row", pd.Series(dtype=object)) if isinstance(r, str)), None)
+    ms = next((v for v in df.get("fastest_bf16_ms", pd.Series(dtype=float)) if pd.notna(v)), None)
+    head += (f"\n× fastest bf16: against the fastest bf16 row of this bench, {best} ({_fmt(ms, '.4g')} ms).\n" if best
+             else "\n× fastest bf16: no bf16 row ran in this bench, so no ratio.\n")
     return head + (f"\n× tutorial: the tutorial-equivalent student's step measured in this bench ({tut}).\n" if tut
                    else "\n× tutorial: not measured in this bench (no tutorial-equivalent student ran), so no ratio.\n")
 

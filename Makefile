@@ -7,7 +7,7 @@
 #   - a CUDA GPU visible: the default index's build of $(TORCH) (install your own CUDA torch first to choose it).
 # Each target installs the extras it needs (pyproject.toml): `make run` / `make bench` RUN_EXTRAS, `make test` /
 # `make lint` add the dev tools and Dask (TEST_EXTRAS), `make lab` JupyterLab (LAB_EXTRAS), `make sweep` Dask.
-# Together they are pyproject.toml's `all`, the set the other routes install (tests/test_install_routes.py keeps
+# Together they are pyproject.toml's `all`, the set the other routes install (tests/repo/test_install_routes.py keeps
 # the requirements files, the Dockerfile and environment.yml in agreement). Every target registers this venv as
 # the Jupyter kernel `te-workbench`, the kernel the notebooks name, inside the venv (--sys-prefix): each clone's
 # `make lab` runs its own code.

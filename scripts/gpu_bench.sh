@@ -28,7 +28,7 @@ T0=$SECONDS
 show() { grep -v -e '^{' -e 'USDT:' | tail -"${1:-40}"; }
 
 if [ "${TESTS:-1}" = 1 ]; then  # TESTS=0: the bench only (a call that runs scripts/gpu_tests.sh anyway)
-  timeout 100 python3 -m pytest -q -m gpu tests/test_gpu.py -k "whole_step or fused_adam" 2>&1 \
+  timeout 100 python3 -m pytest -q -m gpu tests/gpu/test_gpu.py -k "whole_step or fused_adam" 2>&1 \
     | tee "$OUT/gpu_tests.log" | tail -5
   echo "== GPU tests done at $((SECONDS - T0)) s"
 fi

@@ -17,7 +17,7 @@ python3 -c "import transformer_engine as t, torch; print('TE', t.__version__, 't
   2>&1 | tee "$OUT/gpu_fsdp2_fp8.log"
 # the test skips itself below two GPUs or without TE: a skip here is a failed check, not a pass
 python3 -c "import sys, torch; sys.exit(torch.cuda.device_count() < 2)" || { echo "needs 2 GPUs" | tee -a "$OUT/gpu_fsdp2_fp8.log"; exit 2; }
-timeout 170 python3 -m pytest -q -rs -m gpu tests/test_gpu.py -k fsdp2_fp8_weights --basetemp "$OUT/pytest" 2>&1 \
+timeout 170 python3 -m pytest -q -rs -m gpu tests/gpu/test_gpu.py -k fsdp2_fp8_weights --basetemp "$OUT/pytest" 2>&1 \
   | tee -a "$OUT/gpu_fsdp2_fp8.log" | tail -15
 rc=${PIPESTATUS[0]}
 grep -q "1 passed" "$OUT/gpu_fsdp2_fp8.log" || [ "$rc" != 0 ] || rc=1

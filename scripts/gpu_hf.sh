@@ -1,6 +1,6 @@
 #!/bin/bash
 # Your own Hugging Face decoder on the H200: random-weight folders of three real shapes (`workbench hf-init`,
-# a tokenizer trained here beside the weights), the HF GPU tests (tests/test_gpu_hf.py: equivalence of the TE
+# a tokenizer trained here beside the weights), the HF GPU tests (tests/gpu/test_gpu_hf.py: equivalence of the TE
 # decoder-layer conversion, one training step, FP8 head, FP8 attention; HF_TESTS=0 skips them when
 # scripts/gpu_tests.sh ran them in the same call), then the bench of each shape at its own preset (8192 tokens
 # a step) with the preset's HF variants: TE decoder layers (whole-step graph, eager, FP8 head, FP8 attention),
@@ -23,7 +23,7 @@ M=$(mktemp -d)/models
 B=$(mktemp -d)/hf
 mkdir -p "$M" "$B" "$OUT/hf"
 if [ "${HF_TESTS:-1}" != 0 ]; then
-  timeout 200 python3 -m pytest -q -m gpu tests/test_gpu_hf.py 2>&1 | tee "$OUT/gpu_tests_hf.log" | tail -5
+  timeout 200 python3 -m pytest -q -m gpu tests/gpu/test_gpu_hf.py 2>&1 | tee "$OUT/gpu_tests_hf.log" | tail -5
 fi
 # The other families' 4-layer cuts run at the 4-layer Llama preset's batch (8192 tokens a step)
 declare -A PRESET=([llama-4l]=hf-llama-4l [llama-1b]=hf-llama-1b [qwen-0.5b]=hf-qwen2.5-0.5b [qwen3-4l]=hf-llama-4l

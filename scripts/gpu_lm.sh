@@ -7,7 +7,7 @@ set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 R=$(mktemp -d)/lm
 mkdir -p "$R"
-timeout 150 python3 -m pytest -q -m gpu tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
+timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
 for preset in ${PRESETS:-lm-a lm-b}; do
   timeout "${LM_BUDGET_S:-200}" python3 -m workbench run --preset "$preset" --out "$R" --run-id "$preset" \
     > "$R/$preset.log" 2>&1

@@ -8,7 +8,7 @@ set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 R=$(mktemp -d)/lm-distill
 mkdir -p "$R"
-(timeout 170 python3 -m pytest -q -m gpu tests/test_gpu.py > "$OUT/gpu_tests.log" 2>&1) &
+(timeout 170 python3 -m pytest -q -m gpu tests/gpu/test_gpu.py > "$OUT/gpu_tests.log" 2>&1) &
 tests=$!
 for seed in ${SEEDS:-1 2}; do
   timeout "${RUN_BUDGET_S:-100}" python3 -m workbench run --preset lm-distill --out "$R" --run-id "seed$seed" \

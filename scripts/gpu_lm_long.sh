@@ -17,7 +17,7 @@ set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 R=$(mktemp -d)/lm-long
 mkdir -p "$R"
-(timeout 150 python3 -m pytest -q -m gpu tests/test_gpu.py -k "forced_unfused or host_placed or held_out_evaluation" \
+(timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_gpu.py -k "forced_unfused or host_placed or held_out_evaluation" \
   > "$OUT/gpu_tests_long.log" 2>&1) &
 tests=$!
 

@@ -43,6 +43,6 @@ PY
 done
 done
 if [ "${TEST:-1}" = 1 ]; then
-  timeout 90 python3 -m pytest -q -m gpu tests/test_gpu.py -k two_gpus 2>&1 | tee "$OUT/gpu_multi_tests.log" | tail -3
+  timeout 90 python3 -m pytest -q -m gpu tests/gpu/test_gpu.py -k two_gpus 2>&1 | tee "$OUT/gpu_multi_tests.log" | tail -3
   exit "${PIPESTATUS[0]}"
 fi

@@ -18,7 +18,7 @@ bench=$!
   OUT=$G1 bash scripts/gpu_lm_long.sh
   echo "== lm_long done at $((SECONDS - T0)) s"
   # the tests not run by the two scripts (theirs: whole_step, fused_adam, forced_unfused, host_placed, held_out_evaluation)
-  timeout "${REST_LIMIT_S:-200}" python3 -m pytest -q -m gpu tests/test_gpu.py \
+  timeout "${REST_LIMIT_S:-200}" python3 -m pytest -q -m gpu tests/gpu/test_gpu.py \
     -k "not whole_step and not fused_adam and not forced_unfused and not host_placed and not held_out_evaluation" \
     > "$G1/gpu_tests_rest.log" 2>&1
   tail -1 "$G1/gpu_tests_rest.log"

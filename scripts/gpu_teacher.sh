@@ -44,6 +44,6 @@ if [[ " $PARTS " == *" readme "* ]]; then
   cat "$T/README.md"
 fi
 if [[ " $PARTS " == *" tests "* ]]; then
-  timeout 150 python3 -m pytest -q -m gpu tests/test_gpu_teacher.py > "$T/gpu_tests_teacher.log" 2>&1
+  timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_gpu_teacher.py > "$T/gpu_tests_teacher.log" 2>&1
   tail -1 "$T/gpu_tests_teacher.log"
 fi

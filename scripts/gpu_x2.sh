@@ -24,7 +24,7 @@ late() { [ $((SECONDS - T0)) -gt "${STOP_S:-470}" ] && echo "== $1 not started: 
 # `large` took 151 s for DDP and FSDP2 together at fb56d8a, the 2-GPU test and `lm-b` 245 s more; 240 s per run leaves room.
 TEST=0 PRESETS=large RUN_LIMIT_S=${RUN_LIMIT_S:-240} bash scripts/gpu_multi.sh "$W" 2>&1 | tee -a "$LOG"
 echo "== large done at $((SECONDS - T0)) s" | tee -a "$LOG"
-late test || timeout 90 python3 -m pytest -q -m gpu tests/test_gpu.py -k two_gpus 2>&1 | tee "$W/gpu_tests_x2.log" | tail -3 | tee -a "$LOG"
+late test || timeout 90 python3 -m pytest -q -m gpu tests/gpu/test_gpu.py -k two_gpus 2>&1 | tee "$W/gpu_tests_x2.log" | tail -3 | tee -a "$LOG"
 late lm-b || TEST=0 PRESETS=lm-b RUN_LIMIT_S=${RUN_LIMIT_S:-240} MULTI_BUDGET_S=$(( ${STOP_S:-470} - (SECONDS - T0) )) \
   bash scripts/gpu_multi.sh "$W" 2>&1 | tee -a "$LOG"
 echo "== lm-b done at $((SECONDS - T0)) s" | tee -a "$LOG"

@@ -9,8 +9,8 @@ Derived here:
     metadata that opens it collapsed (notebook.PARAMETERS_CELL_METADATA);
   * every repository address: the Colab badges (README.md, each notebook's first cell), the notebooks'
     Colab `%pip install` line and environments/colab.md, from `[project.urls] Repository` in pyproject.toml.
-Run it after editing workbench/config/ or the repository address; tests/test_config.py and
-tests/test_colab.py fail until it has run. Needs jupytext (the `dev` extra) and Python >= 3.11 (tomllib).
+Run it after editing workbench/config/ or the repository address; tests/config/test_config.py and
+tests/notebook/test_colab.py fail until it has run. Needs jupytext (the `dev` extra) and Python >= 3.11 (tomllib).
 """
 from __future__ import annotations
 

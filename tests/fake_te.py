@@ -4,7 +4,8 @@ semantics (attention masks: True = masked out), torch's maths. Two pieces of TE'
 keeps them (TE 2.20): delayed scaling's per-module scale and amax history (te.Linear under `autocast`), and
 the process-wide attention selection `_attention_backends`, made from the NVTE_*_ATTN switches whenever it is
 (re)made; and TE's deferred initialisation of layers made on the meta device (`_DeferredInit`, TE's FSDP2
-recipe). `FakeRecipes` stands in for transformer_engine.common.recipe."""
+recipe). `FakeRecipes` stands in for transformer_engine.common.recipe; `FakeTE` answers TE's capability
+checks (is_*_available) only."""
 import contextlib
 import os
 
@@ -405,3 +406,26 @@ class FakeRotaryPositionEmbedding(torch.nn.Module):
 FakeTEModules.TransformerLayer = FakeTransformerLayer
 FakeTEModules.MultiheadAttention = FakeMultiheadAttention
 FakeTEModules.RotaryPositionEmbedding = FakeRotaryPositionEmbedding
+
+
+class FakeTE:
+    """Stands in for transformer_engine.pytorch: capability checks answer like TE's, with reasons."""
+
+    def __init__(self, fp8=(True, ""), block=(True, ""),
+                 mxfp8=(False, "Device compute capability 10.0 or higher required for MXFP8 execution.")):
+        self._fp8, self._block, self._mx = fp8, block, mxfp8
+
+    def is_fp8_available(self, return_reason=False):
+        return self._fp8
+
+    def is_fp8_block_scaling_available(self, return_reason=False):
+        return self._block
+
+    def is_mxfp8_available(self, return_reason=False):
+        return self._mx
+
+    def is_nvfp4_available(self, return_reason=False):
+        return False, "Device compute capability 10.0 or higher required for NVFP4 execution."
+
+    def is_bf16_available(self, return_reason=False):
+        return True, ""

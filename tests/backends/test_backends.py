@@ -2,33 +2,10 @@
 real path runs on the H200 via scripts/gpu_core.sh). Only availability logic is exercised here."""
 import pytest
 import torch
-from fake_te import FakeRecipes, FakeTEModules
+from fake_te import FakeRecipes, FakeTE, FakeTEModules
 
 from workbench import backends, config
 from workbench.env import te as _te
-
-
-class FakeTE:
-    """Stands in for transformer_engine.pytorch: capability checks answer like TE's, with reasons."""
-
-    def __init__(self, fp8=(True, ""), block=(True, ""),
-                 mxfp8=(False, "Device compute capability 10.0 or higher required for MXFP8 execution.")):
-        self._fp8, self._block, self._mx = fp8, block, mxfp8
-
-    def is_fp8_available(self, return_reason=False):
-        return self._fp8
-
-    def is_fp8_block_scaling_available(self, return_reason=False):
-        return self._block
-
-    def is_mxfp8_available(self, return_reason=False):
-        return self._mx
-
-    def is_nvfp4_available(self, return_reason=False):
-        return False, "Device compute capability 10.0 or higher required for NVFP4 execution."
-
-    def is_bf16_available(self, return_reason=False):
-        return True, ""
 
 
 def ctx(device="cuda", **overrides):

@@ -1,5 +1,5 @@
 """TE students of the language-model path with the named fake TE (tests/fake_te.py; real TE runs on the H200,
-tests/test_gpu.py): a forced attention backend (options.te_attention) and delayed scaling's state kept out
+tests/gpu/test_gpu.py): a forced attention backend (options.te_attention) and delayed scaling's state kept out
 of the forwards that are not training steps (held-out evaluation, graph-capture warm-ups)."""
 import contextlib
 import sys

@@ -6,7 +6,7 @@ import pytest
 from workbench import config
 from workbench.config import ConfigError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_seed_preset_is_the_tutorial():
@@ -63,7 +63,7 @@ def test_bad_values_name_the_field_and_the_allowed(overrides, needle):
 
 
 def test_the_config_checks_the_students_shape_not_the_backends():
-    """Which backends exist is the registry's knowledge (the run checks it: tests/test_runner.py); the
+    """Which backends exist is the registry's knowledge (the run checks it: tests/run/test_runner.py); the
     config checks the list itself."""
     assert config.from_preset("seed", backends="nope", baseline="nope").backends == ["nope"]
     with pytest.raises(ConfigError, match="backends lists a student twice"):

@@ -15,7 +15,7 @@ import torch
 
 pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[lm]')")
 
-from test_lm_run import tiny_llama  # noqa: E402
+from hf_fixtures import tiny_llama  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from workbench import config, results  # noqa: E402
@@ -27,7 +27,7 @@ from workbench.run import runner
 from workbench.train import lm_task, task_setup  # noqa: E402
 
 CORPUS_MB = 0.2
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

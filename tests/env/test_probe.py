@@ -13,7 +13,7 @@ from te_fixtures import fake_nvcc, machine
 from workbench import cli
 from workbench.env import probe, probe_cli
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 CORE_KEYS = {"python", "platform", "torch", "torch_cuda", "gpu_name", "compute_capability", "cuda_home", "nvcc_exists",
              "nvcc_path", "cudnn_header_exists", "git_sha", "te_available", "te_import_error", "te_version",

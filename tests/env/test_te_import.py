@@ -2,7 +2,7 @@
 reason (a fallback row), never a dead or hung run; torch's cuDNN is loaded by path before TE.
 
 The TE packages here are *fakes* written into a temporary folder (real TE cannot exist on a CPU machine);
-the real import and the one-cuDNN check run on the H200 (tests/test_gpu.py)."""
+the real import and the one-cuDNN check run on the H200 (tests/gpu/test_gpu.py)."""
 import os
 import shutil
 import subprocess

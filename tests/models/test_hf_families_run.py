@@ -1,7 +1,7 @@
 """Every Hugging Face family the TE layer conversion knows, through a whole `workbench run` on the CPU: hf-init's
 tiny random Qwen3, Phi-3, Gemma 3 and SmolLM3 folders (each with its own tokenizer trained here) are the teacher
 and the student of one run, whose TE student converts each decoder layer under the named fake TE (tests/fake_te.py;
-the real TE runs them on the H200: tests/test_gpu_hf.py), starts from the teacher's weights (the same initial loss
+the real TE runs them on the H200: tests/gpu/test_gpu_hf.py), starts from the teacher's weights (the same initial loss
 as the fp32 student) and trains; a family TE cannot hold is refused with 'layer' and runs per Linear with 'auto'."""
 import pytest
 import torch

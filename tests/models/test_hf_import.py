@@ -27,7 +27,7 @@ from workbench.config import ConfigError  # noqa: E402
 from workbench.data.cache import sha256  # noqa: E402
 from workbench.models import hf_import  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OFFLINE = dict(local_files_only=True, trust_remote_code=False)
 TEXT = "Hello world! The year 2024, naïve café: def f(x): return x ** 2  # <|im_end|>\n\tdone."
 

@@ -10,7 +10,7 @@ import pytest
 
 tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 REPO = PYPROJECT["project"]["urls"]["Repository"]

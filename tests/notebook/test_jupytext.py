@@ -7,7 +7,7 @@ from pathlib import Path
 import jupytext
 import pytest
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
 
 
 def cells(nb) -> list[tuple[str, str, tuple[str, ...]]]:

@@ -13,7 +13,7 @@ import pytest
 from workbench import config, notebook, results
 from workbench.config import ConfigError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK_FILES = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 

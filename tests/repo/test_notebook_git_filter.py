@@ -12,7 +12,7 @@ from traitlets.utils.importstring import import_item
 
 from workbench.lab import git_post_save
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NB = "notebooks/distill_benchmark.ipynb"
 pytest.importorskip("nbstripout")
 

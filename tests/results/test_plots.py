@@ -13,7 +13,7 @@ import pytest
 from workbench import backends, results
 from workbench.results import plots
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_known_student_has_its_own_fixed_colour():

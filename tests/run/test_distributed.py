@@ -248,8 +248,8 @@ def test_fsdp2_builds_fp8_weights_by_tes_recipe_from_the_shared_init(tmp_path):
 
 def test_fsdp2_fp8_weights_need_te_2_16_and_a_recipe_te_shards(monkeypatch):
     """Where TE's FSDP2 recipe cannot run, the row says why, naming the fields and what is allowed."""
+    from fake_te import FakeTE
     from packaging.version import Version
-    from test_backends import FakeTE
 
     from workbench import backends
     from workbench.backends import te_fp8

@@ -52,7 +52,7 @@ def test_schema_round_trip(smoke_run):
 
 
 def test_the_tutorials_rows_have_no_step0_columns(smoke_run):
-    """The held-out metrics before training are the language models' (tests/test_step0_metrics.py): an MLP
+    """The held-out metrics before training are the language models' (tests/run/test_step0_metrics.py): an MLP
     run's students.csv keeps its columns."""
     _, run_dir = smoke_run
     df = results.load(run_dir)

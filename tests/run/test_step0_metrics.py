@@ -1,7 +1,8 @@
 """Step-0 held-out metrics: every language-model student is evaluated in its own precision before its first
 training step (`heldout_ppl_step0`, `kl_teacher_student_t1_nats_step0`, `top1_agreement_step0`), beside the
 values after training. A student that is its teacher's own weights starts at KL 0 and agreement 1 in fp32.
-(TE's delayed scaling left as training finds it: tests/test_lm_te.py with the fake TE, tests/test_gpu.py.)"""
+(TE's delayed scaling left as training finds it: tests/backends/test_lm_te.py with the fake TE,
+tests/gpu/test_gpu.py.)"""
 import math
 
 import pytest

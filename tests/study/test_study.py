@@ -17,7 +17,7 @@ from workbench.study import spec
 from workbench.study.report import collect, heldout_curves, report
 from workbench.sweep.plan import plan
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TEACHER_PPL = 50.0
 
 
@@ -240,7 +240,7 @@ def test_the_study_runs_on_your_own_hugging_face_model_with_a_top_k_teacher(tmp_
     sweep runs them (here in-process, the first seed's main and noise points), on a local Hugging Face model
     with a top-k teacher: every torch student row ok, the TE row saying why it did not run as TE (no TE on a
     CPU), the teacher read from the folder, its top-k store made, one teacher and held-out set for both seeds."""
-    from test_lm_run import tiny_llama
+    from hf_fixtures import tiny_llama
 
     from workbench.results import plots
     from workbench.run import runner

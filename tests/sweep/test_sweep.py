@@ -461,7 +461,8 @@ def test_report_only_with_a_damaged_spec_is_one_line(finished_sweep, tmp_path, c
     assert not (root / "fin" / "report").exists()
 
 
-REFERENCE_SWEEP = results.Path(__file__).parent.parent / "results" / "reference" / "h200" / "sweeps" / "size_crossover"
+ROOT = results.Path(__file__).resolve().parents[2]
+REFERENCE_SWEEP = ROOT / "results" / "reference" / "h200" / "sweeps" / "size_crossover"
 
 
 def test_published_points_with_old_ids_are_found_and_skipped_on_resume(tmp_path):
@@ -544,7 +545,7 @@ def http_server():
 def test_a_scheduler_address_that_is_an_http_server_is_one_line_not_a_hang(http_server, tmp_path):
     args = [sys.executable, "-m", "workbench", "sweep", "--name", "x", "--preset", "cpu-smoke", "--grid", "hidden=32",
             "--out", str(tmp_path), "--scheduler", http_server]
-    done = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=results.Path(__file__).parent.parent)
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=ROOT)
     err = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(err) == 1, done.stderr
     assert f"--scheduler {http_server}: an HTTP server (SimpleHTTP" in err[0] and "not a Dask scheduler" in err[0]

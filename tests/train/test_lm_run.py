@@ -3,18 +3,10 @@ offline corpus, the no-KD student beside it, the held-out metrics in the rows; a
 teacher and as student."""
 import pandas as pd
 import pytest
+from hf_fixtures import tiny_llama
 
 from workbench import config, results
 from workbench.run import runner
-
-
-def tiny_llama(folder, vocab: int, layers: int):
-    """A randomly initialised tiny Llama saved as a local Hugging Face model folder (skips without transformers)."""
-    transformers = pytest.importorskip("transformers")
-    transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=4, max_position_embeddings=128)).save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -242,7 +234,7 @@ def test_host_placed_logits_are_judged_for_every_rank_of_the_host(tmp_path, monk
 def test_training_on_host_placed_teacher_logits_gives_the_same_losses(tmp_path):
     """The host path (HostBatches: copied per step, one ahead) against logits kept with the batches; on a
     CPU both are the same memory, so this checks the code path end to end, bit for bit (the GPU's copies:
-    tests/test_gpu.py)."""
+    tests/gpu/test_gpu.py)."""
     import torch
 
     from workbench import backends

@@ -1,5 +1,5 @@
 """distill.teacher_precision=fp8: the frozen teacher's forward as TE FP8 inference, with the named fake TE
-(tests/fake_te.py; real TE runs on the H200, tests/test_gpu.py), and the fallback, with its reason, wherever
+(tests/fake_te.py; real TE runs on the H200, tests/gpu/test_gpu.py), and the fallback, with its reason, wherever
 TE or FP8 cannot run."""
 import json
 

@@ -200,7 +200,7 @@ KILLED_BUILD = textwrap.dedent("""
 def _paused_build(folder: Path) -> subprocess.Popen:
     """Another process building the store at `folder` (recipe(steps=4)), paused half-written at step 1."""
     here = str(Path(__file__).parent)
-    proc = subprocess.Popen([sys.executable, "-c", KILLED_BUILD, str(folder), here, str(Path(here).parent)])
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_BUILD, str(folder), here, str(Path(here).parents[1])])
     deadline = time.monotonic() + 120  # a bound on a hang, not a timed assertion
     while not Path(f"{folder}.started").exists():
         if proc.poll() is not None or time.monotonic() > deadline:

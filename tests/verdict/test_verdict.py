@@ -13,7 +13,7 @@ from workbench.models import hf_init  # noqa: E402
 from workbench.verdict import predict as vp  # noqa: E402
 from workbench.verdict import shapes  # noqa: E402
 
-ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 
 
 def _folder(tmp_path, name, config):

@@ -9,7 +9,7 @@ from workbench.verdict import calibration, check
 from workbench.verdict.predict import fused_gemms
 from workbench.verdict.shapes import read
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@ coercion.
 
 Every consumer reads these dataclasses: the CLI (`--set field=value`), the notebook's papermill
 `parameters` cell (one variable per field, same names) and every result row (flattened with
-`flat()`). `tests/test_config.py` keeps the notebook and the dataclasses in agreement.
+`flat()`). `tests/config/test_config.py` keeps the notebook and the dataclasses in agreement.
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from workbench import results
 # One colour per student spec. Keyed by spec (never by plotting order), so torchao is the same green in
 # every figure of every run. Families share a hue (TE FP8 reds/oranges, torchao greens, torch greys/blues).
 # A spec not named here (a backend added as one file) draws in a checksum colour from _OTHER_COLORS, which
-# this table never uses: it needs no entry, an entry only picks its hue (tests/test_plots.py).
+# this table never uses: it needs no entry, an entry only picks its hue (tests/results/test_plots.py).
 STUDENT_COLORS = {
     "torch_fp32": "#7f7f7f", "torch_bf16": "#1f77b4", "torch_fp16": "#17becf",
     "te_bf16": "#9467bd",

@@ -1,7 +1,7 @@
 """The statistics of a distillation-quality study (workbench.study): over seeds, per arm and per gap.
 
 Pure functions of numbers, no files, no torch, so every rule here is tested against hand-computed values
-(tests/test_quality_stats.py).
+(tests/study/test_quality_stats.py).
 
   summary(values)          n, mean, sd (n - 1), and the 95% Student-t interval of the mean
   paired_gaps_pct(r, a)    per seed: 100 (a_s - r_s) / r_s, for the seeds both have

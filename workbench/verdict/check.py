@@ -3,7 +3,8 @@
 Each case names an hf-init shape, the bench preset it ran at (its tokens a step) and the committed bench rows
 (results/reference/h200/...) of the fastest bf16 path (TE bf16 layers, the whole step graphed: the fastest bf16
 row of each of these benches) and of each FP8 recipe in the same graphed variant. `scripts/verdict_calibration.py`
-writes the table; tests/test_verdict_calibration.py holds every calibrated recipe within TARGET of its measurement.
+writes the table; tests/verdict/test_verdict_calibration.py holds every calibrated recipe within TARGET of its
+measurement.
 """
 from __future__ import annotations
 

@@ -81,11 +81,12 @@ lab: $(VENV)/.installed-$(LAB_EXTRAS) git-filter
 # every .ipynb, the executed evidence under results/ among them. Lab keeps its outputs on disk; `git status`,
 # `git diff` and commits see the notebook without them. --keep-id keeps the committed cell ids (nbstripout would
 # renumber them), and the kernel's language_info (its Python version) goes with the outputs. Outside a git
-# checkout, or without nbstripout (the lab and dev extras), it does nothing.
+# checkout, or without nbstripout (the lab and dev extras), it does nothing. Not `required`: after `make clean-venv`
+# (the filter's python gone) git passes notebooks through unfiltered instead of refusing every status and add.
 git-filter:
 	@if git rev-parse --git-dir >/dev/null 2>&1 && $(BIN)/python -c "import nbstripout" 2>/dev/null; then \
 	  git config filter.nbstripout.clean '"$(abspath $(BIN))/python" -m nbstripout --keep-id' && \
-	  git config filter.nbstripout.smudge cat && git config filter.nbstripout.required true && \
+	  git config filter.nbstripout.smudge cat && git config --unset filter.nbstripout.required; \
 	  git config filter.nbstripout.extrakeys metadata.language_info && \
 	  git config diff.ipynb.textconv '"$(abspath $(BIN))/python" -m nbstripout -t'; fi
 

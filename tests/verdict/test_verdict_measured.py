@@ -94,3 +94,22 @@ def test_a_shape_outside_the_calibration_says_so():
     assert tiny["calibration"]["outside"] == "hidden 64, calibrated on 576-2048; 512 tokens a step, calibrated at 8192"
     v = {"prediction": tiny, "measured": {"status": "not run", "reason": "no CUDA GPU here"}}
     assert "Outside the calibrated range (hidden 64" in page.headline(v)
+
+
+def test_an_unknown_peak_memory_is_said_not_divided(tmp_path, prediction):
+    rows = [r if r[1] != "te_fp8:delayed" else (*r[:6], None, "") for r in ROWS]
+    m = measured.summarize(_bench(tmp_path, rows), prediction)
+    assert m["best_fp8"]["mem_vs_fastest_bf16"] is None
+    v = {"prediction": prediction, "measured": m, "command": ""}
+    assert "peak memory" not in page.headline(v) and "(nan%)" not in page.markdown(v)
+
+
+def test_a_family_te_layers_cannot_hold_gets_no_calibrated_te_headline():
+    from workbench.verdict import predict as vp
+    from workbench.verdict.shapes import read
+
+    shape = read("llama-3.2-1b-4l", 2048)
+    ceil = vp.ceilings("NVIDIA H200", None)
+    rows = {r["recipe"]: r for r in vp.recipe_rows(shape, 4, 2048, ceil, False, te_layers=False)}
+    assert not rows["te_fp8_delayed"]["calibrated"] and not rows["te_fp8_delayed_head"]["calibrated"]
+    assert {r["calibrated"] for r in vp.recipe_rows(shape, 4, 2048, ceil, False)[1:3]} == {True}

@@ -31,8 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget-s", type=float, default=360.0,
                    help="the GPU part's bench: variants not started after this many seconds become rows saying so "
                         "(default 360: the full Llama-3.2-1B shape's verdict within 8 minutes)")
-    p.add_argument("--peak", default=None, help="a bench's peak.json: its measured GEMM peaks (and GPU) replace the "
-                                                "datasheet's")
+    p.add_argument("--peak", default=None, help="a bench's peak.json: its measured GEMM peaks (and GPU) "
+                                                "replace the datasheet's in the ideal bound; the expected times "
+                                                "stay the H200 calibration's")
 
 
 def command(args: argparse.Namespace) -> str:

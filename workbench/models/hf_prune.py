@@ -17,7 +17,6 @@ destination and renamed into place; every transformers call is offline and runs 
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import time
 from pathlib import Path
@@ -80,13 +79,11 @@ def write(teacher: str | Path, layers: str, out: str | Path, init: str = "teache
 
     from workbench.data.cache import sha256
     from workbench.models.hf import OFFLINE, read_config, refuse_remote_code
-    from workbench.results import read_json, write_json
+    from workbench.results import check_new_folder, read_json, staged_folder, write_json
 
     if init not in INITS:
         raise ConfigError(f"hf-prune --init {init!r} is not one of {', '.join(INITS)}")
-    teacher, out = Path(teacher), Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"hf-prune --out {out}: exists and is not an empty folder; give a new one")
+    teacher, out = Path(teacher), check_new_folder(out, "hf-prune --out")
     refuse_remote_code(teacher)
     n = read_config(teacher).num_hidden_layers
     keep = parse_layers(layers, n)  # before loading: a bad spec fails at once
@@ -97,9 +94,7 @@ def write(teacher: str | Path, layers: str, out: str | Path, init: str = "teache
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(model.config, dtype=model.dtype, trust_remote_code=False)
     weights = sorted(teacher.glob("*.safetensors"))
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    with staged_folder(out) as tmp:
         model.save_pretrained(tmp)
         for name in TOKENIZER_FILES:  # the tokenizer is the teacher's, byte for byte
             if (teacher / name).exists():
@@ -111,11 +106,6 @@ def write(teacher: str | Path, layers: str, out: str | Path, init: str = "teache
             "teacher_source": {s: read_json(teacher / s) for s in SOURCE_FILES if (teacher / s).exists()},
             "parameters": sum(p.numel() for p in model.parameters()), "dtype": str(model.dtype).removeprefix("torch."),
             "write_s": round(time.monotonic() - t0, 2)})
-        if out.exists():
-            out.rmdir()  # empty (checked above)
-        tmp.replace(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

@@ -25,9 +25,11 @@ import itertools
 import json
 import os
 import re
+import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pandas as pd
 
@@ -359,3 +361,29 @@ def load_summary(run_dir: str | Path) -> dict[str, Any]:
 
 def load_config(run_dir: str | Path) -> Config:
     return Config.from_dict(read_json(Path(run_dir) / "config.json")["config"])
+
+
+# ---- a new folder written whole (hf-init, hf-import, hf-prune) ----------------------------------------------
+def check_new_folder(out: str | Path, option: str) -> Path:
+    """`out` as a Path; ConfigError naming `option` where it exists and is not an empty folder (checked before
+    anything slow, so a bad --out fails at once)."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"{option} {out}: exists and is not an empty folder; give a new one")
+    return out
+
+
+@contextmanager
+def staged_folder(out: Path) -> Iterator[Path]:
+    """A folder beside `out` to write into, renamed into place when the block ends without error and removed
+    otherwise: a stopped writer leaves no half folder. `out` must be new or empty (check_new_folder)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        yield tmp
+        if out.exists():
+            out.rmdir()  # empty (check_new_folder)
+        tmp.replace(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -63,14 +63,22 @@ def test_point_id_is_a_hash_of_the_spec_not_of_the_whole_config(monkeypatch):
     assert plan.plan(plan.Spec("t", "cpu-smoke", {"steps": "3"}, {"hidden": ["64"]}))[0].id == a.id
 
 
-def test_a_second_driver_of_the_same_sweep_is_refused(tmp_path):
-    """A live driver (another process) holds the lock: refused. Once that process is killed, its lock
-    is gone with it and the sweep can be restarted."""
+def hold_lock(sweep_dir):
+    """A real second process that holds the sweep lock (a live driver) until killed."""
     hold = ("import sys, time; from pathlib import Path; from workbench.sweep import run\n"
             "with run.sweep_lock(Path(sys.argv[1])):\n    print('locked', flush=True); time.sleep(60)")
-    proc = subprocess.Popen([sys.executable, "-c", hold, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", hold, str(sweep_dir)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def test_a_second_driver_of_the_same_sweep_is_refused(tmp_path):
+    """A live driver (another process) holds the lock, a file lock on sweep.lock (not flock on the folder: that
+    fails on NFS and does not exist on Windows): refused. Once that process is killed, the file it left behind
+    locks nothing and the sweep can be restarted."""
+    proc = hold_lock(tmp_path)
     try:
-        assert proc.stdout.readline().strip() == "locked"
+        assert (tmp_path / run.LOCK_FILE).is_file()
         with pytest.raises(ConfigError, match="being run by another process"):
             with run.sweep_lock(tmp_path):
                 pass
@@ -195,7 +203,6 @@ def test_problems_of_a_finished_point_are_summarised(tmp_path):
     assert point.student_problems(tmp_path)[1] is None  # a skipped student is not an error
 
 
-
 def test_a_slow_cluster_teardown_is_one_line_and_the_sweep_goes_on(tmp_path, capsys, monkeypatch):
     """Every point ended, then the embedded cluster (and its client) overrun distributed's close deadline: the
     sweep returns its counts (the report comes next) and says so in one line, not a TimeoutError."""
@@ -268,29 +275,6 @@ def test_points_go_to_a_running_cluster_at_scheduler_address(tmp_path, capsys):
 LONG = {"steps": 20000, "iters": 1, "warmup": 0, "eval_batches": 1, "seq_len": 8, "batch": 1,
         "backends": "torch_fp32", "baseline": "torch_fp32"}  # a point that runs far longer than these tests wait
 
-
-def hold_lock(sweep_dir):
-    """A real second process that holds the sweep lock (a live driver) until killed."""
-    hold = ("import sys, time; from pathlib import Path; from workbench.sweep import run\n"
-            "with run.sweep_lock(Path(sys.argv[1])):\n    print('locked', flush=True); time.sleep(60)")
-    proc = subprocess.Popen([sys.executable, "-c", hold, str(sweep_dir)], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "locked"
-    return proc
-
-
-def test_the_lock_is_a_file_lock_on_sweep_lock(tmp_path):
-    """filelock on a file (not flock on the folder: that fails on NFS and does not exist on Windows)."""
-    proc = hold_lock(tmp_path)
-    try:
-        assert (tmp_path / run.LOCK_FILE).is_file()
-        with pytest.raises(ConfigError, match="being run by another process"):
-            with run.sweep_lock(tmp_path):
-                pass
-    finally:
-        proc.kill()
-        proc.wait()
-    with run.sweep_lock(tmp_path):  # the file the killed driver left behind locks nothing
-        pass
 
 
 def test_report_only_is_refused_beside_a_live_driver(tmp_path, capsys):

@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from workbench import config
+from workbench.verdict.measured import RECIPE_OF
 from workbench.verdict.predict import predict
 
 TARGET = 0.10  # issue 35: the predicted best-FP8 / fastest-bf16 ratio within +-10% of the measured one
@@ -26,11 +27,9 @@ CASES = (
                                       "hf-te-layer-fp8-head": "hf/families/qwen3-4l-rest/bench.csv"}, True),
     ("smollm2-135m", "hf-llama-4l", {"hf-te-layer-step": "real/bench_real/step/students.csv"}, True),
 )
-# the measured row of each predicted recipe: (variant, student)
-ROWS = {"bf16": ("hf-te-layer-step", "te_bf16"), "te_fp8_delayed": ("hf-te-layer-step", "te_fp8:delayed"),
-        "te_fp8_current": ("hf-te-layer-step", "te_fp8:current"),
-        "te_fp8_delayed_head": ("hf-te-layer-fp8-head", "te_fp8:delayed"),
-        "te_fp8_current_head": ("hf-te-layer-fp8-head", "te_fp8:current")}
+# the measured row of each predicted recipe: the GPU part's own table (measured.RECIPE_OF) read the other way,
+# and the denominator, TE bf16 layers graphed
+ROWS = {"bf16": ("hf-te-layer-step", "te_bf16"), **{recipe: row for row, recipe in RECIPE_OF.items()}}
 
 
 def _measured(root: Path, files: dict[str, str]) -> dict[tuple[str, str], float]:

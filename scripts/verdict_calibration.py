@@ -16,24 +16,40 @@ def main() -> None:
     t = check.table(ROOT)
     OUT.mkdir(parents=True, exist_ok=True)
     results.write_bytes(OUT / "calibration.csv", t.to_csv(index=False, float_format="%.4g").encode())
-    lines = ["| shape | recipe | fitted | bf16 ms measured / expected | FP8 ms measured / expected | "
-             "speed-up measured | expected | ideal | miss |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| bench | shape | recipe | fitted | bf16 ms measured / expected | FP8 ms measured / expected | "
+             "speed-up measured | expected | ideal | miss |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in t.itertuples():
-        lines.append(f"| {r.shape} | {r.recipe} | {'yes' if r.fitted else 'no'} | {r.bf16_ms_measured:.2f} / "
+        recipe = r.recipe if r.calibrated else f"{r.recipe} (not calibrated)"
+        lines.append(f"| {r.bench} | {r.shape} | {recipe} | {'yes' if r.fitted else 'no'} | {r.bf16_ms_measured:.2f} / "
                      f"{r.bf16_ms_expected:.2f} | {r.fp8_ms_measured:.2f} / {r.fp8_ms_expected:.2f} | "
                      f"{r.speedup_measured:.3f} | {r.speedup_expected:.3f} | {r.speedup_ideal:.2f} | {r.miss:+.1%} |")
-    held = t[~t["fitted"]]["miss"].abs().max()
+    cal = t[t["calibrated"]]
+    held = cal[~cal["fitted"]]["miss"].abs().max()
+    b = check.best(t)
+    best = ["| bench | shape | best FP8 measured | speed-up | best FP8 expected | speed-up | miss |",
+            "|---|---|---|---|---|---|---|"]
+    best += [f"| {r.bench} | {r.shape} | {r.best_measured} | {r.speedup_measured:.3f} | {r.best_expected} | "
+             f"{r.speedup_expected:.3f} | {r.miss:+.1%} |" for r in b.itertuples()]
+    ao = t[t["recipe"] == "torchao_float8"]
     text = "\n".join([
         "# The verdict's prediction against the H200 (written by scripts/verdict_calibration.py)", "",
         "Measured: the committed benches of each shape (8192 tokens a step, TE layers, the whole step in one CUDA "
-        "graph; the fastest bf16 row of each bench is TE bf16 layers graphed, the denominator). Expected: "
+        "graph; the fastest bf16 row of each bench is TE bf16 layers graphed, the denominator; `verdict/<shape>/` "
+        "are the `workbench verdict` runs, measured after the constants were fixed). Expected: "
         "`workbench.verdict.predict` (constants in `workbench/verdict/calibration.py`). 'fitted': the constants "
         "were read off that shape's profiler split; the others are held out.", "", *lines, "",
-        f"Largest miss: {t['miss'].abs().max():.1%} over all rows, {held:.1%} on the held-out shapes; the verdict "
+        f"## The target: best FP8 / fastest bf16 within +-{check.TARGET:.0%}", "", *best, "",
+        f"Largest miss of the best ratio: {b['miss'].abs().max():.1%}. Every calibrated row: largest miss "
+        f"{cal['miss'].abs().max():.1%}, {held:.1%} on the held-out shapes; the verdict "
         f"quotes +-{calibration.TOLERANCE:.0%} around its expected speed-up. The ideal model (compute only at the "
         "datasheet peaks) overshoots every shape by 30-50%: it misses attention's efficiency, the memory-bound "
         "floors (the KD loss's logits passes most of all) and FP8's casts and scale kernels, which at SmolLM2-135M's "
-        "hidden 576 cost more than FP8's GEMMs save.", ""])
+        "hidden 576 cost more than FP8's GEMMs save.", "",
+        f"Not calibrated, torchao float8 ({', '.join(f'{r.shape} {r.miss:+.0%}' for r in ao.itertuples())}): the term "
+        "that is wrong is the path under it. The prediction puts torchao's FP8 GEMMs on TE's graphed step; torchao "
+        "runs on the compiled Hugging Face model, whose bf16 step is itself slower than TE's graphed bf16 layers "
+        "(the verdict pages' `x compiled bf16` column: torchao 1.16-1.18x against it). Its expected time needs a "
+        "calibration of the compiled HF step, which no H200 profile gives yet.", ""])
     results.write_bytes(OUT / "calibration.md", text.encode())
     print(text)
 

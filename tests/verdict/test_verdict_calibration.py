@@ -18,15 +18,30 @@ def table():
 
 
 def test_every_calibrated_recipe_is_within_the_target_on_every_shape(table):
-    assert set(table["shape"]) == {c[0] for c in check.CASES}  # every case found its committed rows
-    assert len(table) >= 10
-    worst = table.loc[table["miss"].abs().idxmax()]
+    assert set(table["bench"]) == {c[0] for c in check.CASES}  # every case found its committed rows
+    calibrated = table[table["calibrated"]]
+    assert len(calibrated) >= 18
+    worst = calibrated.loc[calibrated["miss"].abs().idxmax()]
     assert abs(worst["miss"]) <= check.TARGET, worst.to_dict()
+
+
+def test_the_best_fp8_ratio_is_predicted_within_the_target_per_bench(table):
+    """Issue 35's target as stated: the best FP8 / fastest bf16 ratio, each bench's own denominator."""
+    b = check.best(table)
+    assert len(b) == len(check.CASES) and (b["miss"].abs() <= check.TARGET).all(), b.to_dict("records")
+    verdict_1b = b[b["bench"] == "verdict/llama-3.2-1b"].iloc[0]
+    assert verdict_1b["best_measured"] == verdict_1b["best_expected"] == "te_fp8_delayed_head"
+
+
+def test_an_uncalibrated_recipe_is_reported_with_its_miss_not_judged(table):
+    """torchao float8 runs on the compiled HF model, not TE's graphed step the prediction assumes: +20% on Llama."""
+    ao = table[table["recipe"] == "torchao_float8"]
+    assert len(ao) == 2 and not ao["calibrated"].any() and (ao["miss"] > check.TARGET).all()
 
 
 def test_the_shapes_not_fitted_are_within_the_quoted_range(table):
     """Llama-3.2-1B x4 and x16 gave no constant: their misses are what calibration.TOLERANCE is built from."""
-    held_out = table[~table["fitted"]]
+    held_out = table[~table["fitted"] & table["calibrated"]]
     assert set(held_out["shape"]) == {"llama-3.2-1b-4l", "llama-3.2-1b"}
     assert (held_out["miss"].abs() <= calibration.TOLERANCE).all()
 
@@ -41,3 +56,19 @@ def test_te_fuses_qkv_and_gate_up():
     g = {x.name: x for x in fused_gemms(read("qwen3-0.6b-4l", 2048))}
     assert g["self_attn.qkv"].n == 2048 + 1024 + 1024 and g["mlp.fc1"].n == 2 * 3072
     assert set(g) == {"self_attn.qkv", "self_attn.o_proj", "mlp.fc1", "mlp.down_proj", "lm_head"}
+
+
+def test_the_committed_page_names_a_miss_and_draws_the_measured_steps():
+    """The Llama-3.2-1B verdict (H200): torchao measured 1.04x against a predicted 1.25x; the page says why, and the
+    figure puts each measured step beside its expected one."""
+    import json
+
+    from workbench.verdict import page
+
+    v = json.loads((ROOT / check.H200 / "verdict/llama-3.2-1b/verdict.json").read_text())
+    text = page.markdown(v)
+    assert "off its prediction: `torchao_float8:tensorwise`" in text and "compiled HF bf16" in text
+    assert "off its prediction: `te_fp8" not in text  # the calibrated recipes are within the range
+    measured = page._measured_ms(v)
+    assert measured["bf16"][0] == v["measured"]["denominator"]["step_ms"]
+    assert measured["te_fp8_delayed_head"][1] > 1.25

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench import results
+from workbench.verdict import calibration
 
 PARTS = ("layer_gemms", "lm_head", "attention", "optimizer", "logits_loss", "elementwise", "fp8_casts")
 COLOURS = ("#4c72b0", "#55a868", "#c44e52", "#8c8c8c", "#b0b0b0", "#d0d0d0", "#dd8452")
@@ -84,10 +85,29 @@ def _measured_section(verdict: dict[str, Any]) -> list[str]:
                    f"{f(r['speedup_vs_compiled_bf16'], '.2f')} | {f(r['peak_mem_mb'], '.0f')} "
                    f"({f(r['mem_vs_fastest_bf16'], '+.0%')}) | {f(r['kl_teacher_student_t1_nats_step0'], '.3g')} | "
                    f"{f(r['top1_agreement_step0'], '.3f')} | {f(r['predicted_speedup'], '.2f')} |")
-    out += ["", *[f"- not run: {r['variant']} `{r['student']}` ({r['status']}): {r['reason']}" for r in m["not_run"]]]
+    out += ["", *[f"- not run: {r['variant']} `{r['student']}` ({r['status']}): {r['reason']}" for r in m["not_run"]],
+            *_misses(verdict)]
     if m.get("best_fp8_split_ms"):
         split = ", ".join(f"{k} {v:.2f}" for k, v in sorted(m["best_fp8_split_ms"].items(), key=lambda kv: -kv[1]))
         out += ["", f"Where the fastest FP8 row's step goes (profiler, ms a step): {split}."]
+    return out
+
+
+def _misses(verdict: dict[str, Any]) -> list[str]:
+    """A measured row off its prediction by more than the quoted range, with the term that is wrong where known."""
+    calibrated = {r["recipe"]: r["calibrated"] for r in verdict["prediction"]["recipes"]}
+    out = []
+    for r in verdict["measured"]["rows"]:
+        p = r.get("predicted_speedup")
+        if not p or abs(p / r["speedup_vs_fastest_bf16"] - 1) <= calibration.TOLERANCE:
+            continue
+        why = ("not calibrated: the prediction puts its FP8 GEMMs on TE's graphed step, while it ran on "
+               f"{r['what']}, whose own bf16 step is slower (it is {f(r['speedup_vs_compiled_bf16'], '.2f')}x "
+               "compiled HF bf16)" if r["variant"] == "hf-compile" else
+               "not calibrated: no H200 profile of this recipe yet" if not calibrated.get(r["recipe"], True) else
+               "a calibrated recipe outside its range: recalibrate (scripts/verdict_calibration.py)")
+        out.append(f"- off its prediction: `{r['student']}` ({r['what']}) measured "
+                   f"{r['speedup_vs_fastest_bf16']:.2f}x, predicted {p:.2f}x: {why}.")
     return out
 
 
@@ -151,6 +171,7 @@ def figure(verdict: dict[str, Any]):
     rows = [r for r in verdict["prediction"]["recipes"] if r.get("parts_ms")]
     if not rows:
         return None
+    measured = _measured_ms(verdict)
     fig, ax = plt.subplots(figsize=(11, 1.6 + 0.6 * len(rows)))
     for i, r in enumerate(rows):
         left = 0.0
@@ -161,18 +182,36 @@ def figure(verdict: dict[str, Any]):
         if r.get("ideal_ms"):
             ax.plot([r["ideal_ms"]] * 2, [i - 0.4, i + 0.4], color="black", lw=1)  # compute only, at the peaks
         label = "denominator" if r["recipe"] == "bf16" else _range(r) + ("" if r["calibrated"] else ", not calibrated")
-        ax.text(left, i, f" {label}", va="center", fontsize=9)
+        if r["recipe"] in measured:  # the GPU part ran it: the measured step beside the expected one
+            ms, ratio = measured[r["recipe"]]
+            ax.plot(ms, i, marker="D", ls="none", color="crimson", ms=7, zorder=3, label="measured" if not i else None)
+            label += f"; measured {ms:.1f} ms" + ("" if r["recipe"] == "bf16" else f", {ratio:.2f}x")
+            left = max(left, ms)
+        ax.annotate(label, (left, i), xytext=(10, 0), textcoords="offset points", va="center", fontsize=9)
     ax.set_yticks(range(len(rows)), [r["recipe"] for r in rows])
     ax.invert_yaxis()
-    ax.set_xlim(0, max(r["expected_ms"] for r in rows) * 1.45)
+    ax.set_xlim(0, max([r["expected_ms"] for r in rows] + [ms for ms, _ in measured.values()]) * 1.6)
     p = verdict["prediction"]
     ax.set_xlabel(f"expected step time, ms (calibrated on the H200; black tick: ideal, compute only at "
-                  f"{p['ceilings']['peak_source'].split(' (')[0]} peaks) — {p['ceilings']['gpu']}")
+                  f"{p['ceilings']['peak_source'].split(' (')[0]} peaks; red: measured) — {p['ceilings']['gpu']}")
     ax.set_title(f"{p['model']['source']}: {p['flops']['total_tflop']:.3g} TFLOP a step at "
                  f"{p['run']['tokens_per_step']} tokens", fontsize=10)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)  # outside: never over a bar's label
     fig.tight_layout()
     return fig
+
+
+def _measured_ms(verdict: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    """recipe -> (measured step ms, speed-up vs the fastest bf16) of its fastest measured row; 'bf16': the
+    denominator. Empty when the GPU part did not run."""
+    m = verdict.get("measured") or {}
+    if m.get("status") != "ok":
+        return {}
+    out = {"bf16": (m["denominator"]["step_ms"], 1.0)}
+    for r in sorted(m["rows"], key=lambda r: -r["step_ms"]):  # the fastest row of a recipe written last
+        if r.get("recipe"):
+            out[r["recipe"]] = (r["step_ms"], r["speedup_vs_fastest_bf16"])
+    return out
 
 
 def write(verdict: dict[str, Any], out: Path) -> list[Path]:

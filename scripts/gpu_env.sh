@@ -1,6 +1,6 @@
-# Sourced by the scripts/gpu_*.sh: the environment every GPU run here shares.
+# Sourced before every run of scripts/gpu_runs.toml (scripts/gpu.sh NAME): the environment every GPU run shares.
 # The copy sent to the GPU machine has no .git: start the command with
-#   WORKBENCH_GIT_SHA=<git rev-parse --short HEAD, run here> bash scripts/gpu_....sh
+#   WORKBENCH_GIT_SHA=<git rev-parse --short HEAD, run here> bash scripts/gpu.sh NAME
 # so every env.json / result row names the code that produced it.
 # What travels to the GPU machine is capped at 64 MiB: this tree (~8 MiB: reference evidence is committed
 # as palette PNGs only (results.write_figure), .gitignore keeps its SVGs out; tests/repo/test_repo_refs.py keeps it
@@ -9,8 +9,14 @@
 # a smaller folder instead (e.g. .gpu-run with cp .gpu/wheelhouse/{te,torchao}/*.whl, then
 # python3 -m pip install -q --no-index --no-deps --no-compile .gpu-run/*.whl).
 # No LD_LIBRARY_PATH / CUDNN_PATH here: the workbench loads torch's cuDNN itself before TE
-# (workbench/env/te.py), and these scripts must see what a user sees.
+# (workbench/env/te.py), and these runs must see what a user sees.
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore::UserWarning,ignore::FutureWarning,ignore::DeprecationWarning}"
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
+# The hf and verdict runs take real shapes by short name: the `workbench hf-init` shape and its bench preset.
+# The other families' 4-layer cuts run at the 4-layer Llama preset's batch (8192 tokens a step).
+declare -A HF_SHAPE=([llama-4l]=llama-3.2-1b-4l [llama-1b]=llama-3.2-1b [qwen-0.5b]=qwen2.5-0.5b
+                     [qwen3-4l]=qwen3-0.6b-4l [gemma3-4l]=gemma-3-1b-4l [phi4-4l]=phi-4-mini-4l [smollm3-4l]=smollm3-3b-4l)
+declare -A HF_PRESET=([llama-4l]=hf-llama-4l [llama-1b]=hf-llama-1b [qwen-0.5b]=hf-qwen2.5-0.5b
+                      [qwen3-4l]=hf-llama-4l [gemma3-4l]=hf-llama-4l [phi4-4l]=hf-llama-4l [smollm3-4l]=hf-llama-4l)

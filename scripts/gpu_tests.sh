@@ -1,5 +1,3 @@
 #!/bin/bash
-# The GPU-marked tests (tests/gpu/: test_gpu.py and test_gpu_*.py) on a GPU machine: run after `bash .gpu/install.sh`.
-set -uo pipefail
-source "$(dirname "$0")/gpu_env.sh"
-python3 -m pytest -q -m gpu tests/gpu/ 2>&1 | tee "$OUT/gpu_tests.log"
+# The GPU-marked tests (tests/gpu/) on a GPU machine, after `bash .gpu/install.sh`: the `tests` run of scripts/gpu_runs.toml.
+exec bash "$(dirname "$0")/gpu.sh" tests "$@"

@@ -1,5 +1,5 @@
 """Backend gating with a *fake* Transformer Engine (the real one cannot exist on a CPU machine; the
-real path runs on the H200 via scripts/gpu_core.sh). Only availability logic is exercised here."""
+real path runs on the H200 via scripts/gpu.sh core). Only availability logic is exercised here."""
 import pytest
 import torch
 from fake_te import FakeRecipes, FakeTE, FakeTEModules

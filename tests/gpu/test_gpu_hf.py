@@ -2,7 +2,7 @@
 CPU tests prove the mapping against a fake, which cannot prove TE's layouts): the converted bf16 student's logits
 equal the HF model's to bf16 tolerance, one training step moves the same weights, the FP8 students (FP8 head, FP8
 attention) run or refuse in the option's words, and a whole run keeps the students matched. Run on the H200 with
-scripts/gpu_hf.sh (or scripts/gpu_tests.sh); skipped without CUDA or TE. Figures go to $OUT/hf_gpu_checks.json."""
+scripts/gpu.sh hf (or scripts/gpu_tests.sh); skipped without CUDA or TE. Figures go to $OUT/hf_gpu_checks.json."""
 import os
 from pathlib import Path
 

@@ -1,7 +1,8 @@
 """Where the head-fused loss's memory goes at vocab 128256, 8192 tokens, hidden 2048 (one H200):
 a memory-history replay of one call at the peak (the largest live blocks, with the workbench line that made
 each), and the extra memory of its two pieces alone: the compiled chunk and the fp32-out weight-gradient GEMM.
-    python3 scripts/gpu_head_loss_memory.py OUT      -> OUT/head_loss_memory.json (and the same on stdout)"""
+    python3 scripts/gpu/head_loss_memory.py OUT    -> OUT/head_loss_memory.json (and the same on stdout)
+(the `head-loss-memory` run of scripts/gpu_runs.toml)"""
 import json
 import sys
 from pathlib import Path
@@ -44,7 +45,7 @@ def peak_blocks(fn):
     rows = []
     for e in sorted(at_peak, key=lambda e: -e["size"])[:10]:
         where = [f"{Path(f['filename']).name}:{f['line']}:{f['name']}" for f in e.get("frames", [])
-                 if "workbench" in f["filename"] or "gpu_head" in f["filename"]][:3]
+                 if "workbench" in f["filename"] or "head_loss_memory" in f["filename"]][:3]
         rows.append({"mib": round(e["size"] / MIB, 1), "where": where})
     return {"traced_peak_mib": round(peak / MIB, 1), "largest_at_peak": rows}
 

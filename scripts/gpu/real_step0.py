@@ -4,7 +4,7 @@ converted by every student of the workbench (torch bf16, TE bf16 layers, TE FP8 
 torchao float8), evaluated on held-out real text (the standard library's pydoc topics, which the model was not tuned
 on) against the fp32 model and against the bf16 forward: KL per token, top-1 agreement, perplexity.
 
-    python scripts/gpu_real_step0.py MODEL_DIR OUT_DIR [--windows 16] [--seq 512]
+    python scripts/gpu/real_step0.py MODEL_DIR OUT_DIR [--windows 16] [--seq 512]
 
 Writes OUT_DIR/step0.csv (one row per model x student), step0.json (the same with the text and settings) after
 every row, and step0.png (KL to the fp32 model per student, real vs random weights)."""

@@ -2,7 +2,7 @@
 # Install evidence on the GPU machine: workbench install-te / doctor for real, offline, from the TE 2.20.2
 # wheelhouse. Run from the repository root of the copy on that machine, WITHOUT .gpu/install.sh first
 # (this script is the installer under test); the device call needs carry: [".gpu"]:
-#     bash scripts/gpu_install_check.sh
+#     bash scripts/gpu.sh install-check
 # Runs, in order (about 5 minutes, most of it the extension compile):
 #   0. probe --json before
 #   1. install-te --find-links .gpu/wheelhouse/te --no-index --reinstall   -> TE 2.20.2, FP8 fwd/bwd smoke test
@@ -16,7 +16,7 @@
 # Writes $OUT/install_summary.json (one line per run) and $OUT/install.tar.gz (per-run plan, outcome,
 # diagnosis, duration and log tail; both probes). Full logs stay on the machine (they can be MBs).
 set -uo pipefail
-source "$(dirname "$0")/gpu_env.sh"
+source "$(dirname "$0")/../gpu_env.sh"
 WH=$PWD/.gpu/wheelhouse/te
 R=$(mktemp -d)
 S=$R/install            # what comes back (tarred)

@@ -1,6 +1,11 @@
-# Probe: TE FusedAdam (capturable, fp32 master weights over bf16 params) inside one whole-step CUDA graph.
-import copy, json, torch
+# Probe: TE FusedAdam (capturable, fp32 master weights over bf16 params) inside one whole-step CUDA graph (the
+# `adam-graph` run of scripts/gpu_runs.toml; output and account in results/reference/h200x2/probes/, git 8e87678).
+import copy
+import json
+
+import torch
 import transformer_engine.pytorch as te
+
 from workbench.train import loop
 
 torch.manual_seed(0)
@@ -21,7 +26,9 @@ def make(opt_kind, dtype):
 def eager_step(m, o, x, y):
     o.zero_grad(set_to_none=True)
     loss = torch.nn.functional.mse_loss(m(x.to(next(m.parameters()).dtype)).float(), y)
-    loss.backward(); o.step(); return loss.detach()
+    loss.backward()
+    o.step()
+    return loss.detach()
 
 def info(o):
     g = o.param_groups[0]
@@ -51,7 +58,8 @@ for opt_kind in ("torch", "te"):
                 else:
                     sx, sy = X[0].clone(), Y[0].clone()
                     snap = {k: v.detach().clone() for k, v in m.state_dict().items()}
-                    side = torch.cuda.Stream(); side.wait_stream(torch.cuda.current_stream())
+                    side = torch.cuda.Stream()
+                    side.wait_stream(torch.cuda.current_stream())
                     with torch.cuda.stream(side):
                         for _ in range(3):
                             eager_step(m, o, sx, sy)
@@ -61,7 +69,8 @@ for opt_kind in ("torch", "te"):
                     o.zero_grad(set_to_none=True)
                     with torch.cuda.graph(g):
                         sl = torch.nn.functional.mse_loss(m(sx.to(dtype)).float(), sy)
-                        sl.backward(); o.step()
+                        sl.backward()
+                        o.step()
                     out["after_capture"] = info(o)
                     if mode == "graph":
                         with torch.no_grad():
@@ -69,7 +78,9 @@ for opt_kind in ("torch", "te"):
                         loop.reset_optimizer(o)
                     out["after_reset"] = info(o)
                     for i in range(6):
-                        sx.copy_(X[i]); sy.copy_(Y[i]); g.replay()
+                        sx.copy_(X[i])
+                        sy.copy_(Y[i])
+                        g.replay()
                         out["losses"].append(float(sl))
                         if i < 2:
                             out[f"after_replay{i}"] = info(o)

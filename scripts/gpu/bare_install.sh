@@ -3,7 +3,7 @@
 # Installs the workbench and its notebook stack from the offline wheelhouse, then `workbench install-te`
 # from the TE wheelhouse, then `probe`, `doctor` and a `run` whose TE rows must be `ok`. The machine has
 # torch's pip cuDNN beside an older system cuDNN: the workbench must load one copy by itself.
-# Device call: carry [".gpu"], command `WORKBENCH_GIT_SHA=<sha> bash scripts/gpu_bare_install.sh`.
+# Device call: carry [".gpu"], command `WORKBENCH_GIT_SHA=<sha> bash scripts/gpu.sh bare-install`.
 # Writes $OUT/bare.tar.gz (every record) and prints a one-line verdict per step.
 set -uo pipefail
 unset LD_LIBRARY_PATH CUDNN_PATH CUDNN_HOME

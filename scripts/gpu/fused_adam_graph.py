@@ -1,11 +1,11 @@
-"""Diagnostic of a defect found and fixed (results/reference/h200/probes/README.md): TE FusedAdam inside the
+"""Diagnostic of a defect found and fixed (results/reference/h200/probes/fused_adam/README.md): TE FusedAdam inside the
 whole-step CUDA graph gave loss inf at step 2 in the workbench but not when the graph was captured by hand.
 Each variant runs in a fresh process, through more of the workbench's own path each time (capture_step by
 hand, loop.prepare_step, loop.run_student, the `workbench run` command), then what changes between capture
 and replay, and finally which allocations are freed after the capture ended (torch's memory history).
 The cause: prepare_step's caller kept only the step, so the optimizer was collected and its state's memory
 reused while the graph still pointed at it. GPU only (nvidia-h200), after `bash .gpu/install.sh`:
-    PYTHONPATH=$PWD python3 scripts/probe_fused_adam_graph.py [VARIANT ...]
+    scripts/gpu.sh fused-adam [VARIANT ...]          (the `fused-adam` run of scripts/gpu_runs.toml)
 """
 import json
 import subprocess

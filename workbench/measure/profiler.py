@@ -18,7 +18,10 @@ DETAIL, which goes to the student's own profile file, `profile_path`):
   kernels_per_step         kernel launches per step (memcpy/memset excluded)
   kernel_categories_ms_per_step  that sum split by what the kernels do (GEMM, FP8 cast/amax, norm, ...)
   top_kernels              the most expensive kernels: name, launches and ms per step
-The last two are the evidence for "what limits this step": at `large` they show whether the GEMMs or
+  kernels                  EVERY kernel of the step, the same fields, most expensive first (a kernel no
+                           pattern knows is in category "other", by name: nothing is dropped)
+  gap_ms_per_step          profiled step - GPU busy: the time the GPU waited between kernels (host, launches)
+The last four are the evidence for "what limits this step": at `large` they show whether the GEMMs or
 the casts/norms/optimizer take the time.
 On a CPU the profiler still runs (CPU activity only); the GPU figures are None with the reason.
 """
@@ -35,7 +38,9 @@ HOST_BOUND_BELOW = 0.8  # GPU busy less than this share of the step: the host (l
 TOP_KERNELS = 12
 SUMMARY = ("profiled_step_ms_median", "kernel_ms_per_step", "gpu_busy_ms_per_step", "kernels_per_step",
            "profiler_reason")
-DETAIL = ("kernel_categories_ms_per_step", "top_kernels")
+DETAIL = ("kernel_categories_ms_per_step", "top_kernels")  # what crosscheck.json quotes of a row
+# the profile file keeps the whole record: DETAIL, every kernel and the gap (workbench.verdict.breakdown reads it)
+NAME_CHARS = 160  # a C++ template kernel's name runs to kilobytes; its first 160 characters tell it apart
 
 # First match wins; patterns are lower-case substrings of CUDA kernel names as the profiler reports them
 # (cuBLAS / cuBLASLt / CUTLASS GEMMs, TE's cast/transpose/amax kernels, Triton kernels from torch.compile).
@@ -62,7 +67,9 @@ def category(name: str) -> str:
 
 
 def breakdown(intervals: list[tuple[str, float, float]], steps: int) -> dict[str, Any]:
-    """Per-step ms by category and the TOP_KERNELS most expensive kernels (plain sums, not unions)."""
+    """Per-step ms by category, the TOP_KERNELS most expensive kernels and every kernel (plain sums, not
+    unions). Kernels are listed under their name cut to NAME_CHARS (two that differ only after it are summed
+    as one row: the list stays complete in time and small on disk)."""
     by_cat: dict[str, float] = {}
     by_name: dict[str, list[float]] = {}
     for name, s, e in intervals:
@@ -71,11 +78,19 @@ def breakdown(intervals: list[tuple[str, float, float]], steps: int) -> dict[str
         acc[0] += 1
         acc[1] += e - s
     top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:TOP_KERNELS]
+    every: dict[tuple[str, str], list[float]] = {}
+    for n, (c, us) in by_name.items():
+        acc = every.setdefault((n[:NAME_CHARS], category(n)), [0, 0.0])
+        acc[0] += c
+        acc[1] += us
     return {
         "kernel_categories_ms_per_step": {c: round(us / 1e3 / steps, 4)
                                           for c, us in sorted(by_cat.items(), key=lambda kv: -kv[1])},
         "top_kernels": [{"name": n[:200], "category": category(n), "launches_per_step": c / steps,
                          "ms_per_step": round(us / 1e3 / steps, 4)} for n, (c, us) in top],
+        "kernels": [{"name": n, "category": cat, "launches_per_step": round(c / steps, 2),
+                     "ms_per_step": round(us / 1e3 / steps, 4)}
+                    for (n, cat), (c, us) in sorted(every.items(), key=lambda kv: -kv[1][1])],
     }
 
 
@@ -136,6 +151,8 @@ def profiled_block(block: Callable[[], Any]) -> dict[str, Any]:
         out.update(kernel_ms_per_step=sum(e - s for _, s, e in iv) / 1e3 / steps,
                    gpu_busy_ms_per_step=_union_us(iv) / 1e3 / steps,
                    kernels_per_step=len(kernels) / steps, **breakdown(iv, steps))
+        # what the GPU did not spend running something: host and launch gaps (~0 in a graphed step)
+        out["gap_ms_per_step"] = round(max(0.0, t.median - out["gpu_busy_ms_per_step"]), 4)
     except Exception as e:  # the cross-check is evidence, not a reason to lose the run
         out["profiler_reason"] = f"{type(e).__name__}: {e}"[:500]
     return out

@@ -60,7 +60,7 @@ GPU_ARMS = [Arm("torch_bf16", "torch_bf16"), Arm("te_bf16", "te_bf16"), Arm("te_
             Arm("te_fp8_current", "te_fp8:current"), Arm("torchao_float8", "torchao_float8:tensorwise"),
             Arm("no_kd_bf16", "torch_bf16", kd=False), Arm(NOISE_ARM, "torch_bf16", noise=True)]
 
-# distill-quality: one H200, ~16 minutes in two calls (scripts/gpu_quality.sh resumes). The teacher is 3x wider
+# distill-quality: one H200, ~16 minutes in two calls (`scripts/gpu.sh quality` resumes). The teacher is 3x wider
 # and 1.5x deeper than the student and trains 1.25x the students' steps. Measured on the H200
 # (results/reference/h200/quality/): at 800 steps (teacher 1,200) the held-out curves still fell 3-7% per 100
 # steps; at 3200 steps (eval every 200; teacher 4,000) every arm had flattened (< 1% over the last 200 steps) but

@@ -22,8 +22,10 @@ DEFAULT_PRESET = "gpt-cpu"  # trains its teacher in about a minute on a CPU
 
 def teacher_presets() -> list[str]:
     """The presets whose config trains a language-model teacher here: the ones this command takes as they are."""
+    from workbench.models import kinds
+
     made = {name: make() for name, make in config.PRESETS.items()}
-    return [name for name, c in made.items() if c.model.kind in config.LM_KINDS and c.lm.teacher == "train"]
+    return [name for name, c in made.items() if kinds.is_lm(c.model.kind) and c.lm.teacher == "train"]
 
 
 def add_arguments(p) -> None:

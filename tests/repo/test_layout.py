@@ -269,3 +269,51 @@ def test_no_module_is_too_long_to_read():
 def test_no_function_is_too_long_to_read():
     found = {f"{m}.{name}": n for m, p in package_files().items() for name, n in long_functions(p.read_text()).items()}
     assert found == {}
+
+
+# ---- architectures are declared, not compared by name ----------------------------------------
+KIND_NAME_RULES = {  # file (relative to the package) -> functions that may compare a `kind` with a name, and why
+    "config/checks.py": ({"kind_task"}, "the configuration, a leaf, cannot ask the kinds registry which task a "
+                                        "kind has: the one rule the registry enforces is stated there once"),
+}
+DECLARED_FILES = ("models/lm.py", "models/kinds/__init__.py", "config/*.py")
+
+
+def kind_name_compares(source: str) -> list[str]:
+    """The function (or '<module>') of each ==, !=, in or not in whose operand is a `kind` (a name or an
+    attribute: kind, shape.kind, cfg.model.kind), where code would branch on a kind's name."""
+    def is_kind(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Name) and node.id == "kind") or (isinstance(node, ast.Attribute)
+                                                                      and node.attr == "kind")
+
+    found = []
+
+    def visit(node: ast.AST, where: str) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            where = node.name
+        if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn))
+                                                 for op in node.ops):
+            if any(is_kind(n) for n in (node.left, *node.comparators)):
+                found.append(where)
+        for child in ast.iter_child_nodes(node):
+            visit(child, where)
+
+    visit(ast.parse(source), "<module>")
+    return found
+
+
+def test_the_kind_compare_finder_finds_a_compare_of_a_kind_name():
+    source = ("def f(shape):\n    return shape.kind == 'llama'\n"
+              "def g(cfg):\n    return 'x' if cfg.model.kind in ('gpt', 'llama') else 'y'\n"
+              "def h(kind, arch):\n    return arch.norm == 'rmsnorm' and kind.task == 'lm'\n"
+              "x = kind != 'mlp'\n")
+    assert kind_name_compares(source) == ["f", "g", "<module>"]
+
+
+def test_the_model_code_and_the_configuration_read_declarations_not_kind_names():
+    """workbench/models/lm.py builds from the kind's `Arch`, the configuration checks a kind by its task:
+    neither compares model.kind with a name (one declared exception, with its reason)."""
+    files = sorted({p for pattern in DECLARED_FILES for p in PKG.glob(pattern)})
+    assert len(files) > 3
+    found = {p.relative_to(PKG).as_posix(): set(where) for p in files if (where := kind_name_compares(p.read_text()))}
+    assert found == {f: names for f, (names, _) in KIND_NAME_RULES.items()}

@@ -13,13 +13,13 @@
 A leaf of the package: nothing here imports anything else of workbench, so every module may import it.
 Which backends exist is the backends' registry's knowledge; a run checks the students' names there.
 """
+from workbench.config.checks import kind_task
 from workbench.config.errors import ConfigError
 from workbench.config.fields import (
-    KINDS,
-    LM_KINDS,
     LM_LOSSES,
     LOSS_IMPLS,
     MLP_LOSSES,
+    REGRESSION_KIND,
     SECTIONS,
     BackendOptions,
     BenchConfig,
@@ -49,8 +49,8 @@ from workbench.config.root import (
 )
 
 __all__ = [
-    "DEFAULT_BACKENDS", "KINDS", "LM_KINDS", "LM_LOSSES", "LOSS_IMPLS", "MLP_LOSSES", "PRESETS", "PRESET_CHOICES",
+    "DEFAULT_BACKENDS", "LM_LOSSES", "LOSS_IMPLS", "MLP_LOSSES", "PRESETS", "PRESET_CHOICES", "REGRESSION_KIND",
     "SECTIONS", "BackendOptions", "BenchConfig", "Config", "ConfigError", "DistillConfig", "LMConfig", "ModelConfig",
     "ParallelConfig", "TrainConfig", "choices", "default_preset_name", "did_you_mean", "field_docs", "flat_field_names",
-    "from_preset", "locate", "parse_set", "preset_help", "type_name",
+    "from_preset", "kind_task", "locate", "parse_set", "preset_help", "type_name",
 ]

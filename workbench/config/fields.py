@@ -12,9 +12,11 @@ import typing
 from dataclasses import dataclass, field, fields
 from typing import Literal
 
-LMKind = Literal["gpt", "llama"]
-"""The decoder-only language-model architectures CausalLM builds (the kinds of that name shipped here); every
-kind but 'mlp' takes the lm section's path."""
+REGRESSION_KIND = "mlp"
+"""The model.kind of the tutorial's MLP: the one kind trained by regression on the teacher's outputs (its losses
+MLPLoss, its model.layout). Every other kind is a causal LM that a file in workbench/models/kinds/ declares, and
+takes the lm section's path; that registry refuses a second regression kind. The configuration is a leaf (it
+cannot ask the registry), so this one name is how its checks tell the two tasks apart (`checks.kind_task`)."""
 MLPLoss = Literal["mse", "cosine", "hidden"]
 """distill.loss of model.kind 'mlp': regressions on the teacher's output."""
 LMLoss = Literal["forward_kl", "reverse_kl", "jsd"]
@@ -270,8 +272,5 @@ def type_name(f: typing.Any) -> str:
     return "str" if t.startswith("Literal[") else t
 
 
-LM_KINDS = typing.get_args(LMKind)
-KINDS = ("mlp", *LM_KINDS)
-"""The model kinds shipped: 'mlp', then the language models; workbench.models.kinds may hold more."""
 MLP_LOSSES, LM_LOSSES = typing.get_args(MLPLoss), typing.get_args(LMLoss)
 LOSS_IMPLS = choices(DistillConfig)["loss_impl"]

@@ -1,51 +1,25 @@
-"""Decoder-only causal language models in plain torch: GPT-style and Llama-style, sizes from `LMShape`.
+"""Decoder-only causal language models in plain torch, built from a kind's declared `Arch` and an `LMShape`.
 
 Built once in plain torch and converted per precision backend (TE, torchao, compile), like the MLP
 students: every layer a backend swaps is a stock module (nn.Linear, nn.LayerNorm, nn.RMSNorm) or the
 attention core `SDPACore`, so a conversion keeps the weights and their names.
 
-    embedding (+ learned positions for gpt) -> L x [x + attn(norm(x)); x + mlp(norm(x))] -> norm -> LM head
+    embedding (+ learned positions) -> L x [x + attn(norm(x)); x + mlp(norm(x))] -> norm -> LM head
 
-gpt:   nn.LayerNorm, tanh-GELU MLP (fc1/fc2), biases, learned absolute positions (GPT-2).
-llama: nn.RMSNorm, SwiGLU MLP (gate/up/down), no biases, rotary embeddings on q and k.
+What each block is made of is the kind's `Arch` (workbench.models.kinds), read field by field here:
+gpt is LayerNorm, tanh-GELU MLP (fc1/fc2), biases, learned absolute positions (GPT-2); llama is RMSNorm,
+SwiGLU MLP (gate/up/down), no biases, rotary embeddings on q and k. A new value of an `Arch` field is one
+block here (a norm in NORMS, an MLP in MLPS, a position scheme in CausalLM / Attention).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workbench.config import LM_KINDS, ConfigError
-
-
-@dataclass(frozen=True)
-class LMShape:
-    """The architecture of one causal LM (teacher or student)."""
-
-    kind: str = "gpt"  # 'gpt' or 'llama'
-    vocab: int = 256
-    hidden: int = 64
-    intermediate: int = 256  # MLP width (SwiGLU: the gate/up width)
-    layers: int = 2
-    heads: int = 4
-    seq_len: int = 64  # the longest sequence: sizes gpt's position table and the attention FLOP term
-    norm_eps: float = 1e-5
-
-    def __post_init__(self):
-        if self.kind not in LM_KINDS:
-            raise ConfigError(f"model kind {self.kind!r} is not allowed; allowed: {list(LM_KINDS)}")
-        if self.hidden % self.heads:
-            raise ConfigError(f"hidden={self.hidden} must be a multiple of heads={self.heads}")
-        if self.kind == "llama" and (self.hidden // self.heads) % 2:
-            raise ConfigError(f"llama's rotary embedding needs an even head size; "
-                              f"hidden/heads={self.hidden // self.heads}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+from workbench.models.kinds import LMShape
 
 
 class SDPACore(nn.Module):
@@ -96,27 +70,29 @@ def rotary(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
 class Attention(nn.Module):
     """Fused qkv projection (one GEMM, one te.Linear when converted) -> [rotary] -> core -> output projection."""
 
-    def __init__(self, shape: LMShape, bias: bool):
+    def __init__(self, shape: LMShape):
         super().__init__()
-        self.heads, self.head_dim, self.rope = shape.heads, shape.head_dim, shape.kind == "llama"
-        self.qkv = nn.Linear(shape.hidden, 3 * shape.hidden, bias=bias)
+        arch = shape.arch
+        self.heads, self.head_dim = shape.heads, shape.head_dim
+        self.rope_theta = arch.rope_theta if arch.positions == "rope" else None
+        self.qkv = nn.Linear(shape.hidden, 3 * shape.hidden, bias=arch.bias)
         self.core = SDPACore(shape.heads, shape.head_dim)
-        self.proj = nn.Linear(shape.hidden, shape.hidden, bias=bias)
+        self.proj = nn.Linear(shape.hidden, shape.hidden, bias=arch.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         q, k, v = self.qkv(x).view(b, s, 3, self.heads, self.head_dim).unbind(2)
-        if self.rope:
-            q, k = rotary(q), rotary(k)
+        if self.rope_theta is not None:
+            q, k = rotary(q, self.rope_theta), rotary(k, self.rope_theta)
         return self.proj(self.core(q, k, v))
 
 
 class GeluMLP(nn.Module):
     """GPT's MLP. tanh GELU: GPT-2's, and te.LayerNormMLP's 'gelu', so a fused TE layout keeps the maths."""
 
-    def __init__(self, hidden: int, ffn: int):
+    def __init__(self, hidden: int, ffn: int, bias: bool):
         super().__init__()
-        self.fc1, self.fc2 = nn.Linear(hidden, ffn), nn.Linear(ffn, hidden)
+        self.fc1, self.fc2 = nn.Linear(hidden, ffn, bias=bias), nn.Linear(ffn, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
@@ -125,28 +101,31 @@ class GeluMLP(nn.Module):
 class SwiGLU(nn.Module):
     """Llama's MLP: down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, hidden: int, ffn: int):
+    def __init__(self, hidden: int, ffn: int, bias: bool):
         super().__init__()
-        self.gate, self.up = nn.Linear(hidden, ffn, bias=False), nn.Linear(hidden, ffn, bias=False)
-        self.down = nn.Linear(ffn, hidden, bias=False)
+        self.gate, self.up = nn.Linear(hidden, ffn, bias=bias), nn.Linear(hidden, ffn, bias=bias)
+        self.down = nn.Linear(ffn, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(F.silu(self.gate(x)) * self.up(x))
 
 
+NORMS = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm}  # Arch.norm -> the module, built (hidden, eps=)
+MLPS = {"gelu": GeluMLP, "swiglu": SwiGLU}  # Arch.mlp -> the module, built (hidden, intermediate, bias)
+
+
 def _norm(shape: LMShape) -> nn.Module:
-    if shape.kind == "llama":
-        return nn.RMSNorm(shape.hidden, eps=shape.norm_eps)
-    return nn.LayerNorm(shape.hidden, eps=shape.norm_eps)
+    return NORMS[shape.arch.norm](shape.hidden, eps=shape.norm_eps)
 
 
 class Block(nn.Module):
+    """One pre-norm block (Arch.residual 'pre_norm', the only form so far)."""
+
     def __init__(self, shape: LMShape):
         super().__init__()
-        gpt = shape.kind == "gpt"
         self.norm1, self.norm2 = _norm(shape), _norm(shape)
-        self.attn = Attention(shape, bias=gpt)
-        self.mlp = (GeluMLP if gpt else SwiGLU)(shape.hidden, shape.intermediate)
+        self.attn = Attention(shape)
+        self.mlp = MLPS[shape.arch.mlp](shape.hidden, shape.intermediate, shape.arch.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm1(x))
@@ -157,14 +136,15 @@ class CausalLM(nn.Module):
     """Token ids [batch, seq] -> next-token logits [batch, seq, vocab] (in the compute dtype: the
     objectives cast to fp32). The LM head is untied: it is a GEMM a backend converts, the embedding a lookup.
 
-    gpt's positions are a learned table (GPT-2's): one lookup, nothing for a backend to convert, and
-    at the small sizes a CPU preset trains, a model with positions learns faster than one without."""
+    Learned positions (gpt's, GPT-2's) are a table: one lookup, nothing for a backend to convert, and at the
+    small sizes a CPU preset trains, a model with positions learns faster than one without."""
 
     def __init__(self, shape: LMShape):
         super().__init__()
         self.shape = shape
         self.embed = nn.Embedding(shape.vocab, shape.hidden)
-        self.pos = nn.Embedding(shape.seq_len, shape.hidden) if shape.kind == "gpt" else None
+        learned = shape.arch.positions == "learned"
+        self.pos = nn.Embedding(shape.seq_len, shape.hidden) if learned else None
         self.blocks = nn.ModuleList(Block(shape) for _ in range(shape.layers))
         self.norm = _norm(shape)
         self.head = nn.Linear(shape.hidden, shape.vocab, bias=False)

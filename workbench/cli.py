@@ -58,6 +58,10 @@ COMMANDS = {
         "workbench.verdict.cli",
         "does FP8 pay for this model? predicted from its config.json (any machine), measured on a GPU",
     ),
+    "verdict-breakdown": (
+        "workbench.verdict.breakdown",
+        "a profiled step's milliseconds by category (GEMMs, attention, loss, casts, ...) beside their floors",
+    ),
     "bench": (
         "workbench.bench.cli",
         "benchmark variants (eager/compile/graphs, layouts) vs measured + datasheet peaks, + profiler cross-check",

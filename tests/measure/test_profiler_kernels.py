@@ -52,4 +52,18 @@ def test_profiled_block_records_the_gap(monkeypatch):
     busy = out["gpu_busy_ms_per_step"]
     assert abs(busy - 0.695) < 1e-9  # 0..1490 us less the 100 us pause at 600..700, over two steps
     assert out["gap_ms_per_step"] == round(1.0 - busy, 4)
-    assert len(out["kernels"]) == 5 and out["kernel_categories_ms_per_step"]["other"] == 0.035  # the unknown and the long-named ones
+    # 'other': the unknown kernel and the two long-named ones
+    assert len(out["kernels"]) == 5 and out["kernel_categories_ms_per_step"]["other"] == 0.035
+    assert "not the same count" in out["step_timeline"]["reason"]  # 7 activities over 2 steps: no boundary
+
+
+def test_step_timeline_keeps_one_step_in_order_and_reads_back():
+    step = [("nvjet_gemm_fwd", 0, 50), ("triton_red_fused_logsumexp_0", 50, 60), ("nvjet_gemm_fwd", 60, 100)]
+    iv = [(n, s + off, e + off) for off in (0, 1000, 2000) for n, s, e in step]
+    b = profiler.breakdown(iv, steps=3)
+    tl = profiler.step_timeline(iv, 3, b["kernels"])
+    assert tl["step"] == 1 and tl["data"].count(":") == 6
+    rows = profiler.timeline({"kernels": b["kernels"], "step_timeline": tl})
+    assert [(r["name"], r["start_us"], r["us"]) for r in rows] == [
+        ("nvjet_gemm_fwd", 0.0, 50.0), ("triton_red_fused_logsumexp_0", 50.0, 10.0), ("nvjet_gemm_fwd", 60.0, 40.0)]
+    assert rows[0]["category"] == "gemm" and profiler.timeline({}) == []

@@ -21,6 +21,8 @@ DETAIL, which goes to the student's own profile file, `profile_path`):
   kernels                  EVERY kernel of the step, the same fields, most expensive first (a kernel no
                            pattern knows is in category "other", by name: nothing is dropped)
   gap_ms_per_step          profiled step - GPU busy: the time the GPU waited between kernels (host, launches)
+  step_timeline            the middle step's activities in time order (`timeline()` reads it): where each
+                           kernel sits, e.g. the LM head's GEMMs next to the loss, which no name tells
 The last four are the evidence for "what limits this step": at `large` they show whether the GEMMs or
 the casts/norms/optimizer take the time.
 On a CPU the profiler still runs (CPU activity only); the GPU figures are None with the reason.
@@ -40,6 +42,8 @@ SUMMARY = ("profiled_step_ms_median", "kernel_ms_per_step", "gpu_busy_ms_per_ste
            "profiler_reason")
 DETAIL = ("kernel_categories_ms_per_step", "top_kernels")  # what crosscheck.json quotes of a row
 # the profile file keeps the whole record: DETAIL, every kernel and the gap (workbench.verdict.breakdown reads it)
+TIMELINE_FORMAT = ("space-separated 'k:start:dur' per GPU activity of one step in start order: k its index in "
+                   "`kernels`, start us from the step's first activity, dur us")
 NAME_CHARS = 160  # a C++ template kernel's name runs to kilobytes; its first 160 characters tell it apart
 
 # First match wins; patterns are lower-case substrings of CUDA kernel names as the profiler reports them
@@ -92,6 +96,35 @@ def breakdown(intervals: list[tuple[str, float, float]], steps: int) -> dict[str
                      "ms_per_step": round(us / 1e3 / steps, 4)}
                     for (n, cat), (c, us) in sorted(every.items(), key=lambda kv: -kv[1][1])],
     }
+
+
+def step_timeline(intervals: list[tuple[str, float, float]], steps: int, kernels: list[dict]) -> dict[str, Any]:
+    """The middle step's activities in start order, compact (~14 characters each: a 1B model's step is ~1,100
+    kernels). Steps are cut by count: a graphed step replays the same kernels every time; where the count does
+    not divide, there is no boundary to cut at and the reason says so. Inside a CUDA graph no record_function /
+    NVTX range reaches the GPU timeline (ranges are recorded at capture, not replay): the position is what
+    tells one GEMM from another there."""
+    iv = sorted(intervals, key=lambda x: x[1])
+    if steps < 1 or not iv or len(iv) % steps:
+        return {"reason": f"{len(iv)} GPU activities over {steps} steps: not the same count each step"}
+    index = {(k["name"], k["category"]): i for i, k in enumerate(kernels)}
+    n, mid = len(iv) // steps, steps // 2
+    one = iv[n * mid: n * (mid + 1)]
+    t0 = one[0][1]
+    data = " ".join(f"{index[(name[:NAME_CHARS], category(name))]}:{s - t0:.0f}:{e - s:.1f}" for name, s, e in one)
+    return {"step": mid, "format": TIMELINE_FORMAT, "data": data}
+
+
+def timeline(record: dict) -> list[dict[str, Any]]:
+    """The profile record's step_timeline as rows {name, category, launches_per_step, start_us, us} ([] where
+    none was kept)."""
+    kernels, data = record.get("kernels") or [], (record.get("step_timeline") or {}).get("data", "")
+    rows = []
+    for item in data.split():
+        k, start, dur = item.split(":")
+        rows.append({**{f: kernels[int(k)][f] for f in ("name", "category", "launches_per_step")},
+                     "start_us": float(start), "us": float(dur)})
+    return rows
 
 
 def _gpu_intervals(prof) -> list[tuple[str, float, float]]:
@@ -153,6 +186,7 @@ def profiled_block(block: Callable[[], Any]) -> dict[str, Any]:
                    kernels_per_step=len(kernels) / steps, **breakdown(iv, steps))
         # what the GPU did not spend running something: host and launch gaps (~0 in a graphed step)
         out["gap_ms_per_step"] = round(max(0.0, t.median - out["gpu_busy_ms_per_step"]), 4)
+        out["step_timeline"] = step_timeline(iv, steps, out["kernels"])
     except Exception as e:  # the cross-check is evidence, not a reason to lose the run
         out["profiler_reason"] = f"{type(e).__name__}: {e}"[:500]
     return out

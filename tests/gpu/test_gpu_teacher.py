@@ -1,15 +1,21 @@
 """GPU checks of the teacher modes and the head-fused loss (scripts/gpu_tests.sh on the H200; skipped without
 CUDA): online and top-k teachers train like the precomputed one on CUDA, eager and inside the whole-step CUDA
 graph; the head-fused loss equals the checkpointed one on CUDA and replays in a CUDA graph."""
+import functools
+
 import pytest
 import torch
 
 from workbench import backends, config
+from workbench.config import DistillConfig
 from workbench.models.lm import HeadFeatures
 from workbench.train import lm_objectives as lo
 from workbench.train import lm_task, loop
 from workbench.train import teacher_targets as tt
 from workbench.train.head_loss import head_fused_loss
+
+# The loss kernels' settings as a distill config, at the defaults these tests were written for (T = 1, no CE)
+D = functools.partial(DistillConfig, loss="forward_kl", temperature=1.0, ce_weight=0.0)
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
@@ -73,9 +79,9 @@ def test_the_head_fused_loss_equals_the_checkpointed_loss_on_cuda(dtype):
     w = (torch.randn(vocab, hidden, device=CUDA) / 10).requires_grad_()
     t = torch.randn(n, vocab, device=CUDA, dtype=dtype)
     y = torch.randint(0, vocab, (n,), device=CUDA)
-    ref = lo.lm_loss(h @ w.to(dtype).t(), t, y, ce_weight=0.5, chunk_tokens=300, impl="checkpointed")
+    ref = lo.lm_loss(h @ w.to(dtype).t(), t, y, D(ce_weight=0.5, loss_chunk_tokens=300, loss_impl="checkpointed"))
     ref_h, ref_w = torch.autograd.grad(ref, (h, w))
-    got = head_fused_loss(HeadFeatures((h, w)), t, y, ce_weight=0.5, chunk_tokens=300)
+    got = head_fused_loss(HeadFeatures((h, w)), t, y, D(ce_weight=0.5, loss_chunk_tokens=300))
     got_h, got_w = torch.autograd.grad(got, (h, w))
     tol = dict(rtol=1e-4, atol=1e-6) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-4)
     torch.testing.assert_close(got, ref, **tol)
@@ -97,7 +103,7 @@ def test_the_compiled_chunk_takes_more_variants_than_dynamos_default_limit():
     for dtype, (with_kd, with_ce), grad_dtype in variants:
         s = torch.randn(64, 256, device=CUDA).to(dtype)
         t = torch.randn(64, 256, device=CUDA).to(dtype)
-        args = (s, t, y, counted, *scalars, with_kd, with_ce, grad_dtype)
+        args = (s, t, y, lo.ChunkScalars(counted, *scalars, with_kd, with_ce, grad_dtype))
         value, grad = fn(*args)
         ref_value, ref_grad = lo._chunk_loss_and_grad(*args)
         assert grad.dtype == grad_dtype
@@ -115,7 +121,7 @@ def test_the_head_fused_loss_replays_in_a_cuda_graph():
 
     def step():
         h.grad = w.grad = None
-        loss = head_fused_loss(HeadFeatures((h, w)), t, y, ce_weight=0.3, chunk_tokens=200)
+        loss = head_fused_loss(HeadFeatures((h, w)), t, y, D(ce_weight=0.3, loss_chunk_tokens=200))
         loss.backward()
         return loss
 
@@ -128,7 +134,7 @@ def test_the_head_fused_loss_replays_in_a_cuda_graph():
     graph = torch.cuda.CUDAGraph()
     h.grad = w.grad = None
     with torch.cuda.graph(graph):
-        loss = head_fused_loss(HeadFeatures((h, w)), t, y, ce_weight=0.3, chunk_tokens=200)
+        loss = head_fused_loss(HeadFeatures((h, w)), t, y, D(ce_weight=0.3, loss_chunk_tokens=200))
         loss.backward()
     with torch.no_grad():
         t.copy_(torch.randn_like(t))

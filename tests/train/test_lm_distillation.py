@@ -1,12 +1,18 @@
 """Text, losses and metrics together on CPU: distilling from a teacher brings a student closer to it than
 training on the text alone, with the same init, batches and steps. The model is a stand-in defined here
 (embedding + linear, a bigram LM), so this checks the objectives and data, not any model of the package."""
+import functools
+
 import torch
 from torch import nn
 
+from workbench.config import DistillConfig
 from workbench.data.text import TextSpec, load_text
 from workbench.train.lm_metrics import LMMetrics
 from workbench.train.lm_objectives import lm_loss
+
+# The loss kernels' settings as a distill config, at the defaults these tests were written for (T = 1, no CE)
+D = functools.partial(DistillConfig, loss="forward_kl", temperature=1.0, ce_weight=0.0)
 
 SEQ, BATCH = 64, 8
 
@@ -22,8 +28,7 @@ def train(model, batches, teacher=None, ce_weight=1.0):
         inputs, next_tokens = b[:, :-1], b[:, 1:]
         with torch.no_grad():
             target = None if teacher is None else teacher(inputs)
-        loss = lm_loss(model(inputs), target, next_tokens, "forward_kl", temperature=1.0, ce_weight=ce_weight,
-                       chunk_tokens=128)
+        loss = lm_loss(model(inputs), target, next_tokens, D(ce_weight=ce_weight, loss_chunk_tokens=128))
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -1,5 +1,6 @@
 """LM distillation losses and held-out metrics against hand-computed values on tiny tensors, and the
 chunking: same loss and gradient as unchunked, one chunk's fp32 maths at a time."""
+import functools
 import math
 import os
 import shutil
@@ -8,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from workbench.config import ConfigError
+from workbench.config import ConfigError, DistillConfig
 from workbench.train import lm_objectives
 from workbench.train.lm_metrics import LMMetrics, lm_metrics
 from workbench.train.lm_objectives import IGNORE_INDEX, hidden_mse, kd_per_token, lm_loss
@@ -16,6 +17,9 @@ from workbench.train.lm_objectives import IGNORE_INDEX, hidden_mse, kd_per_token
 S = torch.tensor([[1.0, 2.0, 0.5], [0.0, -1.0, 3.0]])  # student logits: 2 tokens, vocab 3
 T = torch.tensor([[2.0, 0.0, 1.0], [1.0, 1.0, 1.0]])  # teacher logits
 Y = torch.tensor([1, 2])  # next tokens
+
+# The loss kernels' settings as a distill config, at the defaults these tests were written for (T = 1, no CE)
+D = functools.partial(DistillConfig, loss="forward_kl", temperature=1.0, ce_weight=0.0)
 
 
 def probs(row, temperature=1.0):
@@ -34,13 +38,13 @@ def mean_over_tokens(f):
 def test_forward_kl_is_kl_teacher_student_times_t_squared():
     for temperature in (1.0, 2.0, 0.5):
         want = mean_over_tokens(lambda s, t: kl(probs(t, temperature), probs(s, temperature))) * temperature ** 2
-        got = lm_loss(S, T, Y, "forward_kl", temperature=temperature)
+        got = lm_loss(S, T, Y, D(loss="forward_kl", temperature=temperature))
         assert got.item() == pytest.approx(want, rel=1e-6)
 
 
 def test_reverse_kl_is_kl_student_teacher():
     want = mean_over_tokens(lambda s, t: kl(probs(s, 2.0), probs(t, 2.0))) * 4.0
-    assert lm_loss(S, T, Y, "reverse_kl", temperature=2.0).item() == pytest.approx(want, rel=1e-6)
+    assert lm_loss(S, T, Y, D(loss="reverse_kl", temperature=2.0)).item() == pytest.approx(want, rel=1e-6)
 
 
 def test_generalized_jsd_matches_gkd_definition_and_its_limits():
@@ -51,7 +55,7 @@ def test_generalized_jsd_matches_gkd_definition_and_its_limits():
 
     for beta in (0.1, 0.5, 0.9):
         want = mean_over_tokens(lambda s, t: jsd(s, t, beta))
-        assert lm_loss(S, T, Y, "jsd", beta=beta).item() == pytest.approx(want, rel=1e-6)
+        assert lm_loss(S, T, Y, D(loss="jsd", jsd_beta=beta)).item() == pytest.approx(want, rel=1e-6)
     # beta = 0.5 is symmetric and at most ln 2; equal distributions give 0
     half = kd_per_token(S, T, "jsd", beta=0.5)
     assert torch.allclose(half, kd_per_token(T, S, "jsd", beta=0.5), atol=1e-7)
@@ -68,12 +72,12 @@ def test_generalized_jsd_matches_gkd_definition_and_its_limits():
 
 def test_cross_entropy_is_mixed_in_by_its_weight():
     ce = F.cross_entropy(S, Y)
-    kd = lm_loss(S, T, Y, "forward_kl", temperature=2.0)
-    assert lm_loss(S, None, Y, ce_weight=1.0).item() == pytest.approx(ce.item(), rel=1e-6)  # no-KD: no teacher
-    mixed = lm_loss(S, T, Y, "forward_kl", temperature=2.0, ce_weight=0.3)
+    kd = lm_loss(S, T, Y, D(loss="forward_kl", temperature=2.0))
+    assert lm_loss(S, None, Y, D(ce_weight=1.0)).item() == pytest.approx(ce.item(), rel=1e-6)  # no-KD: no teacher
+    mixed = lm_loss(S, T, Y, D(loss="forward_kl", temperature=2.0, ce_weight=0.3))
     assert mixed.item() == pytest.approx(0.7 * kd.item() + 0.3 * ce.item(), rel=1e-6)
     with pytest.raises(ValueError, match="teacher logits are needed"):
-        lm_loss(S, None, Y, ce_weight=0.5)
+        lm_loss(S, None, Y, D(ce_weight=0.5))
 
 
 def test_ignored_next_tokens_do_not_count():
@@ -81,18 +85,18 @@ def test_ignored_next_tokens_do_not_count():
     t = torch.cat([T, torch.randn(1, 3)]).reshape(1, 3, 3)
     y = torch.tensor([[1, 2, IGNORE_INDEX]])
     for kind in lm_objectives.KINDS:
-        assert lm_loss(s, t, y, kind, ce_weight=0.5).item() == pytest.approx(
-            lm_loss(S, T, Y, kind, ce_weight=0.5).item(), rel=1e-6)
-    assert lm_loss(s, t, torch.full_like(y, IGNORE_INDEX)).item() == 0.0  # all padding: zero, not NaN
+        assert lm_loss(s, t, y, D(loss=kind, ce_weight=0.5)).item() == pytest.approx(
+            lm_loss(S, T, Y, D(loss=kind, ce_weight=0.5)).item(), rel=1e-6)
+    assert lm_loss(s, t, torch.full_like(y, IGNORE_INDEX), D()).item() == 0.0  # all padding: zero, not NaN
 
 
 def test_bf16_logits_give_fp32_maths():
     s16 = torch.randn(4, 8, 64, dtype=torch.bfloat16, requires_grad=True)
     t16 = torch.randn(4, 8, 64, dtype=torch.bfloat16)
     y = torch.randint(0, 64, (4, 8))
-    loss = lm_loss(s16, t16, y, "forward_kl", temperature=2.0, ce_weight=0.5)
+    loss = lm_loss(s16, t16, y, D(loss="forward_kl", temperature=2.0, ce_weight=0.5))
     assert loss.dtype == torch.float32
-    ref = lm_loss(s16.detach().float(), t16.float(), y, "forward_kl", temperature=2.0, ce_weight=0.5)
+    ref = lm_loss(s16.detach().float(), t16.float(), y, D(loss="forward_kl", temperature=2.0, ce_weight=0.5))
     assert loss.item() == pytest.approx(ref.item(), rel=1e-6)  # exactly the fp32 maths on the bf16 values
     loss.backward()
     assert s16.grad.dtype == torch.bfloat16 and torch.isfinite(s16.grad.float()).all()
@@ -105,14 +109,14 @@ def test_chunked_loss_and_gradient_equal_unchunked_and_chunks_are_bounded(kind, 
     t = torch.randn(3, 7, 50)
     y = torch.randint(0, 50, (3, 7))
     y[0, :2] = IGNORE_INDEX
-    kw = dict(temperature=1.5, ce_weight=0.4, beta=0.3, impl="checkpointed")  # 'auto' fuses forward_kl
-    whole = lm_loss(s, t, y, kind, chunk_tokens=10_000, **kw)
+    kw = dict(loss=kind, temperature=1.5, ce_weight=0.4, jsd_beta=0.3, loss_impl="checkpointed")  # 'auto' fuses
+    whole = lm_loss(s, t, y, D(loss_chunk_tokens=10_000, **kw))
     (g_whole,) = torch.autograd.grad(whole, s)
 
     rows = []
     real = lm_objectives._chunk_sums
     monkeypatch.setattr(lm_objectives, "_chunk_sums", lambda st, *a: rows.append(st.shape[0]) or real(st, *a))
-    chunked = lm_loss(s, t, y, kind, chunk_tokens=4, **kw)
+    chunked = lm_loss(s, t, y, D(loss_chunk_tokens=4, **kw))
     assert rows == [4, 4, 4, 4, 4, 1]  # the forward saw 4 tokens at a time
     (g_chunked,) = torch.autograd.grad(chunked, s)
     assert sorted(rows[6:]) == [1, 4, 4, 4, 4, 4]  # the backward recomputed each chunk alone (checkpoint)
@@ -129,7 +133,7 @@ def test_the_backward_keeps_no_fp32_copy_of_the_logits(kind):
     y = torch.randint(0, 1000, (64,))
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda x: saved.append(x) or x, lambda x: x):
-        loss = lm_loss(s, t, y, kind, ce_weight=0.5, chunk_tokens=16, impl="checkpointed")
+        loss = lm_loss(s, t, y, D(loss=kind, ce_weight=0.5, loss_chunk_tokens=16, loss_impl="checkpointed"))
     inputs = {s.untyped_storage().data_ptr(), t.untyped_storage().data_ptr(), y.untyped_storage().data_ptr()}
     big = [x for x in saved if x.numel() > 1]
     assert big and all(x.untyped_storage().data_ptr() in inputs for x in big)
@@ -138,25 +142,23 @@ def test_the_backward_keeps_no_fp32_copy_of_the_logits(kind):
     assert s.grad.shape == s.shape
 
 
-def test_hidden_state_mse_is_an_optional_term():
+def test_hidden_state_mse_is_the_mean_over_layers():
     hs, ht = [torch.ones(2, 4), torch.zeros(2, 4)], [torch.zeros(2, 4), torch.zeros(2, 4)]
     assert hidden_mse(hs, ht).item() == pytest.approx(0.5)
-    base = lm_loss(S, T, Y)
-    assert lm_loss(S, T, Y, hidden_weight=0.2, hidden=(hs, ht)).item() == pytest.approx(base.item() + 0.1, rel=1e-6)
     with pytest.raises(ValueError, match="hidden state 0"):
         hidden_mse([torch.ones(2, 4)], [torch.ones(2, 8)])
 
 
 @pytest.mark.parametrize("bad, match", [
-    (dict(kind="kl"), "distillation loss 'kl' is not one of forward_kl, reverse_kl, jsd"),
+    (dict(loss="kl"), "distillation loss 'kl' is not one of forward_kl, reverse_kl, jsd"),
     (dict(temperature=0.0), "temperature 0.0 must be > 0"),
     (dict(ce_weight=1.5), "ce_weight 1.5 must be in"),
-    (dict(beta=-0.1), "beta -0.1 must be in"),
-    (dict(chunk_tokens=0), "chunk_tokens 0 must be"),
+    (dict(jsd_beta=-0.1), "beta -0.1 must be in"),
+    (dict(loss_chunk_tokens=0), "chunk_tokens 0 must be"),
 ])
 def test_bad_options_are_one_line_config_errors(bad, match):
     with pytest.raises(ConfigError, match=match):
-        lm_loss(S, T, Y, **bad)
+        lm_loss(S, T, Y, D(**bad))
 
 
 def test_metrics_by_hand():
@@ -202,9 +204,10 @@ def test_the_fused_loss_and_gradient_equal_the_checkpointed_ones(temperature, ce
     y = torch.randint(0, 50, (3, 7))
     y[0, :3] = IGNORE_INDEX
     teacher = None if ce_weight == 1.0 else t
-    ref = lm_loss(s, teacher, y, temperature=temperature, ce_weight=ce_weight, chunk_tokens=4, impl="checkpointed")
+    kw = dict(temperature=temperature, ce_weight=ce_weight, loss_chunk_tokens=4)
+    ref = lm_loss(s, teacher, y, D(loss_impl="checkpointed", **kw))
     (g_ref,) = torch.autograd.grad(ref, s)
-    got = lm_loss(s, teacher, y, temperature=temperature, ce_weight=ce_weight, chunk_tokens=4, impl="fused")
+    got = lm_loss(s, teacher, y, D(loss_impl="fused", **kw))
     (g_got,) = torch.autograd.grad(got * 3.0, s)  # the backward scales the stored gradient by grad_output
     assert got.item() == pytest.approx(ref.item(), rel=1e-6)
     # atol: the gradient's entries are up to ~0.05 here and are differences of probabilities of up to ~0.5,
@@ -218,7 +221,7 @@ def test_the_fused_loss_keeps_one_gradient_in_the_logits_dtype_and_no_fp32_copy(
     s = torch.randn(64, 1000, dtype=torch.bfloat16, requires_grad=True)
     t = torch.randn(64, 1000, dtype=torch.bfloat16)
     y = torch.randint(0, 1000, (64,))
-    loss = lm_loss(s, t, y, ce_weight=0.5, chunk_tokens=16, impl="fused")
+    loss = lm_loss(s, t, y, D(ce_weight=0.5, loss_chunk_tokens=16, loss_impl="fused"))
     (kept,) = loss.grad_fn.saved_tensors
     assert kept.dtype == torch.bfloat16 and kept.shape == (64, 1000)
     loss.backward()
@@ -228,16 +231,16 @@ def test_the_fused_loss_keeps_one_gradient_in_the_logits_dtype_and_no_fp32_copy(
 def test_all_padding_gives_zero_loss_and_gradient_when_fused():
     s = torch.randn(4, 10, requires_grad=True)
     y = torch.full((4,), IGNORE_INDEX)
-    loss = lm_loss(s, torch.randn(4, 10), y, ce_weight=0.5, impl="fused")
+    loss = lm_loss(s, torch.randn(4, 10), y, D(ce_weight=0.5, loss_impl="fused"))
     loss.backward()
     assert loss.item() == 0.0 and not s.grad.any()
 
 
 def test_the_fused_loss_is_forward_kl_only_and_says_so():
     with pytest.raises(ConfigError, match="distill.loss_impl='fused' computes forward_kl only, not 'jsd'"):
-        lm_loss(S, T, Y, "jsd", impl="fused")
+        lm_loss(S, T, Y, D(loss="jsd", loss_impl="fused"))
     with pytest.raises(ConfigError, match="distill.loss_impl 'triton' is not one of auto, checkpointed, fused"):
-        lm_loss(S, T, Y, impl="triton")
+        lm_loss(S, T, Y, D(loss_impl="triton"))
 
 
 @pytest.mark.parametrize(
@@ -248,7 +251,7 @@ def test_auto_fuses_forward_kl_and_checkpoints_the_rest(kind, ran, monkeypatch):
     monkeypatch.setattr(lm_objectives._FusedForwardKL, "apply", lambda *a: calls.append("fused") or S.sum() * 0)
     monkeypatch.setattr(lm_objectives, "checkpoint", lambda f, *a, **k: calls.append("checkpointed") or f(*a))
     s = S.clone().requires_grad_(True)
-    lm_loss(s, T, Y, kind, ce_weight=0.5)  # impl defaults to 'auto'
+    lm_loss(s, T, Y, D(loss=kind, ce_weight=0.5))  # impl defaults to 'auto'
     assert set(calls) == {ran} and lm_objectives.resolve_impl(kind, "auto") == ran
 
 
@@ -283,8 +286,9 @@ def test_the_compiled_chunk_is_one_graph_and_equals_the_eager_one():
     cases += [(1.0 + i / 10, 0.5, 0.5, True, True) for i in range(10)]
     for rows in (21, 21, 13):
         for temperature, kd_w, ce_w, with_kd, with_ce in cases[:3] if rows == 21 else cases:
-            args = (s[:rows], t[:rows], y[:rows], counted, *map(torch.tensor, (temperature, kd_w, ce_w)), with_kd,
-                    with_ce, torch.bfloat16)
+            scalars = lm_objectives.ChunkScalars(counted, *map(torch.tensor, (temperature, kd_w, ce_w)), with_kd,
+                                                 with_ce, torch.bfloat16)
+            args = (s[:rows], t[:rows], y[:rows], scalars)
             eager, compiled = lm_objectives._chunk_loss_and_grad(*args), fn(*args)
             assert compiled[0].item() == pytest.approx(eager[0].item(), rel=1e-5)
             assert compiled[1].dtype == torch.bfloat16
@@ -298,10 +302,10 @@ def test_fp16_logits_keep_an_fp32_gradient_so_the_grad_scaler_can_scale_it():
     s = (torch.randn(2048, 512) * 3).to(torch.float16).requires_grad_()
     t = (torch.randn(2048, 512) * 3).to(torch.float16)
     y = torch.randint(0, 512, (2048,))
-    loss = lm_loss(s, t, y, temperature=2.0, ce_weight=0.5, impl="fused")
+    loss = lm_loss(s, t, y, D(temperature=2.0, ce_weight=0.5, loss_impl="fused"))
     (loss * 65536.0).backward()
     ref = s.detach().float().requires_grad_()
-    (lm_loss(ref, t.float(), y, temperature=2.0, ce_weight=0.5, impl="checkpointed") * 65536.0).backward()
+    (lm_loss(ref, t.float(), y, D(temperature=2.0, ce_weight=0.5, loss_impl="checkpointed")) * 65536.0).backward()
     assert torch.isfinite(s.grad).all()
     assert (s.grad != 0).float().mean() > 0.99
     assert torch.allclose(s.grad.float(), ref.grad, rtol=1e-2, atol=1e-3)
@@ -309,10 +313,10 @@ def test_fp16_logits_keep_an_fp32_gradient_so_the_grad_scaler_can_scale_it():
 
 def test_the_fused_backward_runs_once_and_the_teacher_gets_no_gradient():
     s = torch.randn(4, 10, requires_grad=True)
-    loss = lm_loss(s, torch.randn(4, 10), torch.randint(0, 10, (4,)), impl="fused")
+    loss = lm_loss(s, torch.randn(4, 10), torch.randint(0, 10, (4,)), D(loss_impl="fused"))
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="runs once"):
         loss.backward()
     with pytest.raises(ValueError, match="detach them"):
         lm_objectives._FusedForwardKL.apply(s, torch.randn(4, 10, requires_grad=True), torch.zeros(4, dtype=torch.long),
-                                            1.0, 1.0, 0.0, 4)
+                                            D(loss_chunk_tokens=4))

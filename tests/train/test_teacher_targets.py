@@ -1,5 +1,6 @@
 """Teacher targets whose memory does not grow with the run's length (distill.teacher_mode) and the
 head-fused loss (distill.loss_impl=fused_head), on a CPU."""
+import functools
 import os
 import signal
 import subprocess
@@ -13,13 +14,16 @@ import pytest
 import torch
 
 from workbench import backends, config
-from workbench.config import ConfigError
+from workbench.config import ConfigError, DistillConfig
 from workbench.models import CausalLM, LMShape
 from workbench.models.lm import HeadFeatures
 from workbench.train import lm_objectives as lo
 from workbench.train import lm_task, loop
 from workbench.train import teacher_targets as tt
 from workbench.train.head_loss import head_fused_loss
+
+# The loss kernels' settings as a distill config, at the defaults these tests were written for (T = 1, no CE)
+D = functools.partial(DistillConfig, loss="forward_kl", temperature=1.0, ce_weight=0.0)
 
 CPU = torch.device("cpu")
 
@@ -41,7 +45,8 @@ def three_modes(tmp_path_factory):
         cfg = tiny(teacher_mode=mode).validate()
         task = lm_task.LMTask(cfg, CPU, None, cache)
         data = task.make_data()
-        metrics, losses = loop.run_student(backends.make("torch_fp32"), cfg, task, data, CPU)
+        student = loop.prepare(backends.make("torch_fp32"), cfg, task, CPU)
+        metrics, losses = loop.run_student(student, cfg, task, data, CPU)
         out[mode] = task, data, metrics, losses
     return out
 
@@ -327,17 +332,16 @@ def test_the_head_fused_loss_equals_the_checkpointed_loss_and_its_gradients(ce_w
     w = (torch.randn(96, 24) / 5).requires_grad_()
     t, y = torch.randn(3, 17, 96), torch.randint(0, 96, (3, 17))
     y[0, :5] = lo.IGNORE_INDEX
-    ref = lo.lm_loss(h @ w.t(), t, y, temperature=2.0, ce_weight=ce_weight, chunk_tokens=10, impl="checkpointed")
+    d = D(temperature=2.0, ce_weight=ce_weight, loss_chunk_tokens=10)
+    ref = lo.lm_loss(h @ w.t(), t, y, D(**{**vars(d), "loss_impl": "checkpointed"}))
     ref_h, ref_w = torch.autograd.grad(ref, (h, w))
-    got = head_fused_loss(HeadFeatures((h, w)), None if ce_weight == 1 else t, y, temperature=2.0,
-                          ce_weight=ce_weight, chunk_tokens=10)
+    got = head_fused_loss(HeadFeatures((h, w)), None if ce_weight == 1 else t, y, d)
     got_h, got_w = torch.autograd.grad(got, (h, w))
     torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(got_h, ref_h, rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(got_w, ref_w, rtol=1e-5, atol=1e-7)
     with torch.no_grad():  # evaluation: the same loss, no gradients kept
-        assert float(head_fused_loss(HeadFeatures((h, w)), t, y, temperature=2.0, ce_weight=ce_weight,
-                                     chunk_tokens=10)) == pytest.approx(float(ref), rel=1e-6)
+        assert float(head_fused_loss(HeadFeatures((h, w)), t, y, d)) == pytest.approx(float(ref), rel=1e-6)
 
 
 def test_a_student_trained_with_the_head_fused_loss_matches_the_checkpointed_one():
@@ -350,8 +354,8 @@ def test_a_student_trained_with_the_head_fused_loss_matches_the_checkpointed_one
     tokens, y, t = torch.randint(0, 64, (2, 8)), torch.randint(0, 64, (2, 8)), torch.randn(2, 8, 64)
     features = a(tokens, features=True)
     torch.testing.assert_close(features.logits(), b(tokens))
-    head_fused_loss(features, t, y, ce_weight=0.5, chunk_tokens=5).backward()
-    lo.lm_loss(b(tokens), t, y, ce_weight=0.5, chunk_tokens=5, impl="checkpointed").backward()
+    head_fused_loss(features, t, y, D(ce_weight=0.5, loss_chunk_tokens=5)).backward()
+    lo.lm_loss(b(tokens), t, y, D(ce_weight=0.5, loss_chunk_tokens=5, loss_impl="checkpointed")).backward()
     for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
         torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-5, atol=1e-7, msg=name)
 
@@ -361,7 +365,8 @@ def test_a_run_with_the_head_fused_loss_trains_like_the_fused_one(tmp_path):
     for impl in ("fused", "fused_head"):
         cfg = tiny(loss_impl=impl).validate()
         task = lm_task.LMTask(cfg, CPU, None, tmp_path)
-        metrics, losses = loop.run_student(backends.make("torch_fp32"), cfg, task, task.make_data(), CPU)
+        student = loop.prepare(backends.make("torch_fp32"), cfg, task, CPU)
+        metrics, losses = loop.run_student(student, cfg, task, task.make_data(), CPU)
         runs[impl] = losses, task.cells()["loss_impl"]
     np.testing.assert_allclose(runs["fused_head"][0], runs["fused"][0], rtol=1e-5)
     assert runs["fused_head"][1] == "fused_head"

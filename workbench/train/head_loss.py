@@ -21,27 +21,28 @@ import functools
 
 import torch
 
+from workbench.config import DistillConfig
 from workbench.models.lm import HeadFeatures
-from workbench.train.lm_objectives import IGNORE_INDEX, _chunk_fn
+from workbench.train.lm_objectives import IGNORE_INDEX, _chunk_fn, chunk_scalars
 
 
-def _chunks(h, w, t, y, temperature: float, kd_w: float, ce_w: float, chunk_tokens: int, with_grad: bool):
+def _chunks(h, w, t, y, d: DistillConfig, with_grad: bool):
     """(loss, grad_h, grad_w) over every chunk; the gradients are None without `with_grad`."""
     counted = (y != IGNORE_INDEX).sum().clamp(min=1).to(torch.float32)  # stays on the device: no sync
-    scalars = [torch.full((), v, dtype=torch.float32, device=h.device) for v in (temperature, kd_w, ce_w)]
+    c = chunk_scalars(d, counted, h.dtype)
     fn = _chunk_fn(h.device)
     wc = w.to(h.dtype)  # the head GEMM's operand, cast once (bf16 under autocast)
     grad_h = torch.empty_like(h) if with_grad else None
     grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if with_grad else None
     loss = h.new_zeros((), dtype=torch.float32)
-    for start in range(0, h.shape[0], chunk_tokens):
-        part = slice(start, start + chunk_tokens)
+    for start in range(0, h.shape[0], d.loss_chunk_tokens):
+        part = slice(start, start + d.loss_chunk_tokens)
         hc = h[part]
         # the chunk's logits stay in h's dtype: the compiled chunk upcasts them inside its kernels, so no fp32
         # [chunk, vocab] copy is written, and its gradient comes back in that dtype for the two GEMMs below
         s = hc @ wc.t()
         tc = s if t is None else t[part]  # without a KD term (kd_w == 0) the teacher is never read
-        value, g = fn(s, tc, y[part], counted, *scalars, kd_w > 0, ce_w > 0, h.dtype)
+        value, g = fn(s, tc, y[part], c)
         if with_grad:
             torch.mm(g, wc, out=grad_h[part])
             _accumulate_weight_grad(grad_w, g, hc)
@@ -82,10 +83,10 @@ class _HeadFusedForwardKL(torch.autograd.Function):
     """forward_kl + CE of logits h @ W^T with the gradients wrt h and W computed in the forward."""
 
     @staticmethod
-    def forward(ctx, h, w, t, y, temperature: float, kd_w: float, ce_w: float, chunk_tokens: int):
+    def forward(ctx, h, w, t, y, d: DistillConfig):
         if t is not None and t.requires_grad:
             raise ValueError("the head-fused loss gives no gradient to the teacher's logits; detach them")
-        loss, grad_h, grad_w = _chunks(h, w, t, y, temperature, kd_w, ce_w, chunk_tokens, with_grad=True)
+        loss, grad_h, grad_w = _chunks(h, w, t, y, d, with_grad=True)
         ctx.save_for_backward(grad_h, grad_w)
         ctx.w_dtype, ctx.done = w.dtype, False
         return loss
@@ -98,19 +99,19 @@ class _HeadFusedForwardKL(torch.autograd.Function):
         grad_h, grad_w = ctx.saved_tensors
         grad_h.mul_(grad_out.to(grad_h.dtype))
         grad_w.mul_(grad_out)
-        return grad_h, grad_w.to(ctx.w_dtype), None, None, None, None, None, None
+        return grad_h, grad_w.to(ctx.w_dtype), None, None, None
 
 
 def head_fused_loss(features: HeadFeatures, teacher_logits: torch.Tensor | None, next_tokens: torch.Tensor,
-                    temperature: float = 1.0, ce_weight: float = 0.0, chunk_tokens: int = 4096) -> torch.Tensor:
-    """Scalar fp32 (1 - ce_weight) * forward_kl(T) + ce_weight * CE of the logits features.hidden @ W^T, as
-    lm_objectives.lm_loss computes it from logits. `teacher_logits` [..., vocab] may be None only when
-    ce_weight == 1. Without a backward to come (no_grad, or nothing requiring grad) the same chunks run
-    without their gradients."""
+                    d: DistillConfig) -> torch.Tensor:
+    """Scalar fp32 (1 - d.ce_weight) * forward_kl(d.temperature) + d.ce_weight * CE of the logits
+    features.hidden @ W^T, in chunks of d.loss_chunk_tokens, as lm_objectives.lm_loss computes it from logits
+    (d.loss and d.loss_impl are not read: this is the forward_kl of loss_impl=fused_head). `teacher_logits`
+    [..., vocab] may be None only when d.ce_weight == 1. Without a backward to come (no_grad, or nothing
+    requiring grad) the same chunks run without their gradients."""
     h, w = features
     vocab = w.shape[0]
-    kd_w = 1.0 - ce_weight
-    if kd_w > 0 and teacher_logits is None:
+    if 1.0 - d.ce_weight > 0 and teacher_logits is None:
         raise ValueError("teacher logits are needed unless ce_weight == 1 (the student without distillation)")
     if h.shape[:-1] != next_tokens.shape or h.shape[-1] != w.shape[1]:
         raise ValueError(f"hidden states {tuple(h.shape)}, head weight {tuple(w.shape)} and next tokens "
@@ -121,6 +122,6 @@ def head_fused_loss(features: HeadFeatures, teacher_logits: torch.Tensor | None,
                          f"next tokens {tuple(next_tokens.shape)}")
     h2, y = h.reshape(-1, h.shape[-1]), next_tokens.reshape(-1)
     if torch.is_grad_enabled() and (h2.requires_grad or w.requires_grad):
-        return _HeadFusedForwardKL.apply(h2, w, t, y, float(temperature), kd_w, float(ce_weight), chunk_tokens)
+        return _HeadFusedForwardKL.apply(h2, w, t, y, d)
     with torch.no_grad():
-        return _chunks(h2, w, t, y, float(temperature), kd_w, float(ce_weight), chunk_tokens, with_grad=False)[0]
+        return _chunks(h2, w, t, y, d, with_grad=False)[0]

@@ -16,8 +16,10 @@ Losses (per token, averaged over the counted tokens, i.e. those whose next token
                beta=0.5 is the symmetric JSD; beta=0 and beta=1 are taken as forward and reverse KL (JSD/beta
                and JSD/(1-beta) tend to them), as TRL does, since the formula itself vanishes there
 and cross-entropy of the student on the text's next tokens (T = 1) mixed in:
-  loss = (1 - ce_weight) * KD + ce_weight * CE  [+ hidden_weight * hidden-state MSE]
-ce_weight = 1 is the student without distillation (teacher logits are then not needed).
+  loss = (1 - ce_weight) * KD + ce_weight * CE
+ce_weight = 1 is the student without distillation (teacher logits are then not needed). Every loss takes its
+settings as the run's distill config (`cfg.distill`: loss, temperature, ce_weight, jsd_beta,
+loss_chunk_tokens, loss_impl), so a new setting is one field, not a parameter threaded through each kernel.
 
 Two implementations of forward_kl + CE (distill.loss_impl; 'auto', the default, is fused for forward_kl and
 checkpointed for the other losses):
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -47,8 +50,8 @@ from torch.utils.checkpoint import checkpoint
 
 from workbench.config import LM_LOSSES as KINDS
 from workbench.config import LOSS_IMPLS as IMPLS
-from workbench.config import ConfigError
-from workbench.train.objectives import mse
+from workbench.config import ConfigError, DistillConfig
+from workbench.train.objectives import Targets, mse
 
 IGNORE_INDEX = -100  # torch's cross_entropy default: next tokens to leave out (padding)
 DEFAULT_CHUNK_TOKENS = 4096  # 4096 x 128k vocab x 4 B = 2 GB per fp32 copy: bounded, and large enough to be fast
@@ -92,54 +95,79 @@ def topk_kd_per_token(student: torch.Tensor, values: torch.Tensor, indices: torc
     return divergence(s_buckets, t_buckets, kind, beta) * temperature ** 2
 
 
-def _topk_chunk_sums(student, values, indices, rest_lse, next_tokens, kind, temperature, beta, kd_w, ce_w):
+def _topk_chunk_sums(student, values, indices, rest_lse, next_tokens, d: DistillConfig):
     """(KD sum, CE sum) of one chunk against top-k teacher targets, fp32; checkpoint's unit, as _chunk_sums."""
     s = student.float()
     keep = next_tokens != IGNORE_INDEX
     zero = s.new_zeros(())
-    kd = zero if kd_w == 0 else (topk_kd_per_token(s, values, indices, rest_lse, kind, temperature, beta) * keep).sum()
-    ce = zero if ce_w == 0 else F.cross_entropy(s, next_tokens, ignore_index=IGNORE_INDEX, reduction="sum")
+    kd = zero if d.ce_weight == 1 else (topk_kd_per_token(s, values, indices, rest_lse, d.loss, d.temperature,
+                                                          d.jsd_beta) * keep).sum()
+    ce = zero if d.ce_weight == 0 else F.cross_entropy(s, next_tokens, ignore_index=IGNORE_INDEX, reduction="sum")
     return torch.stack([kd, ce])
 
 
-def topk_lm_loss(student_logits: torch.Tensor, values: torch.Tensor, indices: torch.Tensor, rest_lse: torch.Tensor,
-                 next_tokens: torch.Tensor, kind: str = "forward_kl", temperature: float = 1.0, ce_weight: float = 0.0,
-                 beta: float = 0.5, chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
-    """lm_loss against the teacher's top-k targets (distill.teacher_mode=topk): (1 - ce_weight) * KD over the
-    k + 1 buckets + ce_weight * CE, chunked and checkpointed like lm_loss's checkpointed path. `rest_lse` must
-    be at the same temperature (the store is keyed by it)."""
-    check_options(kind, temperature, ce_weight, beta, chunk_tokens, "checkpointed")
+def topk_lm_loss(student_logits: torch.Tensor, targets: Targets, d: DistillConfig) -> torch.Tensor:
+    """lm_loss against the teacher's top-k targets (distill.teacher_mode=topk: `targets.out` the k values,
+    `targets.indices`, `targets.rest_lse`): (1 - ce_weight) * KD over the k + 1 buckets + ce_weight * CE,
+    chunked and checkpointed like lm_loss's checkpointed path, whatever d.loss_impl says. `rest_lse` must be at
+    the same temperature (the store is keyed by it)."""
+    check_options(d, impl="checkpointed")
+    values, indices, rest_lse, next_tokens = targets.out, targets.indices, targets.rest_lse, targets.next_tokens
     vocab, k = student_logits.shape[-1], values.shape[-1]
     if values.shape != indices.shape or values.shape[:-1] != student_logits.shape[:-1] or k > vocab:
         raise ValueError(f"top-k targets {tuple(values.shape)} / {tuple(indices.shape)} do not fit student logits "
                          f"{tuple(student_logits.shape)}")
     s, y = student_logits.reshape(-1, vocab), next_tokens.reshape(-1)
     v, i, r = values.detach().reshape(-1, k), indices.reshape(-1, k), rest_lse.detach().reshape(-1)
-    kd_w = 1.0 - ce_weight
+    kd_w = 1.0 - d.ce_weight
     recompute = torch.is_grad_enabled() and s.requires_grad
     sums = s.new_zeros(2, dtype=torch.float32)
-    for parts in zip(*(x.split(chunk_tokens) for x in (s, v, i, r, y))):
-        args = (*parts, kind, temperature, beta, kd_w, ce_weight)
-        sums = sums + (checkpoint(_topk_chunk_sums, *args, use_reentrant=False) if recompute
-                       else _topk_chunk_sums(*args))
+    for parts in zip(*(x.split(d.loss_chunk_tokens) for x in (s, v, i, r, y))):
+        sums = sums + (checkpoint(_topk_chunk_sums, *parts, d, use_reentrant=False) if recompute
+                       else _topk_chunk_sums(*parts, d))
     counted = (y != IGNORE_INDEX).sum().clamp(min=1)
-    return (kd_w * sums[0] + ce_weight * sums[1]) / counted
+    return (kd_w * sums[0] + d.ce_weight * sums[1]) / counted
 
 
-def _chunk_sums(student, teacher, next_tokens, kind, temperature, beta, kd_w, ce_w):
+def _chunk_sums(student, teacher, next_tokens, d: DistillConfig):
     """(KD sum, CE sum) over one chunk's counted tokens, in fp32. The unit that checkpoint recomputes."""
     s = student.float()
     keep = next_tokens != IGNORE_INDEX
     zero = s.new_zeros(())
-    kd = zero if kd_w == 0 else (kd_per_token(s, teacher.float(), kind, temperature, beta) * keep).sum()
-    ce = zero if ce_w == 0 else F.cross_entropy(s, next_tokens, ignore_index=IGNORE_INDEX, reduction="sum")
+    kd = zero if d.ce_weight == 1 else (kd_per_token(s, teacher.float(), d.loss, d.temperature, d.jsd_beta)
+                                        * keep).sum()
+    ce = zero if d.ce_weight == 0 else F.cross_entropy(s, next_tokens, ignore_index=IGNORE_INDEX, reduction="sum")
     return torch.stack([kd, ce])
 
 
-def _chunk_stats(s, t, y, counted, temperature, kd_w, ce_w, with_kd: bool, with_ce: bool):
+class ChunkScalars(NamedTuple):
+    """What the fused chunk's maths takes besides its tensors s, t, y. The token count and the weights are 0-dim
+    fp32 tensors on the device, so a new value is no new compiled graph; with_kd / with_ce leave out a term
+    whose weight is 0 (the no-KD student reads no teacher logits); grad_dtype is the kept gradient's."""
+
+    counted: torch.Tensor
+    temperature: torch.Tensor
+    kd_w: torch.Tensor
+    ce_w: torch.Tensor
+    with_kd: bool
+    with_ce: bool
+    grad_dtype: torch.dtype
+
+
+def chunk_scalars(d: DistillConfig, counted: torch.Tensor, grad_dtype: torch.dtype) -> ChunkScalars:
+    """The fused chunk's scalars for the distill config `d`, on the device of `counted` (filled there, not
+    copied from the host: a host-to-device copy is illegal inside a CUDA graph capture)."""
+    kd_w, ce_w = 1.0 - d.ce_weight, float(d.ce_weight)
+    weights = (torch.full((), v, dtype=torch.float32, device=counted.device)
+               for v in (float(d.temperature), kd_w, ce_w))
+    return ChunkScalars(counted, *weights, kd_w > 0, ce_w > 0, grad_dtype)
+
+
+def _chunk_stats(s, t, y, c: ChunkScalars):
     """Stage 1 of a chunk, reductions only: (the chunk's kd_w * KD sum + ce_w * CE sum over `counted`, the
     per-token log-sum-exps [student at T, teacher at T, student at 1] that stage 2 needs). KL(p_t || p_s) of
     a token is sum_v p_t (t/T - s/T) - lse_t + lse_s, so no [chunk, vocab] tensor is needed here."""
+    counted, temperature, kd_w, ce_w, with_kd, with_ce, _ = c
     s32 = s.float()
     keep = (y != IGNORE_INDEX).to(torch.float32)
     total, zero = s32.new_zeros(()), s32.new_zeros(s32.shape[:-1] + (1,))
@@ -156,10 +184,11 @@ def _chunk_stats(s, t, y, counted, temperature, kd_w, ce_w, with_kd: bool, with_
     return total / counted, torch.cat([lse_st, lse_tt, lse_s], dim=-1)
 
 
-def _chunk_grad(s, t, y, counted, lse, temperature, kd_w, ce_w, with_kd: bool, with_ce: bool, grad_dtype):
+def _chunk_grad(s, t, y, lse, c: ChunkScalars):
     """Stage 2 of a chunk, elementwise only: d(loss)/ds = (kd_w * T * (softmax(s/T) - softmax(t/T)) +
     ce_w * (softmax(s) - onehot(y))) * keep / counted, from stage 1's log-sum-exps; the one-hot is a
     comparison with the column index, so nothing but the gradient itself is written."""
+    counted, temperature, kd_w, ce_w, with_kd, with_ce, grad_dtype = c
     s32 = s.float()
     keep = (y != IGNORE_INDEX).to(torch.float32).unsqueeze(-1)
     grad = s32.new_zeros(())
@@ -172,20 +201,17 @@ def _chunk_grad(s, t, y, counted, lse, temperature, kd_w, ce_w, with_kd: bool, w
     return (grad * keep / counted).to(grad_dtype)
 
 
-def _chunk_loss_and_grad(s, t, y, counted, temperature, kd_w, ce_w, with_kd: bool, with_ce: bool, grad_dtype,
-                         stages=(_chunk_stats, _chunk_grad)):
-    """(kd_w * KD sum + ce_w * CE sum, d(loss)/ds in `grad_dtype`) of one chunk of forward_kl + CE, where
+def _chunk_loss_and_grad(s, t, y, c: ChunkScalars, stages=(_chunk_stats, _chunk_grad)):
+    """(kd_w * KD sum + ce_w * CE sum, d(loss)/ds in `c.grad_dtype`) of one chunk of forward_kl + CE, where
     loss = that sum / counted. No autograd: the gradient is written out (see the module's docstring).
-    temperature, kd_w, ce_w are 0-dim tensors, so a new value is no new compiled graph; with_kd / with_ce
-    leave out a term whose weight is 0 (the no-KD student reads no teacher logits).
 
     Two stages, compiled apart on CUDA (`stages`): as one graph, inductor wrote an fp32 and a bf16 [chunk,
     vocab] buffer besides the gradient (751 MiB at 1,024 tokens and vocab 128256, measured on the H200: the
     largest part of the head-fused loss's memory); split at the log-sum-exps, stage 1 is reductions over
     the inputs and stage 2 elementwise, and neither has a [chunk, vocab] intermediate to keep."""
     stats, grad = stages
-    value, lse = stats(s, t, y, counted, temperature, kd_w, ce_w, with_kd, with_ce)
-    return value, grad(s, t, y, counted, lse, temperature, kd_w, ce_w, with_kd, with_ce, grad_dtype)
+    value, lse = stats(s, t, y, c)
+    return value, grad(s, t, y, lse, c)
 
 
 _COMPILED: dict[str, object] = {}
@@ -222,18 +248,17 @@ class _FusedForwardKL(torch.autograd.Function):
     backward scales it in place, so it runs once (no retain_graph)."""
 
     @staticmethod
-    def forward(ctx, s, t, y, temperature: float, kd_w: float, ce_w: float, chunk_tokens: int):
+    def forward(ctx, s, t, y, d: DistillConfig):
         if t.requires_grad:
             raise ValueError("the fused loss gives no gradient to the teacher's logits; detach them")
         counted = (y != IGNORE_INDEX).sum().clamp(min=1).to(torch.float32)  # all padding: zero, not NaN
-        # filled on the device, not copied from the host: a host-to-device copy is illegal inside a CUDA graph capture
-        scalars = [torch.full((), v, dtype=torch.float32, device=s.device) for v in (temperature, kd_w, ce_w)]
         fn = _chunk_fn(s.device)
         grad = torch.empty_like(s, dtype=torch.float32 if s.dtype == torch.float16 else s.dtype)
+        c = chunk_scalars(d, counted, grad.dtype)
         loss = s.new_zeros((), dtype=torch.float32)
-        for start in range(0, s.shape[0], chunk_tokens):
-            part = slice(start, start + chunk_tokens)
-            value, grad[part] = fn(s[part], t[part], y[part], counted, *scalars, kd_w > 0, ce_w > 0, grad.dtype)
+        for start in range(0, s.shape[0], d.loss_chunk_tokens):
+            part = slice(start, start + d.loss_chunk_tokens)
+            value, grad[part] = fn(s[part], t[part], y[part], c)
             loss = loss + value
         ctx.save_for_backward(grad)
         ctx.logits_dtype, ctx.done = s.dtype, False
@@ -246,7 +271,7 @@ class _FusedForwardKL(torch.autograd.Function):
         ctx.done = True
         (grad,) = ctx.saved_tensors
         grad.mul_(grad_out)  # grad_out stays fp32: a bf16 copy of it would round the scale
-        return grad.to(ctx.logits_dtype), None, None, None, None, None, None
+        return grad.to(ctx.logits_dtype), None, None, None
 
 
 @functools.cache
@@ -278,9 +303,12 @@ def resolve_impl(kind: str, impl: str, device: torch.device | None = None) -> st
     return impl
 
 
-def check_options(kind: str, temperature: float, ce_weight: float, beta: float, chunk_tokens: int,
-                  impl: str = "auto") -> None:
-    """One line naming the bad value and what is allowed."""
+def check_options(d: DistillConfig, impl: str | None = None) -> None:
+    """One line naming the bad value of the distill config `d` and what is allowed; `impl` is the loss
+    implementation that will run (d.loss_impl where None)."""
+    kind, temperature, ce_weight, beta, chunk_tokens = d.loss, d.temperature, d.ce_weight, d.jsd_beta, \
+        d.loss_chunk_tokens
+    impl = d.loss_impl if impl is None else impl
     if kind not in KINDS:
         raise ConfigError(f"distillation loss {kind!r} is not one of {', '.join(KINDS)}")
     if impl not in IMPLS:
@@ -323,18 +351,15 @@ def hidden_mse(student_hidden: list[torch.Tensor], teacher_hidden: list[torch.Te
 
 
 def lm_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor | None, next_tokens: torch.Tensor,
-            kind: str = "forward_kl", temperature: float = 1.0, ce_weight: float = 0.0, beta: float = 0.5,
-            chunk_tokens: int = DEFAULT_CHUNK_TOKENS, hidden_weight: float = 0.0,
-            hidden: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
-            impl: str = "auto") -> torch.Tensor:
-    """Scalar fp32 loss: (1 - ce_weight) * KD(kind) + ce_weight * CE [+ hidden_weight * hidden_mse(*hidden)].
+            d: DistillConfig) -> torch.Tensor:
+    """Scalar fp32 loss: (1 - d.ce_weight) * KD(d.loss) + d.ce_weight * CE, run as d.loss_impl says.
 
     Logits are [..., vocab] in any dtype (bf16 in, fp32 maths); `next_tokens` is [...] int64, IGNORE_INDEX
-    where a position does not count. `teacher_logits` may be None only when ce_weight == 1.
+    where a position does not count. `teacher_logits` may be None only when d.ce_weight == 1.
     """
-    check_options(kind, temperature, ce_weight, beta, chunk_tokens, impl)
-    impl = resolve_impl(kind, impl, student_logits.device)
-    kd_w = 1.0 - ce_weight
+    check_options(d)
+    impl = resolve_impl(d.loss, d.loss_impl, student_logits.device)
+    kd_w = 1.0 - d.ce_weight
     if kd_w > 0 and teacher_logits is None:
         raise ValueError("teacher logits are needed unless ce_weight == 1 (the student without distillation)")
     s, t, y = flatten(student_logits, teacher_logits, next_tokens)
@@ -343,18 +368,12 @@ def lm_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor | None, n
     # checkpoint only when a backward will run: under no_grad it would only add overhead
     recompute = torch.is_grad_enabled() and s.requires_grad
     if impl == "fused" and recompute:  # without a backward to come, the plain chunks below are the same maths
-        loss = _FusedForwardKL.apply(s, t, y, float(temperature), kd_w, float(ce_weight), chunk_tokens)
-    else:
-        sums = s.new_zeros(2, dtype=torch.float32)
-        # split, not slicing: its backward concatenates the chunks' gradients once, where each slice's backward
-        # would write its chunk into a zero tensor of the full logits' size
-        for sc, tc, yc in zip(s.split(chunk_tokens), t.split(chunk_tokens), y.split(chunk_tokens)):
-            args = (sc, tc, yc, kind, temperature, beta, kd_w, ce_weight)
-            sums = sums + (checkpoint(_chunk_sums, *args, use_reentrant=False) if recompute else _chunk_sums(*args))
-        counted = (y != IGNORE_INDEX).sum().clamp(min=1)  # all padding: a zero loss, not a NaN
-        loss = (kd_w * sums[0] + ce_weight * sums[1]) / counted
-    if hidden_weight:
-        if hidden is None:
-            raise ValueError("hidden_weight > 0 needs hidden=(student states, teacher states)")
-        loss = loss + hidden_weight * hidden_mse(*hidden)
-    return loss
+        return _FusedForwardKL.apply(s, t, y, d)
+    sums = s.new_zeros(2, dtype=torch.float32)
+    # split, not slicing: its backward concatenates the chunks' gradients once, where each slice's backward
+    # would write its chunk into a zero tensor of the full logits' size
+    for sc, tc, yc in zip(*(x.split(d.loss_chunk_tokens) for x in (s, t, y))):
+        sums = sums + (checkpoint(_chunk_sums, sc, tc, yc, d, use_reentrant=False) if recompute
+                       else _chunk_sums(sc, tc, yc, d))
+    counted = (y != IGNORE_INDEX).sum().clamp(min=1)  # all padding: a zero loss, not a NaN
+    return (kd_w * sums[0] + d.ce_weight * sums[1]) / counted

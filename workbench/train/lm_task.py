@@ -6,6 +6,7 @@ workbench.train.logits_placement puts them."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,10 @@ class LMTask:
         self.loss_impl = lm_objectives.resolve_impl(d.loss, d.loss_impl, device)  # refuses a fused one that cannot run
         if d.teacher_mode == "topk":  # its KD loss runs over the top-k buckets, checkpointed (config refuses fused)
             self.loss_impl = "checkpointed"
+        # the losses' settings: the run's distill config with the implementation that runs, and the no-KD
+        # student's (cross-entropy alone)
+        self.distill = dataclasses.replace(d, loss_impl=self.loss_impl)
+        self.ce_only_distill = dataclasses.replace(self.distill, ce_weight=1.0)
         self.info = {"text_folder": str(self.text.folder),
                      "tokenizer": {"pretrained": "pretrained", "bpe": "trained-here BPE"}.get(kind, kind),
                      **(pretrained.info() if pretrained else {}), "tokenizer_vocab": self.text.vocab_size,
@@ -249,27 +254,20 @@ class LMTask:
 
     def loss(self, out, targets: objectives.Targets) -> torch.Tensor:
         if self.ce_only:
-            return self._loss(out, None, targets.next_tokens, ce_weight=1.0)
+            return self._loss(out, None, targets.next_tokens, self.ce_only_distill)
         return self.matched_loss(out, targets)
 
     def matched_loss(self, out, targets: objectives.Targets) -> torch.Tensor:
         """The run's distillation loss, also for the no-KD student: its starting weights are checked
         against the others' with the same measure."""
-        d = self.cfg.distill
         if targets.indices is not None:  # top-k teacher targets
-            return lm_objectives.topk_lm_loss(out, targets.out, targets.indices, targets.rest_lse, targets.next_tokens,
-                                              kind=d.loss, temperature=d.temperature, ce_weight=d.ce_weight,
-                                              beta=d.jsd_beta, chunk_tokens=d.loss_chunk_tokens)
-        return self._loss(out, targets.out, targets.next_tokens, ce_weight=d.ce_weight)
+            return lm_objectives.topk_lm_loss(out, targets, self.distill)
+        return self._loss(out, targets.out, targets.next_tokens, self.distill)
 
-    def _loss(self, out, teacher_logits, next_tokens, ce_weight: float) -> torch.Tensor:
-        d = self.cfg.distill
-        if self.loss_impl == "fused_head":
-            return head_loss.head_fused_loss(out, teacher_logits, next_tokens, temperature=d.temperature,
-                                             ce_weight=ce_weight, chunk_tokens=d.loss_chunk_tokens)
-        return lm_objectives.lm_loss(out, teacher_logits, next_tokens, kind=d.loss, temperature=d.temperature,
-                                     ce_weight=ce_weight, beta=d.jsd_beta, chunk_tokens=d.loss_chunk_tokens,
-                                     impl=self.loss_impl)
+    def _loss(self, out, teacher_logits, next_tokens, d) -> torch.Tensor:
+        if d.loss_impl == "fused_head":
+            return head_loss.head_fused_loss(out, teacher_logits, next_tokens, d)
+        return lm_objectives.lm_loss(out, teacher_logits, next_tokens, d)
 
     @torch.no_grad()
     def evaluate(self, model, backend, batches) -> dict[str, Any]:

@@ -14,10 +14,14 @@ from typing import Any
 import torch
 
 from workbench import backends
-from workbench.config import ConfigError
+from workbench.config import ConfigError, DistillConfig
 from workbench.data import cache
 from workbench.train import lm_objectives, teacher_precision
 from workbench.train.task_setup import teacher_seed
+
+# The teacher's next-token loss: cross-entropy alone, checkpointed whatever the run's distill.loss_impl (a cached
+# teacher's recipe, its key, does not name the loss)
+TEACHER_LOSS = DistillConfig(loss="forward_kl", ce_weight=1.0, loss_impl="checkpointed")
 
 
 def trained_teacher(cfg, shape, text, cache_dir: Path, device: torch.device, tdtype,
@@ -38,16 +42,17 @@ def trained_teacher(cfg, shape, text, cache_dir: Path, device: torch.device, tdt
     if entry.read() is None:
         with entry.building() as meta:  # checks the cache writable before training; waits for another builder
             if meta is None:
-                return _train_and_cache(model, entry, recipe, cfg, text, device, tdtype, info)
+                losses, train_s = _train(model, cfg, text, device, tdtype, info)
+                return _cache(model, entry, {**recipe, "final_loss": losses[-1], "train_s": train_s}, info)
     model.load_state_dict(torch.load(entry.folder / "teacher.pt", map_location="cpu", weights_only=True))
     info["teacher_cached"] = True
     return model
 
 
-def _train_and_cache(model: torch.nn.Module, entry, recipe: dict, cfg, text, device: torch.device, tdtype,
-                     info: dict[str, Any]) -> torch.nn.Module:
-    """Train the teacher, refuse it when its loss is not finite, and cache it; a teacher that cannot be
-    cached (a full disk) is still used, and task.json says why it was not kept."""
+def _train(model: torch.nn.Module, cfg, text, device: torch.device, tdtype,
+           info: dict[str, Any]) -> tuple[list[float], float]:
+    """(training losses, seconds): the teacher trained on `text`'s train split, refused when its loss is not
+    finite; `info` gets how it went."""
     t0 = time.monotonic()
     losses = train_lm(model, text.batches("train", cfg.model.batch, cfg.model.seq_len, cfg.lm.teacher_steps,
                                           teacher_seed(cfg) + 7), cfg.lm.teacher_lr, device, tdtype)
@@ -58,9 +63,15 @@ def _train_and_cache(model: torch.nn.Module, entry, recipe: dict, cfg, text, dev
                           "lm.teacher_lr. It was not cached")
     train_s = time.monotonic() - t0
     info.update(teacher_cached=False, teacher_train_s=round(train_s, 2), teacher_final_loss=losses[-1])
+    return losses, train_s
+
+
+def _cache(model: torch.nn.Module, entry, meta: dict, info: dict[str, Any]) -> torch.nn.Module:
+    """The trained teacher cached at `entry` with `meta` (its recipe and how its training went); a teacher that
+    cannot be cached (a full disk) is still used, and task.json (`info`) says why it was not kept."""
     try:
         entry.write_file("teacher.pt", lambda f: torch.save(model.state_dict(), f))
-        entry.commit({**recipe, "final_loss": losses[-1], "train_s": train_s})
+        entry.commit(meta)
     # PyTorch's zip writer reports a full disk as a RuntimeError, not an OSError; either way the temporary file
     # is gone (results.write_with) and the teacher is still good
     except (OSError, RuntimeError) as e:
@@ -106,8 +117,7 @@ def train_lm(model: torch.nn.Module, windows: list[torch.Tensor], lr: float, dev
         w = w.to(device)
         with backends.autocast(device, dtype):
             logits = model(w[:, :-1])
-        # checkpointed, whatever distill.loss_impl: a cached teacher's recipe (its key) does not name the loss
-        loss = lm_objectives.lm_loss(logits, None, w[:, 1:], ce_weight=1.0, impl="checkpointed")
+        loss = lm_objectives.lm_loss(logits, None, w[:, 1:], TEACHER_LOSS)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

@@ -5,6 +5,7 @@ import torch
 from fake_te import FakeRecipes, FakeTE, FakeTEModules
 
 from workbench import backends, config
+from workbench.backends._te_run import TERun, reset_fp8_scaling
 from workbench.env import te as _te
 
 
@@ -54,11 +55,21 @@ def test_te_on_a_cpu_device_falls_back(fake_te):
     assert fb is not None and fb.mode == "Fallback-PyTorch"
 
 
+def policy(spec: str, cfg, device: torch.device) -> backends.StepPolicy:
+    """The step policy `spec`'s student gets under `cfg` on `device`, without building it (a CUDA device on a CPU
+    machine): a torch student's from its autocast dtype, a TE student's from how its forward runs."""
+    b = backends.make(spec)
+    if b.family == "te":
+        fp8 = b.gemm_precision != "bf16"
+        return b.policy(cfg, TERun(device, torch.bfloat16, cfg.options.te_attention, recipe="r" if fp8 else None))
+    return backends.step_policy(b, cfg, device, getattr(b, "dtype", None))
+
+
 def test_cpu_graphs_and_fp16_reasons():
-    b = backends.make("torch_fp16")
-    assert b.can_graph(config.from_preset("seed"), torch.device("cuda")) == (
-        False, "the fp16 grad scaler's inf checks and skipped steps are not graph-safe")
-    assert backends.make("torch_bf16").can_graph(config.from_preset("seed"), torch.device("cpu"))[0] is False
+    graphs = config.from_preset("seed", graphs=True)
+    assert policy("torch_fp16", graphs, torch.device("cuda")).notes == (
+        "graphs not applied: the fp16 grad scaler's inf checks and skipped steps are not graph-safe",)
+    assert policy("torch_bf16", graphs, torch.device("cpu")).notes == ("graphs not applied: CUDA graphs need a GPU",)
 
 
 NEW_BACKEND = '''
@@ -86,7 +97,7 @@ from workbench.backends._autocast import Autocast
 class MyFP8(Autocast):
     name = "my_fp8"
     mode = "Mine-FP8"
-    fp8 = True
+    gemm_precision = "fp8"
     bf16_counterparts = ("my_bf16",)
 '''
 
@@ -158,26 +169,22 @@ def test_te_conversion_swaps_every_layer_and_keeps_the_weights(monkeypatch, layo
 
 def test_the_step_policy_is_the_backends_answer():
     cuda, seed = torch.device("cuda"), config.from_preset("seed", graphs=True, compile=True)
-    torch_bf16 = backends.make("torch_bf16").policy(seed, cuda)
+    torch_bf16 = policy("torch_bf16", seed, cuda)
     assert torch_bf16 == backends.StepPolicy(compile=True, graph="step", grad_scaler=False, notes=())
-    te = backends.make("te_fp8:current").policy(seed, cuda)
+    te = policy("te_fp8:current", seed, cuda)
     assert (te.compile, te.graph) == (False, "fwd_bwd") and "compile not applied" in te.notes[0]
-    fp16 = backends.make("torch_fp16")
-    fp16.dtype = torch.float16
-    p = fp16.policy(seed, cuda)
+    p = policy("torch_fp16", seed, cuda)
     assert p.grad_scaler and p.graph is None and any("not graph-safe" in n for n in p.notes)
-    assert backends.make("torch_fp32").policy(seed, torch.device("cpu")).graph is None  # no GPU, no graph
+    assert policy("torch_fp32", seed, torch.device("cpu")).graph is None  # no GPU, no graph
+    assert policy("torchao_float8", config.from_preset("seed"), cuda).compile  # always compiled
 
 
 def test_te_delayed_scaling_takes_its_history_from_the_config(monkeypatch):
-    from workbench.backends import te_fp8
 
     monkeypatch.setattr(_te, "load", lambda: (FakeTEModules, FakeRecipes, ""))
     cfg = config.from_preset("cpu-smoke", te_amax_history_len=1024, te_amax_compute_algo="most_recent")
-    b = backends.make("te_fp8:delayed")
-    monkeypatch.setattr(te_fp8.TEBackend, "build", lambda self, reference, cfg, device: torch.nn.Identity())
-    b.build(None, cfg, torch.device("cpu"))
-    assert b.fp8_recipe == {"margin": 0, "fp8_format": "HYBRID", "amax_history_len": 1024,
+    recipe = backends.make("te_fp8:delayed").run(cfg, torch.device("cpu")).recipe
+    assert recipe == {"margin": 0, "fp8_format": "HYBRID", "amax_history_len": 1024,
                             "amax_compute_algo": "most_recent", "reduce_amax": True}
     with pytest.raises(config.ConfigError, match="options.te_amax_compute_algo"):
         config.from_preset("cpu-smoke", te_amax_compute_algo="min")
@@ -186,38 +193,31 @@ def test_te_delayed_scaling_takes_its_history_from_the_config(monkeypatch):
 def test_a_delayed_scaling_student_alone_on_one_rank_does_not_all_reduce(monkeypatch):
     """A distributed run's one-GPU reference runs on rank 0 while the other ranks wait: TE's amax all-reduce
     over the default group would wait for them forever (seen on two H200s). Spread students reduce over theirs."""
-    from workbench.backends import te_fp8
 
     monkeypatch.setattr(_te, "load", lambda: (FakeTEModules, FakeRecipes, ""))
-    monkeypatch.setattr(te_fp8.TEBackend, "build", lambda self, reference, cfg, device: torch.nn.Identity())
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
-    cfg = config.from_preset("cpu-smoke")
-    alone, spread = backends.make("te_fp8:delayed"), backends.make("te_fp8:delayed_e4m3")
-    spread.amax_reduction_group = object()  # what workbench.run.parallel.Spread sets
-    for b in (alone, spread):
-        b.build(None, cfg, torch.device("cpu"))
-    assert alone.fp8_recipe["reduce_amax"] is False and spread.fp8_recipe["reduce_amax"] is True
+    cfg, cpu = config.from_preset("cpu-smoke"), torch.device("cpu")
+    alone = backends.make("te_fp8:delayed").run(cfg, cpu)
+    spread = backends.make("te_fp8:delayed_e4m3").run(cfg, cpu, group=object())  # what workbench.run.parallel hands
+    assert alone.recipe["reduce_amax"] is False and spread.recipe["reduce_amax"] is True
 
 
 def test_te_whole_step_graph_is_a_switch_that_names_what_blocks_it():
     cuda = torch.device("cuda")
     step = config.from_preset("seed", graphs=True, te_graph="step")
-    assert backends.make("te_fp8:delayed").policy(step, cuda).graph == "step"
-    assert backends.make("te_bf16").policy(config.from_preset("seed", graphs=True), cuda).graph == "fwd_bwd"
+    assert policy("te_fp8:delayed", step, cuda).graph == "step"
+    assert policy("te_bf16", config.from_preset("seed", graphs=True), cuda).graph == "fwd_bwd"
     # the whole-step graph has no output-only restriction: the hidden-state loss graphs too
     hidden = config.from_preset("seed", graphs=True, te_graph="step", loss="hidden")
-    assert backends.make("te_fp8:current").policy(hidden, cuda).graph == "step"
-    assert backends.make("te_fp8:current").policy(config.from_preset("seed", graphs=True, loss="hidden"),
-                                                  cuda).graph is None
+    assert policy("te_fp8:current", hidden, cuda).graph == "step"
+    assert policy("te_fp8:current", config.from_preset("seed", graphs=True, loss="hidden"), cuda).graph is None
     # FP8 weights: TE's FusedAdam cannot capture their update, so the step runs eager, and the row says why
-    fp8w = backends.make("te_fp8:delayed")
-    fp8w.fp8_weights = True
-    p = fp8w.policy(config.from_preset("seed", graphs=True, te_graph="step", te_fp8_weights=True,
-                                       optimizer="te_fused_adam"), cuda)
+    p = policy("te_fp8:delayed", config.from_preset("seed", graphs=True, te_graph="step", te_fp8_weights=True,
+                                                    optimizer="te_fused_adam"), cuda)
     assert p.graph is None and any("graphs not applied: FP8 weights" in n for n in p.notes)
     fp8w_cfg = config.from_preset("seed", te_fp8_weights=True, optimizer="te_fused_adam")
-    assert any("te_fp8_weights not applied" in n for n in backends.make("te_bf16").policy(fp8w_cfg, cuda).notes)
-    assert not any("te_fp8_weights" in n for n in backends.make("te_fp8:current").policy(fp8w_cfg, cuda).notes)
+    assert any("te_fp8_weights not applied" in n for n in policy("te_bf16", fp8w_cfg, cuda).notes)
+    assert not any("te_fp8_weights" in n for n in policy("te_fp8:current", fp8w_cfg, cuda).notes)
 
 
 @pytest.mark.parametrize("overrides, field", [
@@ -246,7 +246,7 @@ def test_capture_warmup_is_undone_in_tes_delayed_scaling_state():
     current.fp8_meta = {"scaling_fwd": object()}
     model = torch.nn.Sequential(delayed, current, torch.nn.Linear(2, 2))
     tensors = [(s.scale, s.amax_history) for s in (delayed.fp8_meta["scaling_fwd"], delayed.fp8_meta["scaling_bwd"])]
-    backends.make("te_fp8:delayed").reset_after_capture(model)
+    reset_fp8_scaling(model)
     for key, (scale, history) in zip(("scaling_fwd", "scaling_bwd"), tensors):
         state = delayed.fp8_meta[key]
         assert state.scale is scale and state.amax_history is history  # same tensors: the graph keeps reading them
@@ -342,9 +342,8 @@ def test_fp8_weights_keep_the_exact_shared_init_for_their_masters(monkeypatch):
     monkeypatch.setattr(_te, "load", lambda: (FakeTEWithFP8Weights, FakeRecipes, ""))
     cfg = config.from_preset("cpu-smoke", te_fp8_weights=True, optimizer="te_fused_adam")
     reference = reference_student(cfg.model)
-    b = backends.make("te_fp8:current")
-    b.fp8_recipe, b.fp8_weights, b.device = "recipe", True, torch.device("cpu")
-    model = b.convert(copy.deepcopy(reference), cfg)
+    model = copy.deepcopy(reference)
+    backends.make("te_fp8:current").quantized(model, cfg, TERun(torch.device("cpu"), torch.bfloat16, recipe="recipe"))
     assert inits == [(True, "recipe")]
     ref = reference.state_dict()
     rounded = [name for name, p in model.named_parameters() if not torch.equal(p.detach().float(), ref[name].float())]
@@ -353,15 +352,20 @@ def test_fp8_weights_keep_the_exact_shared_init_for_their_masters(monkeypatch):
         assert torch.equal(getattr(p, backends.MASTER_INIT), ref[name].float()), name
 
 
-def test_a_backend_instance_builds_one_student():
-    """What build resolves lives on the instance (device, dtype, a TE recipe, what a conversion swapped), so one
-    instance is one student: a second build on it would hand the first student's state to the second."""
+def test_a_backend_prepares_students_as_values(monkeypatch):
+    """What `prepare` resolves (the model, its dtype, a TE recipe, what a conversion swapped) is in the student it
+    returns, never on the backend: one backend prepares any number of students, each its own, and none changes."""
+    import dataclasses
+
     from workbench.models import Student, reference_student
 
+    monkeypatch.setattr(_te, "load", lambda: (FakeTEModules, FakeRecipes, ""))
     cfg = config.from_preset("cpu-smoke")
     ref = reference_student(cfg.model, Student(cfg.model).state_dict())
-    b = backends.make("torch_bf16")
-    b.build(ref, cfg, torch.device("cpu"))
-    with pytest.raises(RuntimeError, match="'torch_bf16' already built its student"):
-        b.build(ref, cfg, torch.device("cpu"))
-    backends.make("torch_bf16").build(ref, cfg, torch.device("cpu"))  # a fresh one builds
+    for spec in ("torch_bf16", "te_fp8:current"):
+        b = backends.make(spec)
+        before = dict(vars(b))
+        one, two = b.prepare(ref, cfg, torch.device("cpu")), b.prepare(ref, cfg, torch.device("cpu"))
+        assert vars(b) == before and one.model is not two.model and one.policy == two.policy
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            one.model = two.model

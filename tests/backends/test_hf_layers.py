@@ -77,21 +77,26 @@ def cfg(**kw):
     return config.from_preset("cpu-smoke", **kw)
 
 
+def kept(student) -> list[str]:
+    """What its conversion left in torch, as its row names it."""
+    return (student.describe()["kept_torch_modules"] or "").split("; ")
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_each_decoder_layer_becomes_one_te_layer_with_the_same_logits(family):
     ref = reference(family)
-    student = backends.make("te_bf16")
-    model = student.build(ref, cfg(), torch.device("cpu"))
-    assert student.conversion == "layer" and student.conversion_note == ""
+    student = backends.make("te_bf16").prepare(ref, cfg(), torch.device("cpu"))
+    model = student.model
+    assert student.describe()["te_conversion"] == "layer" and "te_conversion_note" not in student.describe()
     layers = model.model.model.layers
     want_block = gemma3.GemmaBlock if family.startswith("gemma") else FakeTEModules.TransformerLayer
     assert all(type(layer.block) is want_block for layer in layers)
-    assert student.converted[:2] == ["model.model.layers.0", "model.model.layers.1"]
+    assert list(student.converted[:2]) == ["model.model.layers.0", "model.model.layers.1"]
     # the final norm, swapped alone (Gemma's scales by 1 + weight, which te.RMSNorm without zero_centered_gamma
     # does not: it stays torch)
     assert (type(model.model.model.norm) is FakeTEModules.RMSNorm) != family.startswith("gemma")
     assert type(model.model.lm_head) is torch.nn.Linear  # the head stays bf16 torch by default
-    assert not any("Attention" in k or "DecoderLayer" in k or "MLP" in k for k in student.kept_torch)
+    assert not any("Attention" in k or "DecoderLayer" in k or "MLP" in k for k in kept(student))
     tokens = torch.randint(0, 256, (2, 16))
     with torch.no_grad():
         torch.testing.assert_close(model(tokens), ref(tokens), rtol=1e-5, atol=1e-5)
@@ -104,7 +109,7 @@ def test_each_decoder_layer_becomes_one_te_layer_with_the_same_logits(family):
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_every_mapped_tensor_round_trips_bit_for_bit(family):
     ref = reference(family)
-    model = backends.make("te_bf16").build(ref, cfg(), torch.device("cpu"))
+    model = backends.make("te_bf16").prepare(ref, cfg(), torch.device("cpu")).model
     want = ref.state_dict()
     back = model.to_reference_state()
     assert set(back) == set(want)
@@ -120,7 +125,7 @@ def test_fused_qkv_is_interleaved_per_kv_group_and_fc1_is_gate_then_up():
     """TE's layout, spelt out on one layer: 4 query heads in 2 KV groups, head size 16 -> rows
     [q0 q1 k0 v0 | q2 q3 k1 v1]; fc1 = [gate; up]."""
     ref = reference("llama")
-    model = backends.make("te_bf16").build(ref, cfg(), torch.device("cpu"))
+    model = backends.make("te_bf16").prepare(ref, cfg(), torch.device("cpu")).model
     hf, te = ref.model.model.layers[0], model.model.model.layers[0].block
     q, k, v = (hf.self_attn.get_submodule(n).weight for n in ("q_proj", "k_proj", "v_proj"))
     head = lambda w, i: w[16 * i:16 * (i + 1)]  # noqa: E731
@@ -133,7 +138,7 @@ def test_fused_qkv_is_interleaved_per_kv_group_and_fc1_is_gate_then_up():
 
 def test_qwen2s_qkv_bias_is_mapped_and_the_biases_it_lacks_are_zero_and_frozen():
     ref = reference("qwen2")
-    model = backends.make("te_bf16").build(ref, cfg(), torch.device("cpu"))
+    model = backends.make("te_bf16").prepare(ref, cfg(), torch.device("cpu")).model
     te = model.model.model.layers[0].block
     hf = ref.model.model.layers[0].self_attn
     q, k, v = common.split_qkv(te.self_attention.layernorm_qkv.bias, model.model.model.layers[0].shape)
@@ -148,7 +153,7 @@ def test_a_training_step_moves_the_same_weights_as_the_hf_model(family):
     """One SGD step on the same tokens: every HF weight of the converted student moves as the HF model's
     does (the fake's maths is TE's in fp32, so equal to rounding)."""
     ref = reference(family)
-    model = backends.make("te_bf16").build(ref, cfg(), torch.device("cpu"))
+    model = backends.make("te_bf16").prepare(ref, cfg(), torch.device("cpu")).model
     tokens = torch.randint(0, 256, (2, 17))
     for m in (ref, model):
         opt = torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.1)
@@ -162,14 +167,15 @@ def test_a_training_step_moves_the_same_weights_as_the_hf_model(family):
 
 def test_what_it_cannot_convert_falls_back_to_per_linear_and_says_why():
     ref = reference("llama", rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0})
-    student = backends.make("te_bf16")
-    model = student.build(ref, cfg(), torch.device("cpu"))
-    assert student.conversion == "linear" and "rope type 'yarn'" in student.conversion_note
+    student = backends.make("te_bf16").prepare(ref, cfg(), torch.device("cpu"))
+    model = student.model
+    row = student.describe()
+    assert row["te_conversion"] == "linear" and "rope type 'yarn'" in row["te_conversion_note"]
     assert type(model.model.model.layers[0].self_attn.q_proj) is FakeTEModules.Linear
-    row = student.describe(model)
+    row = student.describe()
     assert row["te_conversion"] == "linear" and "rope type 'yarn'" in row["te_conversion_note"]
     with pytest.raises(ConfigError, match="options.te_conversion='layer' cannot convert this model: rope type 'yarn'"):
-        backends.make("te_bf16").build(ref, cfg(te_conversion="layer"), torch.device("cpu"))
+        backends.make("te_bf16").prepare(ref, cfg(te_conversion="layer"), torch.device("cpu")).model
     for family, change, why in [
         ("llama", {"hidden_act": "gelu"}, "hidden_act='gelu'"),
         ("gemma3", {"query_pre_attn_scalar": 32}, "query_pre_attn_scalar=32 differs from head_dim=16"),
@@ -196,10 +202,10 @@ def test_a_family_te_cannot_hold_is_refused_by_name_and_auto_falls_back(family):
     torch.manual_seed(0)
     ref = load_causal_lm(cls(**{**TINY, **extra}), seq_len=16)
     with pytest.raises(ConfigError, match=f"cannot convert this model: {re.escape(why)}"):
-        backends.make("te_bf16").build(ref, cfg(te_conversion="layer"), torch.device("cpu"))
-    student = backends.make("te_bf16")
-    model = student.build(ref, cfg(), torch.device("cpu"))
-    assert student.conversion == "linear" and why in student.conversion_note
+        backends.make("te_bf16").prepare(ref, cfg(te_conversion="layer"), torch.device("cpu")).model
+    student = backends.make("te_bf16").prepare(ref, cfg(), torch.device("cpu"))
+    model = student.model
+    assert student.describe()["te_conversion"] == "linear" and why in student.describe()["te_conversion_note"]
     tokens = torch.randint(0, 256, (2, 16))
     with torch.no_grad():
         torch.testing.assert_close(model(tokens), ref(tokens), rtol=1e-5, atol=1e-5)
@@ -214,23 +220,22 @@ def test_every_family_has_an_adapter_and_a_test_row():
 
 
 def test_nope_layers_get_no_rotary_angles_and_sliding_layers_their_window():
-    model = backends.make("te_bf16").build(reference("smollm3"), cfg(), torch.device("cpu"))
+    model = backends.make("te_bf16").prepare(reference("smollm3"), cfg(), torch.device("cpu")).model
     layers = model.model.model.layers
     assert layers[0].rope is not None and layers[1].rope is None
-    g = backends.make("te_bf16").build(reference("gemma3"), cfg(), torch.device("cpu")).model.model.layers
+    g = backends.make("te_bf16").prepare(reference("gemma3"), cfg(), torch.device("cpu")).model.model.model.layers
     assert g[0].block.self_attention.window_size == (7, 0) and g[1].block.self_attention.window_size is None
     assert g[0].rope is not g[1].rope  # sliding and global layers: their own theta
     assert not torch.equal(g[0].rope.rope.inv_freq, g[1].rope.rope.inv_freq)
-    g2 = backends.make("te_bf16").build(reference("gemma2"), cfg(), torch.device("cpu")).model.model.layers
+    g2 = backends.make("te_bf16").prepare(reference("gemma2"), cfg(), torch.device("cpu")).model.model.model.layers
     assert g2[0].rope is g2[1].rope  # Gemma 2: one rope for both layer types, its angles made once
 
 
 def test_linear_conversion_on_request_and_the_row_says_which_ran():
     ref = reference("llama")
-    student = backends.make("te_bf16")
-    model = student.build(ref, cfg(te_conversion="linear"), torch.device("cpu"))
-    assert student.conversion == "linear" and student.describe(model)["te_conversion"] == "linear"
-    assert "model.model.layers.0.self_attn (LlamaAttention)" in student.kept_torch
+    student = backends.make("te_bf16").prepare(ref, cfg(te_conversion="linear"), torch.device("cpu"))
+    assert student.describe()["te_conversion"] == "linear"
+    assert "model.model.layers.0.self_attn (LlamaAttention)" in kept(student)
     with pytest.raises(ConfigError, match=r"options.te_conversion must be one of \['auto', 'layer', 'linear'\]"):
         cfg(te_conversion="block")
     with pytest.raises(ConfigError, match=r"options.te_head_precision must be one of \['bf16', 'fp8'\]"):
@@ -240,9 +245,8 @@ def test_linear_conversion_on_request_and_the_row_says_which_ran():
 @pytest.mark.parametrize("tied", [True, False])
 def test_an_fp8_head_is_a_te_linear_and_a_tied_one_shares_the_embedding(tied):
     ref = reference("llama", tie_word_embeddings=tied)
-    student = backends.make("te_fp8:current")
-    student._use_recipe(cfg(te_head_precision="fp8"))
-    model = student.build(ref, cfg(te_head_precision="fp8"), torch.device("cpu"))
+    student = backends.make("te_fp8:current").prepare(ref, cfg(te_head_precision="fp8"), torch.device("cpu"))
+    model = student.model
     head = model.model.lm_head
     assert type(head) is FakeTEModules.Linear and "model.lm_head" in student.converted
     assert (head.weight is model.model.model.embed_tokens.weight) == tied
@@ -273,7 +277,7 @@ def test_fp8_attention_goes_into_the_recipe_for_delayed_and_current_only(monkeyp
 
 
 def test_fp8_attention_without_a_backend_is_an_error_that_names_the_option():
-    from workbench.backends.te_fp8 import fp8_attention_refusal
+    from workbench.backends._te_run import fp8_attention_refusal
 
     with pytest.raises(RuntimeError, match="options.te_fp8_dpa=true: TE has no FP8 attention backend.*TE: No dot"):
         with fp8_attention_refusal():

@@ -2,6 +2,7 @@
 tests/gpu/test_gpu.py): a forced attention backend (options.te_attention) and delayed scaling's state kept out
 of the forwards that are not training steps (held-out evaluation, graph-capture warm-ups)."""
 import contextlib
+import dataclasses
 import sys
 import types
 
@@ -11,7 +12,7 @@ import torch
 from fake_te import FakeRecipes, FakeTEModules
 
 from workbench import backends, config
-from workbench.backends._te import AttentionUnavailable
+from workbench.backends._te_run import AttentionUnavailable
 from workbench.env import te as _te
 from workbench.models import CausalLM, LMShape
 from workbench.train import lm_task, loop
@@ -33,8 +34,8 @@ def fake(monkeypatch):
 def te_student(spec: str, **overrides):
     cfg = config.from_preset("gpt-cpu", **overrides)
     torch.manual_seed(0)
-    b = backends.make(spec)
-    return b, b.build(CausalLM(LMShape(**SHAPE)), cfg, torch.device("cpu")), cfg
+    b = backends.make(spec).prepare(CausalLM(LMShape(**SHAPE)), cfg, torch.device("cpu"))
+    return b, b.model, cfg
 
 
 def forward(b, model):
@@ -45,13 +46,13 @@ def forward(b, model):
 def test_a_forced_backend_is_selected_and_the_next_auto_student_gets_tes_own_pick_again(fake):
     forced, model, _ = te_student("te_bf16", te_attention="unfused")
     forward(forced, model)
-    row = forced.describe(model)
+    row = forced.describe()
     assert (row["attention_requested"], row["attention_backend"]) == ("unfused", "unfused")
     assert "attention_warning" not in row  # asked for: no warning about the slowest backend
     # Same attention inputs, so TE would keep its cached (forced) selection: the switch back marks it stale.
     auto, model, _ = te_student("te_bf16")
     forward(auto, model)
-    row = auto.describe(model)
+    row = auto.describe()
     assert (row["attention_requested"], row["attention_backend"]) == ("auto", "fused (sub-backend 1)")
 
 
@@ -75,10 +76,10 @@ def test_forcing_flash_without_flash_attn_is_a_skip_with_its_reason(fake, monkey
 
 def test_students_without_tes_attention_note_that_the_option_does_not_apply(fake):
     cfg = config.from_preset("gpt-cpu", te_attention="unfused")
-    notes = backends.make("torch_bf16").policy(cfg, torch.device("cpu")).notes
+    notes = backends.make("torch_bf16").prepare(CausalLM(LMShape(**SHAPE)), cfg, torch.device("cpu")).policy.notes
     assert any("options.te_attention='unfused' not applied" in n for n in notes)
     b, _, cfg = te_student("te_bf16", te_attention="unfused")
-    assert not b.policy(cfg, torch.device("cpu")).notes
+    assert not b.policy.notes
     assert config.from_preset("gpt-cpu").options.te_attention == "auto"
     with pytest.raises(config.ConfigError, match=r"options.te_attention must be one of \['auto', 'flash', 'fused', "
                                                  r"'unfused'\], got 'fast'"):
@@ -121,9 +122,8 @@ def test_training_is_the_same_with_and_without_held_out_evaluation_in_between(fa
     losses = {}
     for every in (0, 1):
         run_cfg = cfg.replace(eval_every=every)
-        metrics, losses[every] = loop.run_student(
-            backends.make("te_fp8:delayed"), run_cfg, task, data, torch.device("cpu")
-        )
+        student = loop.prepare(backends.make("te_fp8:delayed"), run_cfg, task, torch.device("cpu"))
+        metrics, losses[every] = loop.run_student(student, run_cfg, task, data, torch.device("cpu"))
         assert metrics["heldout_ppl"] > 1
     assert len(metrics["curve"]) == cfg.train.steps  # eval_every=1: after every step, the last one included
     assert losses[0] == losses[1]
@@ -135,14 +135,17 @@ def test_the_step0_evaluation_leaves_delayed_scaling_as_the_first_training_step_
     run without that evaluation, to the last bit."""
     cfg, task = tiny_lm_task(tmp_path)
     data, cpu = task.make_data(), torch.device("cpu")
-    metrics, with_step0 = loop.run_student(backends.make("te_fp8:delayed"), cfg, task, data, cpu)
+    def fp8_student():
+        return loop.prepare(backends.make("te_fp8:delayed"), cfg, task, cpu)
+
+    metrics, with_step0 = loop.run_student(fp8_student(), cfg, task, data, cpu)
     assert 0 <= metrics["top1_agreement_step0"] <= 1 and metrics["heldout_ppl_step0"] > 1
     assert metrics["kl_teacher_student_t1_nats_step0"] > 0
-    leaky = backends.make("te_fp8:delayed")
-    leaky.outside_training = lambda model: contextlib.nullcontext()  # what the evaluation would do unprotected
+    # what the evaluation would do unprotected
+    leaky = dataclasses.replace(fp8_student(), outside_training=contextlib.nullcontext)
     assert loop.run_student(leaky, cfg, task, data, cpu)[1][0] != with_step0[0]
     monkeypatch.setattr(loop, "step0_metrics", lambda *args: {})
-    metrics, without = loop.run_student(backends.make("te_fp8:delayed"), cfg, task, data, cpu)
+    metrics, without = loop.run_student(fp8_student(), cfg, task, data, cpu)
     assert "heldout_ppl_step0" not in metrics
     assert with_step0 == without
 

@@ -51,11 +51,11 @@ def test_the_whole_step_graph_keeps_its_optimizer_alive(optimizer, tmp_path):
     cfg = config.from_preset("seed", steps=4, param_dtype="bf16", fused_optimizer=True, optimizer=optimizer)
     task = tasks.for_config(cfg, cuda, runner.teacher_dtype(cfg, cuda), cache_dir=tmp_path)
     data = task.make_data()
-    backend = backends.make("torch_bf16")
-    model = backend.build(task.reference, cfg, cuda)
+    student = backends.make("torch_bf16").prepare(task.reference, cfg, cuda)
+    model = student.model
     model.train()
     opt, _ = loop.make_optimizer(model, cfg, cuda, capturable=True)
-    step = loop.capture_step(model, model, opt, backend, task, data.train[0])
+    step = loop.capture_step(model, model, opt, student, task, data.train[0])
     alive = weakref.ref(opt)
     del opt, model
     gc.collect()
@@ -264,17 +264,17 @@ def test_step0_metrics_are_in_the_rows_and_leave_te_delayed_scaling_as_it_was(tm
     task = tasks.for_config(cfg, cuda, runner.teacher_dtype(cfg, cuda), tmp_path / "cache")
     data = task.make_data()
     _te.reset_fp8_state()
-    backend = backends.make("te_fp8:delayed")
-    model = backend.build(task.reference, cfg, cuda).train()
-    assert set(loop.step0_metrics(model, task, backend, data)) == {
+    student = backends.make("te_fp8:delayed").prepare(task.reference, cfg, cuda)
+    model = student.model.train()
+    assert set(loop.step0_metrics(student, task, data)) == {
         "heldout_ppl_step0", "kl_teacher_student_t1_nats_step0", "top1_agreement_step0"}
     for scale, history in _delayed_states(model):  # a fresh student: TE's initial state after the evaluation
         assert bool((scale == 1).all()) and not bool(history.any())
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr)
-    loop.make_step(model, opt, backend, task)(*data.train[0])
+    loop.make_step(model, opt, student, task)(*data.train[0])
     trained = _delayed_states(model)
     assert trained and any(bool(history.any()) for _, history in trained)  # the step recorded its amaxes
-    loop.step0_metrics(model, task, backend, data)
+    loop.step0_metrics(student, task, data)
     after = _delayed_states(model)
     assert len(after) == len(trained)
     assert all(torch.equal(a, b) for x, y in zip(after, trained) for a, b in zip(x, y))

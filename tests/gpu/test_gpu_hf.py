@@ -88,19 +88,19 @@ def test_hf_layer_converted_bf16_logits_equal_the_hf_models(family):
     exact = ref.to(CUDA)
     with torch.no_grad():
         want = exact(tokens)
-        te_b = backends.make("te_bf16")
-        te_model = te_b.build(ref.cpu(), cfg(), CUDA)
-        assert te_b.conversion == "layer", te_b.conversion_note
+        te_b = backends.make("te_bf16").prepare(ref.cpu(), cfg(), CUDA)
+        te_model = te_b.model
+        assert te_b.describe()["te_conversion"] == "layer", te_b.describe()
         got = _forward(te_b, te_model, tokens)
-        torch_b = backends.make("torch_bf16")
-        torch_model = torch_b.build(ref.cpu(), cfg(), CUDA)
+        torch_b = backends.make("torch_bf16").prepare(ref.cpu(), cfg(), CUDA)
+        torch_model = torch_b.model
         plain = _forward(torch_b, torch_model, tokens)
     e_te, e_torch = rel(got, want), rel(plain, want)
     agree = float((got.argmax(-1) == want.argmax(-1)).float().mean())
     agree_torch = float((plain.argmax(-1) == want.argmax(-1)).float().mean())
     _record(f"logits_{family}", {"rel_err_te_layer_bf16": e_te, "rel_err_torch_bf16": e_torch, "top1_agreement": agree,
                                  "top1_agreement_torch_bf16": agree_torch,
-                                 "attention_backend": te_b.describe(te_model).get("attention_backend")})
+                                 "attention_backend": te_b.describe().get("attention_backend")})
     assert e_te < max(3 * e_torch, 2e-2), (e_te, e_torch)
     # top-1 against fp32 as bf16 itself allows: within 3 points of torch bf16's own (a layout error is far below)
     assert agree > min(0.97, agree_torch - 0.03), (agree, agree_torch)
@@ -114,8 +114,8 @@ def test_hf_one_training_step_moves_the_same_weights(family):
     tokens = torch.randint(0, SHAPE["vocab_size"], (2, 129), device=CUDA)
     moved = {}
     for spec in ("torch_bf16", "te_bf16"):
-        b = backends.make(spec)
-        model = b.build(ref.cpu(), cfg(), CUDA)
+        b = backends.make(spec).prepare(ref.cpu(), cfg(), CUDA)
+        model = b.model
         before = {k: v.detach().float().clone() for k, v in backends.reference_state(model).items()}
         opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
         with b.forward_context():
@@ -159,15 +159,15 @@ def _train(b, model, tokens, steps=6) -> list[float]:
 def test_hf_fp8_layer_student_of_every_family_trains(family, recipe):
     """Each family's TE layers under an FP8 recipe: logits near the fp32 model's, a few AdamW steps lower the loss."""
     ref = reference(family)
-    b = backends.make(f"te_fp8:{recipe}")
-    model = b.build(ref.cpu(), cfg(), CUDA)
-    assert b.conversion == "layer", b.conversion_note
+    b = backends.make(f"te_fp8:{recipe}").prepare(ref.cpu(), cfg(), CUDA)
+    model = b.model
+    assert b.describe()["te_conversion"] == "layer", b.describe()
     tokens = torch.randint(0, SHAPE["vocab_size"], (4, 129), device=CUDA)
     with torch.no_grad(), b.forward_context():
         err = rel(model(tokens[:, :-1]), ref.to(CUDA)(tokens[:, :-1]))
     losses = _train(b, model, tokens)
     _record(f"fp8_{recipe}_{family}", {"rel_err_vs_fp32": err, "losses": losses,
-                                       "attention_backend": b.describe(model).get("attention_backend")})
+                                       "attention_backend": b.describe().get("attention_backend")})
     assert err < 0.2 and losses[-1] < losses[0], (err, losses)
 
 
@@ -177,8 +177,8 @@ def test_hf_fp8_layer_student_with_an_fp8_head_trains(tied):
     embedding's Parameter through training), the logits stay near the fp32 model's, a few steps lower the loss."""
     ref = reference("llama", tie_word_embeddings=tied)
     c = cfg(te_head_precision="fp8")
-    b = backends.make("te_fp8:delayed")
-    model = b.build(ref.cpu(), c, CUDA)
+    b = backends.make("te_fp8:delayed").prepare(ref.cpu(), c, CUDA)
+    model = b.model
     te = _te.load()[0]
     head, embed = model.model.lm_head, model.model.model.embed_tokens
     assert isinstance(head, te.Linear) and (head.weight is embed.weight) == tied
@@ -198,14 +198,14 @@ def test_hf_fp8_attention_runs_or_refuses_in_the_options_words(recipe, head_dim)
     heads = SHAPE["hidden_size"] // head_dim
     ref = reference("llama", num_attention_heads=heads, num_key_value_heads=1, head_dim=head_dim)
     c = cfg(te_fp8_dpa=True)
-    b = backends.make(f"te_fp8:{recipe}")
-    model = b.build(ref.cpu(), c, CUDA)
+    b = backends.make(f"te_fp8:{recipe}").prepare(ref.cpu(), c, CUDA)
+    model = b.model
     tokens = torch.randint(0, SHAPE["vocab_size"], (2, 129), device=CUDA)
     try:
         with b.forward_context():
             logits = model(tokens[:, :-1])
         torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten()).backward()
-        outcome = {"ran": True, "attention_backend": b.describe(model).get("attention_backend")}
+        outcome = {"ran": True, "attention_backend": b.describe().get("attention_backend")}
         with torch.no_grad():
             outcome["rel_err_vs_fp32"] = rel(logits, ref.to(CUDA)(tokens[:, :-1]))
         assert outcome["rel_err_vs_fp32"] < 0.2, outcome

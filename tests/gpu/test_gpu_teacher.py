@@ -32,7 +32,7 @@ def _train(tmp_path, spec="torch_bf16", **over):
     cfg = _cfg(**over)
     task = lm_task.LMTask(cfg, CUDA, torch.bfloat16, tmp_path / "cache")
     data = task.make_data()
-    metrics, losses = loop.run_student(backends.make(spec), cfg, task, data, CUDA)
+    metrics, losses = loop.run_student(loop.prepare(backends.make(spec), cfg, task, CUDA), cfg, task, data, CUDA)
     return task, data, metrics, losses
 
 

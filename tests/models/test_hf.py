@@ -60,14 +60,14 @@ def test_a_missing_folder_is_one_clear_error(tmp_path):
 def test_te_conversion_swaps_linear_and_rmsnorm_and_reports_what_stayed_torch(saved, monkeypatch):
     monkeypatch.setattr(_te, "load", lambda: (FakeTEModules, object(), ""))
     reference = load_causal_lm(saved, seq_len=16)
-    te_bf16 = backends.make("te_bf16")
     cfg = config.from_preset("cpu-smoke", te_conversion="linear")  # per Linear (the decoder-layer one: test_hf_layers)
-    model = te_bf16.build(reference, cfg, torch.device("cpu"))  # converts a copy
+    te_bf16 = backends.make("te_bf16").prepare(reference, cfg, torch.device("cpu"))  # converts a copy
+    model = te_bf16.model
     # per layer: 7 Linear, 2 RMSNorm; + final norm (the head stays bf16)
     assert len(te_bf16.converted) == 2 * (7 + 2) + 1
     assert type(model.model.model.layers[0].input_layernorm) is FakeTEModules.RMSNorm
     assert type(model.model.lm_head) is torch.nn.Linear
-    kept = te_bf16.kept_torch
+    kept = te_bf16.describe()["kept_torch_modules"].split("; ")
     assert "model.model.embed_tokens (Embedding)" in kept and "model.model.layers.1.self_attn (LlamaAttention)" in kept
     assert not any("proj" in k or "norm" in k for k in kept)
     tokens = torch.randint(0, 256, (2, 16))

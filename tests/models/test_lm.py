@@ -191,8 +191,6 @@ def test_a_te_student_records_its_attention_backend_and_warns_on_the_slowest(fak
     its unfused attention is a warning, since it silently costs TE its advantage."""
     monkeypatch.setattr(_te, "last_attention_selection", lambda: selection)
     cfg = config.from_preset("gpt-cpu", hidden=64, heads=4)
-    b = backends.make("te_bf16")
-    model = b.build(lm("gpt"), cfg, torch.device("cpu"))
-    row = b.describe(model)
+    row = backends.make("te_bf16").prepare(lm("gpt"), cfg, torch.device("cpu")).describe()
     assert row["attention_backend"] == backend and row["converted_modules"] > 0
     assert ("attention_warning" in row) == warned

@@ -317,3 +317,64 @@ def test_the_model_code_and_the_configuration_read_declarations_not_kind_names()
     assert len(files) > 3
     found = {p.relative_to(PKG).as_posix(): set(where) for p in files if (where := kind_name_compares(p.read_text()))}
     assert found == {f: names for f, (names, _) in KIND_NAME_RULES.items()}
+
+
+# ---- a student is a value ---------------------------------------------------------------------------
+BACKEND_MEMBERS_MAX = 12  # declarations + availability, convert, prepare (+ fallback, __init__)
+
+
+def state_writes(source: str) -> list[str]:
+    """'function: self.attr' for every assignment to an attribute of `self` outside `__init__`: state a method
+    writes onto its object (what a backend's student held before it was a value, `backends.Student`)."""
+    found = []
+    for fn in ast.walk(ast.parse(source)):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or fn.name == "__init__":
+            continue
+        for node in ast.walk(fn):
+            targets = node.targets if isinstance(node, ast.Assign) else (
+                [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+            for t in targets:
+                for leaf in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                    if isinstance(leaf, ast.Attribute) and isinstance(leaf.value, ast.Name) and leaf.value.id == "self":
+                        found.append(f"{fn.name}: self.{leaf.attr}")
+    return found
+
+
+def class_members(source: str, name: str) -> list[str]:
+    """The names a class's own body declares: its methods and class attributes (inherited ones not counted)."""
+    cls = next(n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef) and n.name == name)
+    out = []
+    for node in cls.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.append(node.name)
+        elif isinstance(node, ast.Assign):
+            out += [t.id for t in node.targets if isinstance(t, ast.Name)]
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            out.append(node.target.id)
+    return out
+
+
+def test_the_state_and_member_checks_find_what_they_look_for():
+    src = ("class B:\n    x = 1\n    y: int = 2\n    def __init__(self):\n        self.a = 1\n"
+           "    def build(self):\n        self.b, self.c = 1, 2\n        self.d += 1\n        other.e = 3\n")
+    assert state_writes(src) == ["build: self.b", "build: self.c", "build: self.d"]
+    assert class_members(src, "B") == ["x", "y", "__init__", "build"]
+
+
+def test_no_backend_writes_state_outside_init():
+    """A backend keeps its declarations; what it prepares for a student is in the `Student` it returns."""
+    found = {str(p.relative_to(PKG)): w for p in (PKG / "backends").rglob("*.py") if (w := state_writes(p.read_text()))}
+    assert not found
+
+
+def test_the_backend_type_is_a_dozen_members_or_fewer():
+    members = class_members((PKG / "backends" / "__init__.py").read_text(), "Backend")
+    assert len(members) <= BACKEND_MEMBERS_MAX, members
+
+
+def test_train_imports_no_private_backend_module():
+    """The trainer and the teacher code take a prepared `Student` and the backends' public functions; a backend's
+    private helpers ('_te', '_gemm', '_autocast') may change with it."""
+    found = {m: sorted(t for t in targets if t.startswith("workbench.backends._"))
+             for m, targets in import_graph().items() if _inside(m, "workbench.train")}
+    assert not {m: t for m, t in found.items() if t}

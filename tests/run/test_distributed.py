@@ -5,6 +5,7 @@ import re
 import socket
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -202,8 +203,10 @@ def _build_fp8_weights_on_two_ranks(rank: int, port: int, out: str) -> None:
                              backends="te_fp8:current", baseline="te_fp8:current")
     torch.manual_seed(0)  # the same reference on both ranks
     reference = reference_student(cfg.model)
-    spread = parallel.Spread(backends.make("te_fp8:current"), parallel.World(rank, 2, "fsdp2"))
-    model = spread.build(reference, cfg, torch.device("cpu"))
+    task = types.SimpleNamespace(reference=reference)
+    world = parallel.World(rank, 2, "fsdp2")
+    student, _ = world.prepare(backends.make("te_fp8:current"), cfg, task, torch.device("cpu"))
+    model = student.model
     ref = reference.state_dict()
     params = dict(model.named_parameters())  # before any forward: the root keeps its own unsharded after one
     masters = {n: p for n, p in params.items() if hasattr(p, backends.MASTER_INIT)}
@@ -215,7 +218,7 @@ def _build_fp8_weights_on_two_ranks(rank: int, port: int, out: str) -> None:
         "masters": sorted(masters),
         "masters_are_this_ranks_half": all(torch.equal(getattr(p, backends.MASTER_INIT), ref[n].chunk(2)[rank])
                                            for n, p in masters.items()),
-        "notes": spread.policy(cfg, torch.device("cpu")).notes,
+        "notes": student.policy.notes,
     }
     tokens = torch.randint(0, cfg.model.vocab, (2, cfg.model.seq_len))
     with torch.no_grad():
@@ -280,13 +283,15 @@ def test_fsdp2_fp8_weights_need_te_2_16_and_a_recipe_te_shards(monkeypatch):
 def test_fsdp2_notes_say_which_path_ran():
     from workbench import backends
 
-    world, cuda = parallel.World(0, 2, "fsdp2"), torch.device("cuda")
-    cfg = config.from_preset("seed", nproc=2, strategy="fsdp2")
-    notes = {
-        spec: parallel.Spread(backends.make(spec), world).policy(cfg, cuda).notes
-        for spec in ("te_bf16", "te_fp8:delayed")
-    }
-    assert parallel.FSDP2_PLAIN in notes["te_bf16"] and parallel.FSDP2_PLAIN_FP8 in notes["te_fp8:delayed"]
-    fp8_weights = backends.make("te_fp8:delayed")
-    fp8_weights.fp8_weights = True  # what build_sharded sets
-    assert parallel.FSDP2_TE_RECIPE in parallel.Spread(fp8_weights, world).policy(cfg, cuda).notes
+    world = parallel.World(0, 2, "fsdp2")
+
+    def notes(spec: str, sharded: bool = False) -> tuple[str, ...]:
+        b = backends.make(spec)
+        student = backends.Student(torch.nn.Linear(2, 2), backends.StepPolicy(graph="step"), b.gemm_precision,
+                                   sharded=sharded)
+        return parallel.spread_policy(student, world, b).notes
+
+    assert parallel.FSDP2_PLAIN in notes("te_bf16") and parallel.FSDP2_PLAIN_FP8 in notes("te_fp8:delayed")
+    assert parallel.FSDP2_TE_RECIPE in notes("te_fp8:delayed", sharded=True)  # TE's recipe sharded its FP8 weights
+    assert any("graphs not applied: CUDA graphs of a fsdp2 step" in n for n in notes("te_bf16"))
+    assert not any("FSDP2" in n for n in notes("torch_bf16"))

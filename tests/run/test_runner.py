@@ -122,15 +122,15 @@ def test_unavailable_backend_is_skipped_and_divergence_stops_one_student(tmp_pat
     def make(spec):  # force torch_bf16 to diverge: an absurd learning rate is applied only to it
         b = real_make(spec)
         if spec == "torch_bf16":
-            build = b.build
+            prepare = b.prepare
 
-            def diverging_build(reference, cfg_, device):
-                m = build(reference, cfg_, device)
+            def diverging_prepare(reference, cfg_, device, ranks=None):
+                student = prepare(reference, cfg_, device, ranks)
                 with torch.no_grad():
-                    for p in m.parameters():
+                    for p in student.model.parameters():
                         p.mul_(1e30)
-                return m
-            b.build = diverging_build
+                return student
+            b.prepare = diverging_prepare
         return b
 
     monkeypatch.setattr(backends, "make", make)
@@ -142,7 +142,7 @@ def test_unavailable_backend_is_skipped_and_divergence_stops_one_student(tmp_pat
 
 @pytest.mark.parametrize("method, error, needle", [
     ("availability", OSError("libcudnn.so.9: cannot open shared object file (simulated)"), "libcudnn"),
-    ("build", RuntimeError("CUDA out of memory (simulated)"), "out of memory"),
+    ("prepare", RuntimeError("CUDA out of memory (simulated)"), "out of memory"),
 ])
 def test_a_failing_student_is_an_error_row_and_the_others_run(tmp_path, monkeypatch, method, error, needle):
     cfg = config.from_preset("cpu-smoke", steps=2, iters=2, warmup=0, backends="torch_fp32,torch_bf16")
@@ -197,7 +197,7 @@ def test_a_fallback_that_fails_reports_the_precision_it_ran(tmp_path, monkeypatc
     def fail(self, *args):
         raise RuntimeError("CUDA out of memory (simulated)")
 
-    monkeypatch.setattr(_autocast.Fallback, "build", fail)
+    monkeypatch.setattr(_autocast.Fallback, "prepare", fail)
     cfg = config.from_preset("cpu-smoke", steps=2, iters=2, warmup=0, backends="torch_fp32,te_fp8:delayed",
                              baseline="torch_fp32")
     row = (

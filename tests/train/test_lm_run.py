@@ -249,7 +249,8 @@ def test_training_on_host_placed_teacher_logits_gives_the_same_losses(tmp_path):
             where == "host"
         )
         assert len(data.train) == cfg.train.steps
-        _, losses[where] = loop.run_student(backends.make("torch_fp32"), task.cfg, task, data, torch.device("cpu"))
+        student = loop.prepare(backends.make("torch_fp32"), task.cfg, task, torch.device("cpu"))
+        _, losses[where] = loop.run_student(student, task.cfg, task, data, torch.device("cpu"))
     assert losses["host"] == losses["gpu"]
 
 
@@ -273,9 +274,8 @@ def test_the_fused_loss_trains_like_the_checkpointed_one(tmp_path, monkeypatch):
         data = task.make_data()
         for name, t in (("kd", task), ("no-kd", task.no_kd())):
             calls.clear()
-            _, curves[impl, name] = loop.run_student(
-                backends.make("torch_fp32"), task.cfg, t, data, torch.device("cpu")
-            )
+            student = loop.prepare(backends.make("torch_fp32"), task.cfg, t, torch.device("cpu"))
+            _, curves[impl, name] = loop.run_student(student, task.cfg, t, data, torch.device("cpu"))
             # one per training step, and the timed ones
             assert len(calls) == (cfg.train.steps + cfg.bench.iters if impl == "fused" else 0), (impl, name)
     for name in ("kd", "no-kd"):

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from workbench import backends, config, results
+from workbench.backends._te_run import TERun
 from workbench.env import probe
 from workbench.env import te as _te
 from workbench.run import runner
@@ -20,9 +21,9 @@ def test_a_student_that_writes_into_the_shared_batches_is_flagged_and_the_next_o
     clean = results.load(runner.run(_cfg(), out=tmp_path, run_id="clean", progress=False)).set_index("student")
     real = runner.run_student
 
-    def writes_into_batch0(backend, cfg, init_state, data, device, **kw):
-        out = real(backend, cfg, init_state, data, device, **kw)
-        if backend.name == "torch_fp32":
+    def writes_into_batch0(student, cfg, task, data, device, **kw):
+        out = real(student, cfg, task, data, device, **kw)
+        if student.gemm_precision == "fp32":  # torch_fp32's
             tokens = data.train[0][0]
             tokens.copy_((tokens + 1) % cfg.model.vocab)
         return out
@@ -66,10 +67,8 @@ class FakeGraphingTE:
 def test_te_graph_capture_gets_its_own_copy_of_the_sample_batch(monkeypatch):
     fake = FakeGraphingTE()
     monkeypatch.setattr(_te, "load", lambda: (fake, object(), ""))
-    b = backends.make("te_bf16")
-    b.device, b.dtype = torch.device("cpu"), torch.bfloat16
     shared = torch.randint(0, 100, (2, 8))
-    b.make_graphed(torch.nn.Identity(), shared)
+    TERun(torch.device("cpu"), torch.bfloat16).make_graphed(torch.nn.Identity(), shared)
     (sample,) = fake.sample_args
     assert torch.equal(sample, shared) and sample.data_ptr() != shared.data_ptr()
 

@@ -132,10 +132,10 @@ def test_a_teacher_tes_conversion_refuses_runs_as_asked_for_and_says_why(monkeyp
     monkeypatch.setattr(_te, "load", lambda: (FakeTEModules, FakeRecipes, ""))
     monkeypatch.setattr(teacher_precision, "fp8_unavailable", lambda teacher, cfg, device: "")
 
-    def refuse(self, reference, cfg, device):
+    def refuse(self, reference, cfg, device, ranks=None):
         raise RuntimeError("TE Linear does not take Conv1D's weights")
 
-    monkeypatch.setattr(te_fp8.TEFP8, "build", refuse)
+    monkeypatch.setattr(te_fp8.TEFP8, "prepare", refuse)
     cfg = smoke(teacher_precision="fp8")
     teacher = Teacher(cfg.model)
     ran, precision = teacher_precision.prepare(teacher, cfg, CPU, None)

@@ -1,20 +1,20 @@
 """Precision backends behind one small interface; one file per backend.
 
-A backend answers five questions (gpt-fast / torchtitan / torchao style):
+A backend declares what it is (class attributes) and answers three questions (gpt-fast / torchtitan / torchao style):
   * `availability(ctx)` -> (ok, reason): can it run here, and if not, why, in words a user can act on;
   * `convert(model, cfg)` -> a torch model with its modules swapped for this backend's (TE layers,
-    torchao Float8Linear, a parameter dtype), *keeping the weights*. Every student is a converted copy of
-    one reference torch model (`build`), so matched init holds by construction;
-  * `forward_context()` -> the context manager that wraps the student's forward;
-  * `policy(cfg, device)` -> a `StepPolicy`: compile? CUDA graph of the whole step or of forward/backward?
-    grad scaler? The trainer follows it without knowing backend names.
-  * `outside_training(model)` -> the context of forwards that are not training steps (held-out evaluation,
-    capture warm-ups): what they would change and training depends on (FP8 delayed scaling) is put back.
+    torchao Float8Linear, a parameter dtype), *keeping the weights*;
+  * `prepare(reference, cfg, device)` -> a `Student`: a converted copy of one reference torch model, so matched
+    init holds by construction, with everything the trainer asks about it: the context that wraps its forward,
+    its `StepPolicy` (compile? CUDA graph of the whole step or of forward/backward? grad scaler?), the context of
+    forwards that are not training steps, what to reset after a graph capture, its row cells. The student is a
+    value (torchtitan's `parallelize`, ao's `convert_to_float8_training` return what they made): nothing about
+    it is written onto the backend, so one backend prepares any number of students.
 Adding a backend is adding one file in this folder that subclasses `Backend` and decorates it with
-`@register`; the files are discovered. What a backend *is* it declares as class attributes (`family`, `fp8`,
-`bf16_counterparts`), and the run's summary, its distributed notes and the comparisons follow from those,
-never from the backend's name. Shared helpers live in the private files ('_te', '_autocast', '_gemm'), not
-in another backend's file.
+`@register`; the files are discovered. What a backend *is* it declares as class attributes (`family`,
+`gemm_precision`, `bf16_counterparts`), and the run's summary, its distributed notes and the comparisons follow
+from those, never from the backend's name. Shared helpers live in the private files ('_te', '_autocast', '_gemm'),
+not in another backend's file.
 
 A student is named by a spec 'backend' or 'backend:recipe' (e.g. 'te_fp8:current').
 """
@@ -26,7 +26,7 @@ import functools
 import importlib
 import pkgutil
 from dataclasses import dataclass
-from typing import Any, ContextManager
+from typing import Any, Callable, ContextManager
 
 import torch
 from torch import nn
@@ -39,6 +39,8 @@ BACKENDS: dict[str, type["Backend"]] = {}
 # options.te_fp8_weights; under FSDP2, every shard TE's recipe materialises): that init in fp32 (a CPU copy, or
 # the rank's own shard on its GPU), which the optimizer's master weight starts at (then dropped).
 MASTER_INIT = "workbench_master_init"
+PRECISION = {None: "fp32", torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+LOW_PRECISION = ("fp8", "fp4")  # GEMM precisions whose losses the summary compares with a bf16 student's
 
 
 def register(cls: type["Backend"]) -> type["Backend"]:
@@ -64,110 +66,118 @@ class StepPolicy:
     notes: tuple[str, ...] = ()  # requested speed switches that do not apply, and why
 
 
+@dataclass(frozen=True)
+class Ranks:
+    """How a distributed run spreads its students (workbench.run.parallel), for the backends whose student
+    depends on it: TE FP8 reduces its amaxes over `group`; under FSDP2 its FP8 weights are sharded by TE's recipe."""
+
+    group: Any  # the data-parallel process group
+    shard: Callable[[nn.Module], nn.Module] | None = None  # FSDP2's fully_shard per block then the root; None: DDP
+
+
+def _unchanged() -> ContextManager:
+    return contextlib.nullcontext()
+
+
+def _nothing() -> None:
+    return None
+
+
+def _no_cells() -> dict[str, Any]:
+    return {}
+
+
+@dataclass(frozen=True)
+class Student:
+    """One prepared student (`Backend.prepare`): its model and all the trainer, the multi-GPU wrapper and the row
+    ask about it. The callables are bound to this student's model and resolved settings."""
+
+    model: nn.Module
+    policy: StepPolicy
+    gemm_precision: str  # 'fp32', 'bf16', 'fp16', 'fp8', 'fp4': the peak its row is measured against
+    dtype: torch.dtype | None = None  # torch autocast around its forward (None: fp32); TE FP8's outer autocast
+    forward_context: Callable[[], ContextManager] = _unchanged  # wraps the forward only (TE: never the backward)
+    # wraps forwards that are not training steps (held-out evaluation, capture warm-ups): state they would change
+    # and the training steps depend on (TE delayed scaling's amax history) is put back after
+    outside_training: Callable[[], ContextManager] = _unchanged
+    # undoes, in place, what a capture's warm-up steps changed besides weights and optimizer state (TE: the
+    # delayed-scaling amax history and scales): the graph keeps the tensors' addresses
+    reset_after_capture: Callable[[], None] = _nothing
+    describe: Callable[[], dict[str, Any]] = _no_cells  # row cells read after it trained (TE's attention backend)
+    make_graphed: Callable[[nn.Module, torch.Tensor], Any] | None = None  # forward+backward graphs ('fwd_bwd')
+    converted: tuple[str, ...] = ()  # the modules its conversion swapped, by name (TE's report)
+    sharded: bool = False  # already spread over the ranks by its backend (TE's FSDP2 recipe for FP8 weights)
+    mem_floor_mb: float | None = None  # allocated before it existed (teacher, data, targets): the run's floor
+
+
 class Backend:
+    """A precision backend: its declarations, and `availability`, `convert`, `prepare` (and `fallback`)."""
+
     name: str = ""
-    recipes: tuple[str, ...] = ()  # allowed recipes; empty = takes none
-    default_recipe: str | None = None
+    recipes: tuple[str, ...] = ()  # allowed recipes, the first the default; empty = takes none
     mode: str = "PyTorch"  # the tutorial's mode name for rows that run this backend
-    compilable = True  # torch.compile applies (config bench.compile)
-    compile_required = False  # always compiled (torchao float8 is meant to run under torch.compile)
-    runs_te_attention = False  # whether options.te_attention applies (TE students with TE's attention)
-    # What the backend is, for the run's summary and notes:
+    compiled = "if_asked"  # torch.compile: 'if_asked' (bench.compile), 'never' (dynamo skips its modules), 'always'
+    # The precision its GEMMs run in ('fp32', 'bf16', 'fp16', 'fp8', 'fp4'): which peak a row is measured against,
+    # which students a crossover is computed for, and (fp8, fp4) whose losses the summary compares with a bf16 one's
+    gemm_precision: str = "fp32"
     family: str | None = None  # 'te': a Transformer Engine student (the summary's TE path); None: its own
-    fp8 = False  # low-precision GEMMs (FP8, FP4) whose losses the summary compares with a bf16 student's
-    bf16_counterparts: tuple[str, ...] = ("torch_bf16",)  # that bf16 student: the first of these that ran
+    bf16_counterparts: tuple[str, ...] = ("torch_bf16",)  # the bf16 student compared with: the first that ran
 
     def __init__(self, recipe: str | None = None):
-        self.recipe = recipe or self.default_recipe
-
-    @property
-    def uses_grad_scaler(self) -> bool:
-        """fp16 autocast needs loss scaling: its narrow exponent range underflows small gradients."""
-        return getattr(self, "dtype", None) is torch.float16
-
-    @property
-    def gemm_precision(self) -> str:
-        """The precision its GEMMs run in ('fp32', 'bf16', 'fp16', 'fp8', 'fp4'): which peak a row is
-        measured against, and which students a crossover is computed for."""
-        dtype = getattr(self, "dtype", None)
-        return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
-
-    @property
-    def spec(self) -> str:
-        return f"{self.name}:{self.recipe}" if self.recipe else self.name
+        self.recipe = recipe or next(iter(self.recipes), None)
 
     def availability(self, ctx: Context) -> tuple[bool, str]:
         return True, ""
-
-    def build(self, reference: nn.Module, cfg: Any, device: torch.device) -> nn.Module:
-        """This backend's student: a converted copy of the reference torch model, on `device`."""
-        self.claim()
-        self.device = device
-        model = self.convert(copy.deepcopy(reference), cfg)
-        check_matched(model, reference)
-        return model.to(device)
-
-    def claim(self) -> None:
-        """Mark this instance as the one student it builds. What `build` resolves for that student (device,
-        dtype, TE's recipe and what its conversion swapped) lives on the instance, which `policy`, the forward
-        context and `describe` then read: so every student gets a fresh instance (`make`), never a shared one."""
-        if getattr(self, "_built", False):
-            raise RuntimeError(f"backend {self.spec!r} already built its student: an instance holds that student's "
-                               "state; backends.make(spec) makes one for the next")
-        self._built = True
 
     def convert(self, model: nn.Module, cfg: Any) -> nn.Module:
         """Swap what this backend runs differently; the torch students only change the parameter dtype."""
         return to_param_dtype(model, cfg)
 
-    def policy(self, cfg: Any, device: torch.device) -> StepPolicy:
-        """The step this backend runs under `cfg.bench`'s switches (ask after `build`: fp16 is decided there)."""
-        notes = []
-        if cfg.options.te_attention != "auto" and not self.runs_te_attention:
-            notes.append(f"options.te_attention={cfg.options.te_attention!r} not applied: this student does not "
-                         "run TE's attention")
-        compile_ = self.compile_required or (cfg.bench.compile and self.compilable)
-        if cfg.bench.compile and not compile_:
-            notes.append(f"compile not applied: {self.name} modules are skipped by dynamo")
-        graph = None
-        if cfg.bench.graphs:
-            ok, why = self.can_graph(cfg, device)
-            graph = self.graph_scope(cfg) if ok else None
-            if not ok:
-                notes.append(f"graphs not applied: {why}")
-        return StepPolicy(compile=compile_, graph=graph, grad_scaler=self.uses_grad_scaler, notes=tuple(notes))
-
-    def describe(self, model: nn.Module) -> dict[str, Any]:
-        """Row cells about what this student ran as, read after it trained (e.g. TE's attention backend)."""
-        return {}
-
-    def graph_scope(self, cfg: Any) -> str:
-        """What a CUDA graph of this student covers under `cfg`: "step" (the whole step, capture_step), or
-        "fwd_bwd" (forward and backward through `make_graphed`)."""
-        return "step"
-
-    def reset_after_capture(self, model: nn.Module) -> None:
-        """Undo what the capture's warm-up steps changed besides weights and optimizer state (TE: the
-        delayed-scaling amax history and scales), in place: the graph keeps the tensors' addresses."""
-
-    def can_graph(self, cfg: Any, device: torch.device) -> tuple[bool, str]:
-        if device.type != "cuda":
-            return False, "CUDA graphs need a GPU"
-        if self.uses_grad_scaler:
-            return False, "the fp16 grad scaler's inf checks and skipped steps are not graph-safe"
-        return True, ""
-
-    def forward_context(self) -> ContextManager:
-        return contextlib.nullcontext()
-
-    def outside_training(self, model: nn.Module) -> ContextManager:
-        """Wraps forwards that are not training steps (held-out evaluation, capture warm-ups): state they
-        would change and the training steps depend on (TE delayed scaling's amax history) is put back after."""
-        return contextlib.nullcontext()
+    def prepare(self, reference: nn.Module, cfg: Any, device: torch.device, ranks: Ranks | None = None) -> Student:
+        """This backend's student: a converted copy of the reference torch model, on `device`."""
+        return Student(converted(self, reference, cfg, device), step_policy(self, cfg, device), self.gemm_precision)
 
     def fallback(self, ctx: Context, reason: str) -> "Backend | None":
         """A backend to run instead when this one is unavailable (TE -> PyTorch autocast), or None."""
         return None
+
+
+def converted(backend: Backend, reference: nn.Module, cfg: Any, device: torch.device) -> nn.Module:
+    """`backend.convert` of a copy of the reference, checked to keep every weight, on `device`."""
+    model = backend.convert(copy.deepcopy(reference), cfg)
+    check_matched(model, reference)
+    return model.to(device)
+
+
+def step_policy(backend: Backend, cfg: Any, device: torch.device, dtype: torch.dtype | None = None,
+                graph: tuple[str, str] = ("step", ""), te_attention: bool = False) -> StepPolicy:
+    """The step a student of `backend` runs under `cfg.bench`'s switches. `dtype`: its autocast (fp16 needs a grad
+    scaler: its narrow exponent range underflows small gradients); `graph`: what a CUDA graph of it covers ("step",
+    capture_step, or "fwd_bwd", its `make_graphed`) and why it cannot be graphed ('' when it can); `te_attention`:
+    whether it runs TE's attention (options.te_attention applies)."""
+    notes = []
+    if cfg.options.te_attention != "auto" and not te_attention:
+        notes.append(f"options.te_attention={cfg.options.te_attention!r} not applied: this student does not "
+                     "run TE's attention")
+    compile_ = backend.compiled == "always" or (cfg.bench.compile and backend.compiled == "if_asked")
+    if cfg.bench.compile and not compile_:
+        notes.append(f"compile not applied: {backend.name} modules are skipped by dynamo")
+    scaler = dtype is torch.float16
+    scope, why = graph
+    if not why and device.type != "cuda":
+        why = "CUDA graphs need a GPU"
+    elif not why and scaler:
+        why = "the fp16 grad scaler's inf checks and skipped steps are not graph-safe"
+    if cfg.bench.graphs and why:
+        notes.append(f"graphs not applied: {why}")
+    return StepPolicy(compile=compile_, graph=scope if cfg.bench.graphs and not why else None, grad_scaler=scaler,
+                      notes=tuple(notes))
+
+
+def low_precision(name: str) -> bool:
+    """Whether the backend registered as `name` runs low-precision GEMMs (fp8, fp4) by default."""
+    cls = declared(name)
+    return cls is not None and cls().gemm_precision in LOW_PRECISION
 
 
 def reference_state(model: nn.Module) -> dict[str, torch.Tensor]:

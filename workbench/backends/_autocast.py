@@ -3,9 +3,11 @@ torchao's float8, which runs its GEMMs inside bf16 autocast), and the fallback a
 cannot. Private (a leading '_'): the registry does not load it as a backend."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from workbench.backends import Backend, amp_dtype, autocast
+from workbench.backends import PRECISION, Backend, Student, amp_dtype, autocast, converted, step_policy
 
 
 class Autocast(Backend):
@@ -13,8 +15,18 @@ class Autocast(Backend):
 
     dtype = torch.bfloat16
 
-    def forward_context(self):
-        return autocast(self.device, self.dtype)
+    @property
+    def gemm_precision(self) -> str:
+        return PRECISION[self.dtype]
+
+    def prepare(self, reference, cfg, device, ranks=None) -> Student:
+        return autocast_student(self, converted(self, reference, cfg, device), cfg, device, self.dtype,
+                                self.gemm_precision)
+
+
+def autocast_student(backend: Backend, model, cfg, device, dtype, precision: str) -> Student:
+    return Student(model, step_policy(backend, cfg, device, dtype), precision, dtype=dtype,
+                   forward_context=functools.partial(autocast, device, dtype))
 
 
 class Fallback(Autocast):
@@ -24,6 +36,6 @@ class Fallback(Autocast):
     name = "fallback"
     mode = "Fallback-PyTorch"
 
-    def build(self, reference, cfg, device):
-        self.dtype = amp_dtype(device)
-        return super().build(reference, cfg, device)
+    def prepare(self, reference, cfg, device, ranks=None) -> Student:
+        dtype = amp_dtype(device)
+        return autocast_student(self, converted(self, reference, cfg, device), cfg, device, dtype, PRECISION[dtype])

@@ -6,14 +6,28 @@ backward (te.make_graphed_callables) or the whole step (the trainer's capture_st
 Private (a leading '_'): not a backend itself, so the registry does not load it as one."""
 from __future__ import annotations
 
-import contextlib
+import copy
 import dataclasses
+import functools
 
 import torch
 from torch import nn
 
-from workbench.backends import Backend, Context, amp_dtype, autocast, hf_families, replace_modules, to_param_dtype
+from workbench.backends import (
+    PRECISION,
+    Backend,
+    Context,
+    StepPolicy,
+    Student,
+    amp_dtype,
+    check_matched,
+    hf_families,
+    replace_modules,
+    step_policy,
+    to_param_dtype,
+)
 from workbench.backends._autocast import Fallback
+from workbench.backends._te_run import TERun, describe, reset_fp8_scaling
 from workbench.backends.hf_families.common import TEDecoderLayer
 from workbench.config import ConfigError
 from workbench.env import te as te_env
@@ -34,11 +48,9 @@ class TEBackend(Backend):
 
     family = "te"
     bf16_counterparts = ("te_bf16", "torch_bf16")
-    compilable = False  # dynamo skips TE modules (graph breaks); TE's speed-up route is CUDA graphs
-    fp8_recipe = None
+    compiled = "never"  # dynamo skips TE modules (graph breaks); TE's speed-up route is CUDA graphs
+    gemm_precision = "bf16"  # fp16 where the GPU has no bf16: the prepared student says
     quantized_weights = False  # whether options.te_fp8_weights applies (the FP8 students)
-    dtype = torch.bfloat16  # until build() picks fp16 on GPUs without bf16
-    attention = "auto"  # options.te_attention, set by convert()
 
     def availability(self, ctx: Context) -> tuple[bool, str]:
         ok, why = te_usable(ctx)
@@ -51,106 +63,52 @@ class TEBackend(Backend):
         ok, why = te_env.check(getattr(te, "is_bf16_available", None), "bf16")
         return True, ("" if ok else f"no bf16 ({why}); running TE in fp16")
 
-    def build(self, reference, cfg, device):
-        self.dtype = amp_dtype(device)  # fp16 (+ grad scaler) on GPUs without bf16 (T4)
-        return super().build(reference, cfg, device)
-
-    def convert(self, model, cfg, meta: bool = False):
-        self.conversion, self.conversion_note = conversion_for(model, cfg)
-        head_fp8 = cfg.options.te_head_precision == "fp8" and self.gemm_precision != "bf16"
-        self.converted = convert_to_te(model, cfg, self.device, meta, layers=self.conversion == "layer",
-                                       head_fp8=head_fp8, fp8_weights=bool(getattr(self, "fp8_weights", False)))
-        self.kept_torch = stayed_torch(model, self.converted)
-        self.runs_te_attention = any(isinstance(m, (TEAttention, TEDecoderLayer)) for m in model.modules())
-        self.attention = cfg.options.te_attention
+    def convert(self, model, cfg):
+        """TE's layers in place of the model's, made on the device the model is on."""
+        device = next(model.parameters()).device
+        to_te(model, cfg, device, head_fp8=head_fp8(cfg, self.gemm_precision))
         return model
 
-    def forward_context(self):
-        stack = contextlib.ExitStack()
-        if self.runs_te_attention:  # a few microseconds a step: only for students with TE's attention
-            stack.enter_context(forced_attention(self.attention))
-        for ctx in self.autocasts():
-            stack.enter_context(ctx)
-        return stack
+    def prepare(self, reference, cfg, device, ranks=None) -> Student:
+        dtype = amp_dtype(device)  # fp16 (+ grad scaler) on GPUs without bf16 (T4)
+        model = copy.deepcopy(reference)
+        report = to_te(model, cfg, device, head_fp8=head_fp8(cfg, PRECISION[dtype]))
+        check_matched(model, reference)
+        run = TERun(device, dtype, cfg.options.te_attention, report.te_attention)
+        return self.student(model.to(device), cfg, run, report)
 
-    def autocasts(self) -> list:
-        """The autocast contexts of this student's forward, outermost first."""
-        return [autocast(self.device, self.dtype)]
+    def student(self, model, cfg, run: "TERun", report: "Conversion", **kw) -> Student:
+        """The prepared TE student of `model` (converted as `report` says), its forward run as `run` says."""
+        return Student(model, self.policy(cfg, run), run.precision(self), dtype=run.dtype,
+                       forward_context=run.context, outside_training=functools.partial(run.outside_training, model),
+                       reset_after_capture=functools.partial(reset_fp8_scaling, model),
+                       describe=functools.partial(describe, report, run.te_attention and run.attention),
+                       make_graphed=run.make_graphed, converted=report.swapped, **kw)
 
-    def describe(self, model):
-        """What the conversion swapped and kept, and the attention backend TE selected for this student's
-        last forward beside the one requested (options.te_attention): a slower one (unfused) silently costs
-        TE its advantage, so the row says which ran."""
-        out = {"converted_modules": len(getattr(self, "converted", [])),
-               "kept_torch_modules": "; ".join(getattr(self, "kept_torch", []))[:1000] or None,
-               "te_conversion": getattr(self, "conversion", None)}
-        if getattr(self, "conversion_note", ""):
-            out["te_conversion_note"] = self.conversion_note
-        if self.runs_te_attention:
-            out["attention_requested"] = self.attention
-            out["attention_backend"] = selected = te_env.describe_selection(te_env.last_attention_selection())
-            ran = (selected or "").split(" ")[0]  # 'fused (sub-backend 1)' -> 'fused'
-            if self.attention != "auto" and ran != self.attention:
-                out["attention_warning"] = f"options.te_attention={self.attention!r} was requested, TE ran {selected}"
-            elif ran == "unfused" and self.attention != "unfused":  # flash-attn absent, cuDNN's fused failed to load
-                out["attention_warning"] = ("TE ran its unfused attention, the slowest; `workbench probe` shows "
-                                            "TE's reasons (te_attention.log) and `workbench doctor` the fix")
-        return out
-
-    def can_graph(self, cfg, device):
-        if cfg.distill.loss == "hidden" and self.graph_scope(cfg) == "fwd_bwd":
-            return False, "the hidden-state loss returns per-block tensors; TE graphs are captured for the output only"
-        return super().can_graph(cfg, device)
-
-    def graph_scope(self, cfg):
-        """options.te_graph: 'step' captures the whole step like the torch students (capture_step), 'fwd_bwd'
-        graphs forward and backward through te.make_graphed_callables."""
-        return cfg.options.te_graph
-
-    def policy(self, cfg, device):
-        p = super().policy(cfg, device)
+    def policy(self, cfg, run: "TERun") -> StepPolicy:
+        """The step policy of a student whose forward runs as `run` says, with the notes on the TE switches
+        that do not apply to it. options.te_graph: 'step' captures the whole step like the torch students
+        (capture_step), 'fwd_bwd' graphs forward and backward through te.make_graphed_callables."""
+        scope = cfg.options.te_graph
+        why = ""
+        if cfg.options.te_fp8_weights and self.quantized_weights:
+            # TE's FusedAdam refuses capturable=True with FP8 weights, and an eager update of FP8 weights
+            # between replays of a forward/backward graph is a path TE does not document
+            why = "FP8 weights (options.te_fp8_weights) are updated by TE's FusedAdam outside any graph"
+        elif cfg.distill.loss == "hidden" and scope == "fwd_bwd":
+            why = "the hidden-state loss returns per-block tensors; TE graphs are captured for the output only"
+        p = step_policy(self, cfg, run.device, run.dtype, (scope, why), te_attention=run.te_attention)
         notes = []
         if cfg.options.te_fp8_weights and not self.quantized_weights:
             notes.append("options.te_fp8_weights not applied: a bf16 student has no FP8 weights")
-        if cfg.options.te_fp8_dpa and (self.fp8_recipe is None or not self.runs_te_attention):
-            notes.append("options.te_fp8_dpa not applied: " + ("a bf16 student runs no FP8" if self.fp8_recipe is None
+        if cfg.options.te_fp8_dpa and (run.recipe is None or not run.te_attention):
+            notes.append("options.te_fp8_dpa not applied: " + ("a bf16 student runs no FP8" if run.recipe is None
                          else "this student does not run TE's attention"))
         hf = bool(cfg.lm.student) and kinds.is_lm(cfg.model.kind)
-        if cfg.options.te_head_precision == "fp8" and (not hf or self.gemm_precision == "bf16"):
+        if cfg.options.te_head_precision == "fp8" and (not hf or run.precision(self) == "bf16"):
             notes.append("options.te_head_precision='fp8' not applied: " + (
                 "a bf16 student runs no FP8" if hf else "it applies to Hugging Face students (lm.student)"))
         return dataclasses.replace(p, notes=p.notes + tuple(notes)) if notes else p
-
-    def reset_after_capture(self, model):
-        """Back to fresh delayed-scaling state, in place: scale 1 and an empty amax history, as a new module
-        has them (what TE's reset_fp8_meta_tensors() writes; done here per state, since that method assumes
-        every state is a delayed-scaling one). Current and block scaling keep no state between steps."""
-        with torch.no_grad():
-            for m in model.modules():
-                meta = getattr(m, "fp8_meta", None)
-                for key in ("scaling_fwd", "scaling_bwd"):
-                    state = meta.get(key) if isinstance(meta, dict) else None
-                    if hasattr(state, "amax_history") and hasattr(state, "scale"):
-                        state.scale.fill_(1.0)
-                        state.amax_history.zero_()
-
-    def make_graphed(self, model, sample_tokens):
-        """te.make_graphed_callables over the whole student, captured under this backend's autocast."""
-        import inspect
-
-        te, _, _ = te_env.load()
-        params = inspect.signature(te.make_graphed_callables).parameters
-        kw = {"num_warmup_iters": 3}
-        if self.fp8_recipe is not None:  # TE >= 2.9 names them enabled/recipe, older fp8_enabled/fp8_recipe
-            kw.update({"enabled": True, "recipe": self.fp8_recipe} if "recipe" in params
-                      else {"fp8_enabled": True, "fp8_recipe": self.fp8_recipe})
-        # TE keeps the sample arguments as the graph's static inputs and copies every later batch into
-        # them: handing it the shared batch itself would overwrite the data every other student uses.
-        sample = (sample_tokens.clone(),)
-        # Capture selects TE's attention again (its inputs now say "graph"): under the forced backend too.
-        # The warm-ups are forwards and backwards that are not training steps: FP8 state is kept as it was.
-        with forced_attention(self.attention), self.outside_training(model), autocast(self.device, self.dtype):
-            return te.make_graphed_callables(model, sample, **kw)
 
     def fallback(self, ctx: Context, reason: str):
         if te_usable(ctx)[0]:
@@ -158,24 +116,30 @@ class TEBackend(Backend):
         return Fallback()
 
 
-class AttentionUnavailable(RuntimeError):
-    """The attention backend options.te_attention forces cannot run for this student here."""
+def head_fp8(cfg, precision: str) -> bool:
+    """Whether a Hugging Face student's LM head becomes a te.Linear (options.te_head_precision='fp8')."""
+    return cfg.options.te_head_precision == "fp8" and precision != "bf16"
 
 
-@contextlib.contextmanager
-def forced_attention(choice: str):
-    """Wraps a TE student's forward: TE's attention switches set for `choice` (see `te_env.force_attention`),
-    and TE's "no backend available" (what a forced backend that cannot run here gives) said in those words."""
-    te_env.force_attention(choice)
-    try:
-        yield
-    except ValueError as e:
-        if choice == "auto" or "No dot product attention backend" not in str(e):
-            raise
-        raise AttentionUnavailable(
-            f"options.te_attention={choice!r} forces TE's {choice} attention, which TE cannot run for this student "
-            f"here (TE: {e}); `workbench probe` shows TE's reasons (te_attention.log), options.te_attention=auto "
-            "lets TE pick") from e
+@dataclasses.dataclass(frozen=True)
+class Conversion:
+    """What a TE conversion swapped and kept: the report a row carries."""
+
+    swapped: tuple[str, ...]  # the modules replaced by TE's, by name
+    kept_torch: tuple[str, ...]  # 'name (Class)' of what stayed torch (`stayed_torch`)
+    layout: str | None  # 'layer' or 'linear' for a Hugging Face model (`conversion_for`); None for ours
+    note: str  # why options.te_conversion='auto' fell back to 'linear'
+    te_attention: bool  # whether the student runs TE's attention
+
+
+def to_te(model: nn.Module, cfg, device, meta: bool = False, head_fp8: bool = False,
+          fp8_weights: bool = False) -> Conversion:
+    """`convert_to_te` of `model`, in place, as options.te_conversion asks (`conversion_for`), and its report."""
+    layout, note = conversion_for(model, cfg)
+    swapped = convert_to_te(model, cfg, device, meta, layers=layout == "layer", head_fp8=head_fp8,
+                            fp8_weights=fp8_weights)
+    te_attention = any(isinstance(m, (TEAttention, TEDecoderLayer)) for m in model.modules())
+    return Conversion(tuple(swapped), tuple(stayed_torch(model, swapped)), layout, note, te_attention)
 
 
 def attention_available(cfg) -> tuple[bool, str]:

@@ -12,20 +12,17 @@ from workbench.backends import Context, register
 from workbench.backends._autocast import Autocast
 from workbench.backends._gemm import misaligned
 
-MIN_CC = {"tensorwise": (8, 9), "rowwise": (9, 0)}
+MIN_CC = {"tensorwise": (8, 9), "rowwise": (9, 0)}  # the first is the default recipe
 
 
 @register
 class TorchaoFloat8(Autocast):
     name = "torchao_float8"
     recipes = tuple(MIN_CC)
-    default_recipe = "tensorwise"
     mode = "torchao-Float8"
-    compile_required = True
+    compiled = "always"  # torchao's float8 is designed to run under torch.compile
     family = "torchao"
-    fp8 = True
     dtype = torch.bfloat16  # its float8 GEMMs run inside bf16 autocast, as the bf16 students do
-
     gemm_precision = "fp8"
 
     def availability(self, ctx: Context) -> tuple[bool, str]:

@@ -20,7 +20,7 @@ batches (`task.make_data(shard=rank)`; held-out batches are shared): the global 
 model.batch. Each student is converted, then wrapped (DDP, or FSDP2: `fully_shard` on every element of
 every ModuleList, i.e. per block, then the root); TE FP8 reduces its amax over the data-parallel group. TE FP8
 students with options.te_fp8_weights under FSDP2 follow TE's own recipe instead (TE >= 2.16): built on the meta
-device, sharded, then initialised shard by shard from the shared weights (`TEFP8.build_sharded`).
+device, sharded, then initialised shard by shard from the shared weights (`TEFP8.sharded`).
 Only rank 0 writes files. A row then carries the slowest rank's step time (`step_ms_*`), the median over
 ranks, every rank's median and peak memory (JSON lists), tokens/s of all ranks together and, with
 `parallel.scaling_reference`, the weak-scaling efficiency against the same student trained and timed
@@ -45,9 +45,10 @@ from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from workbench import results
+from workbench.backends import LOW_PRECISION, Ranks, StepPolicy, Student
 from workbench.config import PRESETS, Config, ConfigError
 from workbench.run import rows
-from workbench.train import Diverged
+from workbench.train import Diverged, loop
 
 
 def in_torchrun() -> bool:
@@ -178,12 +179,13 @@ class World:
             for module in modules:
                 broadcast_module(module, device)
 
-    def spread(self, backend, device: torch.device):
-        """(backend, on_step) of a student trained by every rank: the backend wrapped for the strategy (`Spread`)
-        and a per-step check that stops all ranks together (`stop_together`); a process alone trains as it is."""
+    def prepare(self, backend, cfg: Config, task, device: torch.device) -> tuple[Student, Any]:
+        """(student, on_step) of `backend`: trained by every rank, its model spread for the strategy (`spread`) and a
+        per-step check that stops all ranks together (`stop_together`); a process alone trains it as it is."""
         if not self.active:
-            return backend, None
-        return Spread(backend, self), stop_together(device)
+            return loop.prepare(backend, cfg, task, device), None
+        ranks = Ranks(dist.group.WORLD, shard if self.strategy == "fsdp2" else None)
+        return spread(loop.prepare(backend, cfg, task, device, ranks), self, backend, device), stop_together(device)
 
     def merged(self, row: dict, losses: list[float]) -> tuple[dict, list[float]]:
         """One student's row and loss curve from every rank's (`rows.merge_ranks`); a process alone keeps its own."""
@@ -248,37 +250,26 @@ FSDP2_PLAIN_FP8 = (f"{FSDP2_PLAIN} (weights in model.param_dtype, quantized in e
                    "runs TE's FSDP2 recipe for FP8 weights)")
 
 
-class Spread:
-    """A backend whose students are wrapped for the run's strategy (everything else is the backend's own):
-    graphs are not applied (a note says so), TE FP8 reduces its amax over the data-parallel group, and
-    FP8 weights under FSDP2 are built by TE's own recipe (the backend's `build_sharded`)."""
+def spread(student: Student, world: World, backend, device: torch.device) -> Student:
+    """A student of `backend` trained by every rank: its model wrapped for the strategy (unless its backend
+    already sharded it: TE's own recipe for FP8 weights under FSDP2) and its graphs not applied (a note says so;
+    TE FP8 reduced its amax over the data-parallel group: `Ranks`)."""
+    model = student.model if student.sharded else wrap(student.model, world, device)
+    return dataclasses.replace(student, model=model, policy=spread_policy(student, world, backend))
 
-    def __init__(self, inner, world: World):
-        self.inner, self.world = inner, world
-        if hasattr(inner, "amax_reduction_group"):
-            inner.amax_reduction_group = dist.group.WORLD
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def build(self, reference, cfg, device):
-        if self.world.strategy == "fsdp2" and cfg.options.te_fp8_weights and hasattr(self.inner, "build_sharded"):
-            return self.inner.build_sharded(reference, cfg, device, shard)
-        return wrap(self.inner.build(reference, cfg, device), self.world, device)
-
-    def policy(self, cfg, device):
-        p = self.inner.policy(cfg, device)
-        notes = list(p.notes)
-        if p.graph is not None:
-            notes.append(
-                f"graphs not applied: CUDA graphs of a {self.world.strategy} step are not supported here; ran eager"
-            )
-        if self.world.strategy == "fsdp2" and self.inner.family == "te":
-            if getattr(self.inner, "fp8_weights", False):
-                notes.append(FSDP2_TE_RECIPE)
-            else:
-                notes.append(FSDP2_PLAIN_FP8 if self.inner.quantized_weights else FSDP2_PLAIN)
-        return dataclasses.replace(p, graph=None, notes=tuple(notes))
+def spread_policy(student: Student, world: World, backend) -> StepPolicy:
+    """The student's step policy on every rank: eager, and notes that say so and which FSDP2 path ran."""
+    p = student.policy
+    notes = list(p.notes)
+    if p.graph is not None:
+        notes.append(f"graphs not applied: CUDA graphs of a {world.strategy} step are not supported here; ran eager")
+    if world.strategy == "fsdp2" and backend.family == "te":
+        if student.sharded:
+            notes.append(FSDP2_TE_RECIPE)
+        else:
+            notes.append(FSDP2_PLAIN_FP8 if student.gemm_precision in LOW_PRECISION else FSDP2_PLAIN)
+    return dataclasses.replace(p, graph=None, notes=tuple(notes))
 
 
 def stop_together(device: torch.device):

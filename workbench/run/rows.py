@@ -35,10 +35,10 @@ def ran_as(row: dict, backend) -> None:
     row.update(backend=backend.name, recipe=backend.recipe, mode=backend.mode, gemm_precision=backend.gemm_precision)
 
 
-def ran_in(row: dict, backend) -> None:
-    """The precision its GEMMs ran in, read once it was built (a fallback's dtype is decided there), also
-    when it diverged or failed."""
-    row["gemm_precision"] = backend.gemm_precision
+def ran_in(row: dict, student) -> None:
+    """The precision its GEMMs ran in, read from the prepared student (a fallback's dtype is decided there; its
+    backend's when it failed before), also when it diverged or failed."""
+    row["gemm_precision"] = student.gemm_precision
 
 
 def one_process_unless_merged(row: dict) -> None:
@@ -153,10 +153,12 @@ def cells(df: pd.DataFrame, student: str | None) -> dict[str, Any]:
 
 
 def _declares(df: pd.DataFrame, **want) -> pd.Series:
-    """Which rows' backends declare every attribute in `want` (a backend no longer registered: none)."""
+    """Which rows' backends declare every attribute in `want` (a backend no longer registered: none); `fp8`:
+    whether it runs low-precision GEMMs (`backends.low_precision`)."""
     def ok(name):
         cls = backends.declared(name)
-        return cls is not None and all(getattr(cls, k) == v for k, v in want.items())
+        return cls is not None and all((backends.low_precision(name) if k == "fp8" else getattr(cls, k)) == v
+                                       for k, v in want.items())
     return df["backend"].map(ok).astype(bool) if len(df) else pd.Series([], dtype=bool)
 
 

@@ -274,17 +274,18 @@ def _try_student(row: dict, spec: str, cfg: Config, ctx, task, data: Data, devic
             return row, []
         rows.fell_back(row, fb, reason)
         backend = fb
-    backend, on_step = world.spread(backend, device) if world is not None else (backend, None)
     _say(progress, f"[{row['student']}] training {cfg.train.steps} steps ({row['mode']})")
+    student = None
     try:
-        metrics, losses = run_student(backend, cfg, task, data, device,
+        student, on_step = (world or parallel.World()).prepare(backend, cfg, task, device)
+        metrics, losses = run_student(student, cfg, task, data, device,
                                       on_step=_with_progress(on_step, progress, row["student"], cfg.train.steps))
         row.update(metrics)
     except Diverged as e:
         rows.diverged(row, e)
         losses = e.losses
-    finally:  # what ran, also when it diverged or failed: a fallback's dtype is known once it is built
-        rows.ran_in(row, backend)
+    finally:  # what ran, also when it diverged or failed: a fallback's dtype is known once it is prepared
+        rows.ran_in(row, student or backend)
     if row.get("attention_warning"):
         _say(progress, f"[{row['student']}] warning: {row['attention_warning']}")
     _say(progress, done_line(row))

@@ -7,6 +7,7 @@ backward and optimizer update: teacher targets were computed and synchronized be
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import math
 import time
@@ -17,7 +18,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from workbench import results
-from workbench.backends import MASTER_INIT, Backend
+from workbench.backends import MASTER_INIT, Backend, Ranks, Student
 from workbench.env import te as _te
 from workbench.measure import flops, profiler, timing
 from workbench.train import objectives
@@ -61,13 +62,13 @@ class Diverged(RuntimeError):
     pass
 
 
-def update(model: torch.nn.Module, opt: torch.optim.Optimizer, backend: Backend, task,
+def update(model: torch.nn.Module, opt: torch.optim.Optimizer, student: Student, task,
            scaler: Any = None) -> Callable[[torch.Tensor, objectives.Targets], torch.Tensor]:
-    """The body of one optimizer step, gradients not zeroed: forward under the backend's context, the task's
+    """The body of one optimizer step, gradients not zeroed: forward under the student's context, the task's
     loss, backward and the optimizer's update (scaled with a grad scaler). The eager step and the captured
     graph both run this one body, so a graphed student trains exactly what an eager one does."""
     def body(tokens: torch.Tensor, targets: objectives.Targets) -> torch.Tensor:
-        with backend.forward_context():  # wraps the forward only (TE: autocast must not wrap backward)
+        with student.forward_context():  # wraps the forward only (TE: autocast must not wrap backward)
             out = task.forward(model, tokens)  # what the task's loss takes (logits, hidden states, head features)
         loss = task.loss(out, targets)
         if scaler is not None:
@@ -82,10 +83,10 @@ def update(model: torch.nn.Module, opt: torch.optim.Optimizer, backend: Backend,
     return body
 
 
-def make_step(model: torch.nn.Module, opt: torch.optim.Optimizer, backend: Backend, task,
+def make_step(model: torch.nn.Module, opt: torch.optim.Optimizer, student: Student, task,
               scaler: Any = None) -> Callable[[torch.Tensor, objectives.Targets], torch.Tensor]:
     """One optimizer step of the task's loss; returns the (fp32) loss tensor without synchronizing."""
-    body = update(model, opt, backend, task, scaler)
+    body = update(model, opt, student, task, scaler)
 
     def step(tokens: torch.Tensor, targets: objectives.Targets) -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
@@ -166,12 +167,12 @@ def _sync_time(fn, device: torch.device) -> tuple[Any, float]:
     return out, (time.perf_counter() - t0) * 1e3
 
 
-def capture_step(model: torch.nn.Module, fwd: torch.nn.Module, opt: torch.optim.Optimizer, backend: Backend,
+def capture_step(model: torch.nn.Module, fwd: torch.nn.Module, opt: torch.optim.Optimizer, student: Student,
                  task, batch: tuple[torch.Tensor, objectives.Targets], warmup: int = 3):
     """Capture forward, loss, backward and optimizer step in one CUDA graph; return a replaying step.
 
     The warm-up iterations that capture needs really update the weights, so weights, optimizer state
-    and the backend's own state (TE's FP8 scaling history) are restored afterwards: the graphed student
+    and the student's own state (TE's FP8 scaling history) are restored afterwards: the graphed student
     still starts from the shared init, and from the same FP8 scales as its eager run.
     For TE students the capture holds te.autocast's exit (the forward amax reduction and delayed-scaling
     scale update) and the backward's update: TE skips them only inside its own make_graphed_callables.
@@ -180,7 +181,7 @@ def capture_step(model: torch.nn.Module, fwd: torch.nn.Module, opt: torch.optim.
     s_tokens = tokens.clone()
     s_targets = targets.clone()
     snapshot = {k: v.detach().clone() for k, v in model.state_dict().items() if torch.is_tensor(v)}
-    eager = make_step(fwd, opt, backend, task)
+    eager = make_step(fwd, opt, student, task)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up on a side stream, as torch.cuda.graphs requires
@@ -190,11 +191,11 @@ def capture_step(model: torch.nn.Module, fwd: torch.nn.Module, opt: torch.optim.
     graph = torch.cuda.CUDAGraph()
     opt.zero_grad(set_to_none=True)  # grads are then allocated (not accumulated) inside the graph
     with torch.cuda.graph(graph):
-        s_loss = update(fwd, opt, backend, task)(s_tokens, s_targets)
+        s_loss = update(fwd, opt, student, task)(s_tokens, s_targets)
     with torch.no_grad():
         model.load_state_dict(snapshot, strict=False)  # copy_ into the same tensors: the graph's addresses hold
     reset_optimizer(opt)
-    backend.reset_after_capture(model)
+    student.reset_after_capture()
 
     def step(tokens: torch.Tensor, targets: objectives.Targets) -> torch.Tensor:
         s_tokens.copy_(tokens)
@@ -211,11 +212,11 @@ def capture_step(model: torch.nn.Module, fwd: torch.nn.Module, opt: torch.optim.
     return step
 
 
-def _compile_now(fwd, opt, backend: Backend, task, batch) -> None:
+def _compile_now(fwd, opt, student: Student, task, batch) -> None:
     """Forward + backward once, under the step's own autocast, so compilation happens here (timed as
     compile_ms) and not in training step 1; the gradients are dropped, the weights are untouched."""
     tokens, targets = batch
-    with backend.forward_context():
+    with student.forward_context():
         out = task.forward(fwd, tokens)
     task.loss(out, targets).backward()
     opt.zero_grad(set_to_none=True)
@@ -241,41 +242,46 @@ def initial_loss(model: torch.nn.Module, task, batch: tuple[torch.Tensor, object
         return float(task.matched_loss(out, targets))
 
 
-def run_student(backend: Backend, cfg, task, data: Data, device: torch.device,
+def prepare(backend: Backend, cfg, task, device: torch.device, ranks: Ranks | None = None) -> Student:
+    """`backend`'s student of the task's reference model, with what was allocated before it existed (teacher,
+    data, cached targets): the same for every student of a run unless an earlier student leaked, so the files
+    show it next to the peak."""
+    _te.reset_fp8_state()  # no earlier student's FP8 buffers in TE's process-wide registry
+    floor = timing.allocated_mb(device)
+    return dataclasses.replace(backend.prepare(task.reference, cfg, device, ranks), mem_floor_mb=floor)
+
+
+def run_student(student: Student, cfg, task, data: Data, device: torch.device,
                 on_step: Callable[[int, float], None] | None = None) -> tuple[dict, list[float]]:
-    """Train, evaluate and time one student, a `backend` conversion of the task's reference model. Returns
-    (metrics, per-step losses). The backend's StepPolicy says how its step runs (compiled, graphed, scaled).
+    """Train, evaluate and time one prepared student (`prepare`). Returns (metrics, per-step losses). Its
+    StepPolicy says how its step runs (compiled, graphed, scaled).
 
     The metrics are row cells, except `profile` (with cfg.bench.profile): the profiled block's whole
     record, per-kernel detail included, for the student's own profile file.
     Raises Diverged (with the losses so far in .losses) on a non-finite loss.
     """
-    # What is already allocated before this student exists (teacher, data, cached targets): the same for
-    # every student of a run unless an earlier student leaked, so the files show it next to the peak.
-    _te.reset_fp8_state()  # no earlier student's FP8 buffers in TE's process-wide registry
-    floor = timing.allocated_mb(device)
-    model = backend.build(task.reference, cfg, device)
+    model = student.model
     model.train()
-    step, metrics = prepare_step(backend, model, cfg, task, data, device)
-    metrics["mem_floor_mb"] = floor
+    step, metrics = prepare_step(student, cfg, task, data, device)
+    metrics["mem_floor_mb"] = student.mem_floor_mb
     # Measured after compilation and graph capture (which ran real warm-up updates and restored them),
     # so a bad restore shows up here as a mismatch with the other students.
     # on the first held-out batch: the one batch every rank of a data-parallel run shares
     metrics["initial_loss"] = initial_loss(model, task, data.eval[0])
-    metrics.update(step0_metrics(model, task, backend, data))  # before training: a diverged row keeps them too
+    metrics.update(step0_metrics(student, task, data))  # before training: a diverged row keeps them too
     curve: list[dict] = []
     if cfg.train.eval_every:  # for the run's eval_curve.csv, not a row cell (kept, too, if the student diverges)
         metrics["curve"] = curve
 
     def after_step(i: int, loss: float) -> None:
         if cfg.train.eval_every and i % cfg.train.eval_every == 0 and i < len(data.train):
-            curve.append({"step": i, **held_out(model, task, backend, data)})
+            curve.append({"step": i, **held_out(student, task, data)})
         if on_step:
             on_step(i, loss)
 
     losses = train(step, data, metrics, after_step)
-    final = held_out(model, task, backend, data)
-    metrics.update(final, **backend.describe(model))
+    final = held_out(student, task, data)
+    metrics.update(final, **student.describe())
     if cfg.train.eval_every:
         curve.append({"step": len(losses), **final})
     train_flops = flops.tokens_per_step(cfg.model) * task.reference.train_flops_per_token()
@@ -283,12 +289,12 @@ def run_student(backend: Backend, cfg, task, data: Data, device: torch.device,
     return metrics, losses
 
 
-def step0_metrics(model: torch.nn.Module, task, backend: Backend, data: Data) -> dict[str, Any]:
+def step0_metrics(student: Student, task, data: Data) -> dict[str, Any]:
     """The task's `step0_metrics` (LMs: held-out perplexity, KL to the teacher, top-1 agreement) of the student
     before its first training step, in its own precision, as `<metric>_step0` cells; {} for a task without any.
 
     The same `held_out` as after training, on the same batches, so the two compare: the converted module in
-    eval mode under the backend's forward context. A compiled or graphed student evaluates as after training
+    eval mode under the student's forward context. A compiled or graphed student evaluates as after training
     too: eager (the compiled `fwd` and the whole-step graph are other callables; a module graphed by TE runs its
     own forward outside the training mode it was captured in). Training stays as it would have been: it runs
     before the timed steps (time_steps) and without gradients (no weight, optimizer state or timing changes),
@@ -298,24 +304,24 @@ def step0_metrics(model: torch.nn.Module, task, backend: Backend, data: Data) ->
     """
     if not task.step0_metrics:
         return {}
-    start = held_out(model, task, backend, data)
+    start = held_out(student, task, data)
     return {k + results.STEP0_SUFFIX: start[k] for k in task.step0_metrics}
 
 
-def held_out(model: torch.nn.Module, task, backend: Backend, data: Data) -> dict[str, Any]:
+def held_out(student: Student, task, data: Data) -> dict[str, Any]:
     """The task's held-out metrics of the model as it is now (eval mode for the pass, then back)."""
-    model.eval()
+    student.model.eval()
     try:
-        with backend.outside_training(model):  # evaluation must not feed FP8 scaling state into training
-            return task.evaluate(model, backend, data.eval)
+        with student.outside_training():  # evaluation must not feed FP8 scaling state into training
+            return task.evaluate(student.model, student, data.eval)
     finally:
-        model.train()
+        student.model.train()
 
 
-def prepare_step(backend: Backend, model: torch.nn.Module, cfg, task, data: Data, device: torch.device):
-    """(step, metrics): the student's train step as its backend's policy says (compiled, graphed, scaled),
+def prepare_step(student: Student, cfg, task, data: Data, device: torch.device):
+    """(step, metrics): the student's train step as its policy says (compiled, graphed, scaled),
     with the one-off costs (compile_ms, capture_ms) and notes on switches that did not apply."""
-    policy = backend.policy(cfg, device)
+    model, policy = student.model, student.policy
     metrics: dict[str, Any] = {"compiled": policy.compile, "graphed": policy.graph is not None,
                                "graph_scope": policy.graph, "compile_ms": None, "capture_ms": None}
     notes = list(policy.notes)
@@ -326,17 +332,17 @@ def prepare_step(backend: Backend, model: torch.nn.Module, cfg, task, data: Data
     fwd = model
     if policy.compile:
         fwd = torch.compile(model)
-        _, metrics["compile_ms"] = _sync_time(lambda: _compile_now(fwd, opt, backend, task, data.train[0]), device)
+        _, metrics["compile_ms"] = _sync_time(lambda: _compile_now(fwd, opt, student, task, data.train[0]), device)
     if policy.graph == "step":
         step, metrics["capture_ms"] = _sync_time(
-            lambda: capture_step(model, fwd, opt, backend, task, data.train[0]), device)
+            lambda: capture_step(model, fwd, opt, student, task, data.train[0]), device)
         notes.append("graphed step includes copying each batch into the graph's static input buffers")
     elif policy.graph == "fwd_bwd":  # the optimizer step stays eager
-        fwd, metrics["capture_ms"] = _sync_time(lambda: backend.make_graphed(fwd, data.train[0][0]), device)
+        fwd, metrics["capture_ms"] = _sync_time(lambda: student.make_graphed(fwd, data.train[0][0]), device)
         opt.zero_grad(set_to_none=True)
-        step = make_step(fwd, opt, backend, task, scaler)
+        step = make_step(fwd, opt, student, task, scaler)
     else:
-        step = make_step(fwd, opt, backend, task, scaler)
+        step = make_step(fwd, opt, student, task, scaler)
     metrics["notes"] = "; ".join(notes)
     return step, metrics
 

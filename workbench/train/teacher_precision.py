@@ -1,7 +1,7 @@
 """The frozen teacher's forward precision (distill.teacher_precision), settled once the teacher exists.
 
 'auto', 'fp32', 'bf16' and 'fp16' run the torch teacher under torch autocast (`runner.teacher_dtype`).
-'fp8' runs it as TE FP8 inference: the teacher converted the way the TE students are (te_fp8's `build`, so
+'fp8' runs it as TE FP8 inference: the teacher converted the way the TE students are (te_fp8's `prepare`, so
 its weights are exactly the teacher's), under torch.no_grad, TE's autocast with current scaling (an
 inference forward has no amax history to learn delayed scales from) inside bf16 torch autocast for what TE
 does not run in FP8 (embeddings, GELU, residuals, attention). Its weights stay fp32 and are quantized in
@@ -20,10 +20,7 @@ import torch
 from torch import nn
 
 from workbench import backends
-from workbench.backends._gemm import not_multiples
-from workbench.backends._te import te_usable
-from workbench.backends.te_fp8 import RECIPES
-from workbench.env import te as _te
+from workbench.backends import te_fp8
 from workbench.models import LayerNormMLP, shared_parameters
 
 FP8_RECIPE = "current"  # Float8CurrentScaling: scales from this forward's own amaxes
@@ -39,7 +36,7 @@ class TeacherPrecision:
     device: torch.device
     dtype: torch.dtype | None  # torch autocast around the forward (None: fp32); under FP8, for what TE keeps
     reason: str = ""
-    fp8: backends.Backend | None = None  # the TE FP8 backend the teacher was converted by; its forward context
+    fp8: backends.Student | None = None  # the teacher as TE FP8 prepared it: its forward context
 
     def forward(self) -> ContextManager:
         """Wraps every teacher forward: no autograd, and this precision's autocast(s)."""
@@ -76,36 +73,26 @@ def prepare(teacher: nn.Module, cfg, device: torch.device,
     try:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             # Converted from a host copy: only the TE teacher ever lives on the GPU, never two teachers at once.
-            converted = fp8.build(teacher.cpu(), own, device)
+            student = fp8.prepare(teacher.cpu(), own, device)
     except Exception as e:  # e.g. a Hugging Face teacher with a layer TE cannot take: the torch teacher runs
         why = f"TE's FP8 conversion failed ({type(e).__name__}: {e})"
         return teacher.to(device), TeacherPrecision(requested, NAMES[dtype], device, dtype,
                                                     reason=f"{why} -> the teacher ran in {NAMES[dtype]} instead of fp8")
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the torch teacher's blocks back to the device: free memory sizes the logits' place
-    return converted.eval().requires_grad_(False), TeacherPrecision(requested, "fp8", device, fp8.dtype, fp8=fp8)
+    return (student.model.eval().requires_grad_(False),
+            TeacherPrecision(requested, "fp8", device, student.dtype, fp8=student))
 
 
 def fp8_unavailable(teacher: nn.Module, cfg, device: torch.device) -> str:
     """'' when the teacher can run in TE FP8 here, else why not (TE's own words where TE gives them)."""
-    ok, why = te_usable(backends.Context(device=device, cfg=cfg))
-    if not ok:
-        return why
-    te, _, _ = _te.load()
-    check, multiple = RECIPES[FP8_RECIPE]
-    ok, why = _te.check(getattr(te, check, None), f"fp8 ({check})")
-    if not ok:
-        return why
-    bad = misaligned_gemms(teacher, cfg.model.batch * cfg.model.seq_len, multiple)
-    if bad:
-        return f"the teacher's FP8 GEMMs need dims that are multiples of {multiple}; not: {', '.join(bad)}"
-    return ""
+    dims = gemm_dims(teacher, cfg.model.batch * cfg.model.seq_len)
+    return te_fp8.inference_refusal(backends.Context(device=device, cfg=cfg), FP8_RECIPE, dims, "the teacher's")
 
 
-def misaligned_gemms(model: nn.Module, tokens: int, multiple: int) -> list[str]:
-    """'name=value' for every GEMM dimension of `model` a TE conversion would run in FP8 (its Linear and
-    LayerNormMLP layers; a tied weight stays torch) and of its `tokens` rows that is not a multiple of
-    `multiple`; the first four and a count."""
+def gemm_dims(model: nn.Module, tokens: int) -> dict[str, int]:
+    """Every GEMM dimension of `model` a TE conversion would run in FP8 (its Linear and LayerNormMLP layers; a
+    tied weight stays torch), and its `tokens` rows, by name."""
     dims = {"tokens (batch*seq_len)": tokens}
     shared = shared_parameters(model)
     for name, m in model.named_modules():
@@ -116,4 +103,4 @@ def misaligned_gemms(model: nn.Module, tokens: int, multiple: int) -> list[str]:
         elif isinstance(m, LayerNormMLP):
             ffn, hidden = m.fc1_weight.shape
             dims.update({f"{name}.hidden": hidden, f"{name}.ffn": ffn})
-    return not_multiples(dims, multiple)
+    return dims

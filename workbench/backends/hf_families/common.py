@@ -154,7 +154,7 @@ class TERope(nn.Module):
         return self._cache[key]
 
     def _apply(self, fn, recurse=True):  # .to(device/dtype): the cached angles are made again
-        self._cache = {}
+        self._cache.clear()
         return super()._apply(fn, recurse)
 
 

@@ -98,6 +98,8 @@ def test_precisions_come_from_the_run():
     assert bd.precisions(BF16) == ("bf16", "bf16", False)
     assert bd.precisions(RUNS / "hf-te-layer-step" / "profile-te_fp8-delayed.json") == ("fp8", "bf16", False)
     assert bd.find_peak(FP8) == RUNS.parent / "peak.json"
+    with pytest.raises(ValueError, match="no student"):
+        bd.precisions(RUNS / "hf-te-layer-step" / "profile-teacher.json")
 
 
 def test_the_floors_match_a_hand_count():

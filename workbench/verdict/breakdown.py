@@ -215,11 +215,14 @@ def precisions(profile_file: Path) -> tuple[str, str, bool]:
     the profile: the row's gemm_precision, and the head in bf16 where the backend kept it a torch Linear."""
     run_dir = Path(profile_file).parent
     df = pd.read_csv(run_dir / "students.csv")
-    row = df[[profiler.profile_path(run_dir, s).name == Path(profile_file).name for s in df["student"]]].iloc[0]
+    rows = df[[profiler.profile_path(run_dir, s).name == Path(profile_file).name for s in df["student"]]]
+    if rows.empty:  # the teacher's profile, or a file moved away from its run
+        raise ValueError(f"{profile_file}: no student of {run_dir / 'students.csv'} wrote this profile")
+    row = rows.iloc[0]
     layers = str(row["gemm_precision"])
     kept = str(row.get("kept_torch_modules", ""))
     head = "bf16" if layers != "fp8" or "lm_head" in kept else "fp8"
-    return layers, head, bool(row.get("cfg_compile", False))
+    return layers, head, row.get("cfg_compile") is True or str(row.get("cfg_compile")) == "True"
 
 
 def find_peak(profile_file: Path) -> Path | None:

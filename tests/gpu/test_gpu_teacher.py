@@ -11,8 +11,9 @@ from workbench.config import DistillConfig
 from workbench.models.lm import HeadFeatures
 from workbench.train import lm_objectives as lo
 from workbench.train import lm_task, loop
-from workbench.train import teacher_targets as tt
 from workbench.train.head_loss import head_fused_loss
+from workbench.train.teacher_targets import topk_store as tt
+from workbench.train.teacher_targets.online import OnlineBatches
 
 # The loss kernels' settings as a distill config, at the defaults these tests were written for (T = 1, no CE)
 D = functools.partial(DistillConfig, loss="forward_kl", temperature=1.0, ce_weight=0.0)
@@ -40,7 +41,7 @@ def _train(tmp_path, spec="torch_bf16", **over):
 def test_online_and_topk_teachers_train_like_the_precomputed_one_on_cuda(tmp_path, graphs):
     runs = {mode: _train(tmp_path, teacher_mode=mode, graphs=graphs) for mode in ("precomputed", "online", "topk")}
     pre, online, topk = runs["precomputed"], runs["online"], runs["topk"]
-    assert isinstance(online[1].train, tt.OnlineBatches) and isinstance(topk[1].train, tt.TopKBatches)
+    assert isinstance(online[1].train, OnlineBatches) and isinstance(topk[1].train, tt.TopKBatches)
     assert bool(online[2]["graphed"]) == graphs
     # a deterministic teacher forward: the online student sees the precomputed student's exact targets
     assert online[3] == pytest.approx(pre[3], rel=1e-6)

@@ -177,6 +177,7 @@ DYNAMIC_IMPORTS = {  # file (relative to the package) -> (dynamic import calls i
     "backends/hf_families/__init__.py": (1, "discovers the family files of its folder: a Hugging Face family is one "
                                             "file"),
     "models/kinds/__init__.py": (1, "discovers the kind files of its folder: a model kind is one file"),
+    "train/teacher_targets/__init__.py": (1, "discovers the mode files of its folder: a teacher mode is one file"),
 }
 
 
@@ -378,3 +379,61 @@ def test_train_imports_no_private_backend_module():
     found = {m: sorted(t for t in targets if t.startswith("workbench.backends._"))
              for m, targets in import_graph().items() if _inside(m, "workbench.train")}
     assert not {m: t for m, t in found.items() if t}
+
+
+# ---- train/: config objects, not rows of scalars; teacher modes are declarations ---------------------------
+MAX_PARAMETERS = 7  # a function that needs more wants its config object (cfg.distill, not eleven scalars)
+
+
+def many_parameters(source: str, limit: int = MAX_PARAMETERS) -> dict[str, int]:
+    """{name: parameters} of each function (methods and nested ones too) declaring more than `limit`
+    parameters: positional, keyword-only, *args and **kwargs, a method's self or cls not counted."""
+    found = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            names = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg) if x is not None]
+            n = len(names) - (names[:1] in (["self"], ["cls"]))
+            if n > limit:
+                found[node.name] = n
+    return found
+
+
+def test_the_parameter_count_finds_a_long_signature():
+    assert many_parameters("def f(a, b, c, d, e, f, g, *h):\n    pass") == {"f": 8}
+    assert many_parameters("class A:\n    def m(self, a, b, c, d, e, f, g):\n        pass") == {}
+    assert many_parameters("def f(a, b, c, d, e, f, *, g=1, **kw):\n    pass") == {"f": 8}
+
+
+def test_no_function_in_train_takes_more_than_seven_parameters():
+    found = {f"{m}.{name}": n for m, p in package_files().items() if m.startswith(f"{PKG.name}.train.")
+             for name, n in many_parameters(p.read_text()).items()}
+    assert found == {}
+
+
+TEACHER_MODES = ("precomputed", "online", "topk")
+MODE_REGISTRY = f"{PKG.name}.train.teacher_targets"
+
+
+def mode_name_compares(source: str, names: tuple[str, ...] = TEACHER_MODES) -> list[int]:
+    """Lines comparing something with a teacher mode's name (==, !=, in, not in; a tuple, list or set of names
+    too): the code asking for a mode's declared property by its name."""
+    def named(node) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in names
+        return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(named(e) for e in node.elts)
+
+    return sorted(node.lineno for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Compare)
+                  and any(named(x) for x in (node.left, *node.comparators)))
+
+
+def test_the_mode_compare_finder_finds_a_compare_of_a_mode_name():
+    assert mode_name_compares('if mode == "topk":\n    pass\nx = m in ("online", "other")') == [1, 3]
+    assert mode_name_compares('x = {"topk": 1}["topk"]\nok = mode.topk\nname = "online"') == []
+
+
+def test_teacher_modes_are_compared_by_name_nowhere_outside_their_registry():
+    """A new teacher mode is one file in train/teacher_targets/: nothing else branches on a mode's name."""
+    found = {m: lines for m, p in package_files().items() if not m.startswith(MODE_REGISTRY)
+             if (lines := mode_name_compares(p.read_text()))}
+    assert found == {}

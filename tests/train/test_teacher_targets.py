@@ -18,9 +18,10 @@ from workbench.config import ConfigError, DistillConfig
 from workbench.models import CausalLM, LMShape
 from workbench.models.lm import HeadFeatures
 from workbench.train import lm_objectives as lo
-from workbench.train import lm_task, loop
-from workbench.train import teacher_targets as tt
+from workbench.train import lm_task, loop, teacher_targets
 from workbench.train.head_loss import head_fused_loss
+from workbench.train.teacher_targets import topk_store as tt
+from workbench.train.teacher_targets.online import OnlineBatches
 
 # The loss kernels' settings as a distill config, at the defaults these tests were written for (T = 1, no CE)
 D = functools.partial(DistillConfig, loss="forward_kl", temperature=1.0, ce_weight=0.0)
@@ -54,7 +55,7 @@ def three_modes(tmp_path_factory):
 def test_online_topk_and_precomputed_teachers_train_identical_students(three_modes):
     pre, online, topk = (three_modes[m] for m in ("precomputed", "online", "topk"))
     assert [t.info["teacher_mode"] for t, *_ in (pre, online, topk)] == ["precomputed", "online", "topk"]
-    assert isinstance(online[1].train, tt.OnlineBatches) and isinstance(topk[1].train, tt.TopKBatches)
+    assert isinstance(online[1].train, OnlineBatches) and isinstance(topk[1].train, tt.TopKBatches)
     # the same teacher forward on the same batches, the same loss: bit for bit
     assert online[3] == pre[3]
     # the top-k loss is other arithmetic (k + 1 buckets, checkpointed) of the same distribution
@@ -94,25 +95,26 @@ def test_streamed_batches_are_checked_by_what_they_share(three_modes):
 
 
 def test_auto_is_precomputed_where_the_logits_fit_else_online_saying_why():
-    fits = tt.choose_mode("auto", lambda train: "gpu")
-    assert fits == ("precomputed", "the precomputed logits fit (gpu)", "gpu")
+    mode, *fits = teacher_targets.choose("auto", lambda train: "gpu")
+    assert (mode.name, *fits) == ("precomputed", "the precomputed logits fit (gpu)", "gpu")
 
     def too_big(train):
         if train:
             raise ConfigError("the teacher's logits of the training batches (4300.0 GiB) fit neither place")
         return "gpu"
 
-    mode, why, where = tt.choose_mode("auto", too_big)
-    assert mode == "online" and where is None and "4300.0 GiB" in why and why.endswith("-> online")
+    mode, why, where = teacher_targets.choose("auto", too_big)
+    assert mode.name == "online" and where is None and "4300.0 GiB" in why and why.endswith("-> online")
     with pytest.raises(ConfigError, match="fit neither"):
-        tt.choose_mode("precomputed", too_big)  # asked for explicitly: refused up front, as before
-    assert tt.choose_mode("topk", too_big)[0] == "topk"
+        teacher_targets.choose("precomputed", too_big)  # asked for explicitly: refused up front, as before
+    assert teacher_targets.choose("topk", too_big)[0].name == "topk"
 
 
 def test_the_distillation_step_adds_the_online_teachers_forward():
-    assert tt.step_cells("online", 3.0, 10.0) == {"teacher_step_ms_median": 3.0, "distill_step_ms_median": 13.0}
-    assert tt.step_cells("topk", 3.0, 10.0) == {"teacher_step_ms_median": 0.0, "distill_step_ms_median": 10.0}
-    assert tt.step_cells("online", 3.0, None)["distill_step_ms_median"] is None  # a skipped student: unknown
+    step = teacher_targets.step_cells
+    assert step("online", 3.0, 10.0) == {"teacher_step_ms_median": 3.0, "distill_step_ms_median": 13.0}
+    assert step("topk", 3.0, 10.0) == {"teacher_step_ms_median": 0.0, "distill_step_ms_median": 10.0}
+    assert step("online", 3.0, None)["distill_step_ms_median"] is None  # a skipped student: unknown
 
 
 @pytest.mark.parametrize("over, match", [
@@ -123,8 +125,9 @@ def test_the_distillation_step_adds_the_online_teachers_forward():
     ({"loss_impl": "fused_head", "loss": "jsd"}, "fused_head' computes forward_kl only"),
 ])
 def test_bad_teacher_mode_settings_are_refused_naming_the_field(over, match):
+    """The name by the configuration's Literal; what a mode refuses by the mode (the run asks it)."""
     with pytest.raises(ConfigError, match=match):
-        tiny(**over).validate()
+        teacher_targets.check(tiny(**over).validate())
 
 
 # ---- the top-k loss -------------------------------------------------------------------------------------
@@ -429,3 +432,12 @@ def test_a_top_k_store_is_not_reused_after_a_teachers_weights_are_replaced_in_pl
     assert _store_matches_its_teacher(second, train)
     again, _ = _topk_run(tmp_path / "cache", **over)  # the same content: the same store, found again
     assert again.info["teacher_topk_store"] == second.info["teacher_topk_store"]
+
+
+def test_the_registry_and_the_configs_literal_name_the_same_modes():
+    """The configuration (a leaf) lists the modes for the CLI and the notebooks; the registry is their truth."""
+    from workbench.config import DistillConfig, choices
+
+    assert teacher_targets.names() == sorted(w for w in choices(DistillConfig)["teacher_mode"] if w != "auto")
+    with pytest.raises(ConfigError, match=r"distill.teacher_mode must be one of \['auto', 'online'"):
+        teacher_targets.get("offline")

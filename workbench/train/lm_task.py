@@ -1,7 +1,7 @@
 """The LM task: a causal LM student (gpt / llama, or your Hugging Face model) distilled from a causal LM
 teacher on real text (the offline corpus or your files): KL on the logits mixed with cross-entropy;
 held-out perplexity, KL to the teacher, top-1 agreement. The teacher's targets come as
-distill.teacher_mode says (workbench.train.teacher_targets), precomputed logits where
+distill.teacher_mode says (the registry workbench.train.teacher_targets), precomputed logits where
 workbench.train.logits_placement puts them."""
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from workbench.train import (
     teacher_precision,
     teacher_targets,
 )
-from workbench.train.logits_placement import HostBatches, place_teacher_logits
+from workbench.train.logits_placement import place_teacher_logits
 from workbench.train.loop import Data
 from workbench.train.task_setup import (
     SHARD_SEED_STRIDE,
@@ -34,6 +34,7 @@ from workbench.train.task_setup import (
     resolve_lm,
     teacher_seed,
 )
+from workbench.train.teacher_targets import topk_store
 
 LM_BENCH_BATCHES = 4  # distinct timed batches, cycled: an LM batch's teacher logits take GBs at vocab 32k
 
@@ -48,6 +49,7 @@ class LMTask:
         from workbench.data import TextSpec, load_text
 
         cfg = resolve_lm(cfg)  # model.vocab from a Hugging Face model (runner.run has done it already)
+        teacher_targets.check(cfg)  # what the teacher mode refuses (a leaf, the config cannot ask its registry)
         self.cfg, self.device, self.tdtype, self.cache_dir = cfg, device, tdtype, Path(cache_dir)
         self.needs_hidden, self.ce_only = False, ce_only
         m, lm = cfg.model, cfg.lm
@@ -65,10 +67,11 @@ class LMTask:
                                   + (" or lm.heldout_fraction" if split == "heldout" else "") + ", give more "
                                   "lm.corpus_files, or lower model.seq_len")
         d = cfg.distill
-        # one implementation for every student of the run, the no-KD one included (its CE alone could always be fused)
-        self.loss_impl = lm_objectives.resolve_impl(d.loss, d.loss_impl, device)  # refuses a fused one that cannot run
-        if d.teacher_mode == "topk":  # its KD loss runs over the top-k buckets, checkpointed (config refuses fused)
-            self.loss_impl = "checkpointed"
+        mode = teacher_targets.requested(d.teacher_mode)  # 'auto' is decided in place_logits
+        # one implementation for every student of the run, the no-KD one included (its CE alone could always be
+        # fused), as the teacher mode allows (top-k: checkpointed over its buckets); resolve_impl refuses a fused
+        # one that cannot run here
+        self.loss_impl = mode.loss_impl(lm_objectives.resolve_impl(d.loss, d.loss_impl, device))
         # the losses' settings: the run's distill config with the implementation that runs, and the no-KD
         # student's (cross-entropy alone)
         self.distill = dataclasses.replace(d, loss_impl=self.loss_impl)
@@ -80,7 +83,7 @@ class LMTask:
                      "loss_impl": self.loss_impl, "loss_impl_requested": d.loss_impl}
         torch.manual_seed(teacher_seed(cfg))
         self.teacher = self._teacher().to(device).eval().requires_grad_(False)
-        if with_batches and d.teacher_mode == "topk":  # the store's key: the teacher's content, before any FP8 copy
+        if with_batches and mode.stores_targets:  # the store's key: the teacher's content, before any FP8 copy
             self.info["teacher_weights_sha256"] = lm_teacher.fingerprint(self.teacher)
         torch.manual_seed(cfg.train.seed)  # the students' init does not depend on how the teacher came to be
         self.reference = self._student()
@@ -148,57 +151,19 @@ class LMTask:
         top-k run, so its timed step runs its loss). `shard`: a data-parallel rank's own training and timed
         batches (the held-out ones are every rank's)."""
         cfg, m, seed = self.cfg, self.cfg.model, self.cfg.train.seed
-        mode = self.info.get("teacher_mode", "precomputed")
-        on_host = self.info.get("teacher_logits") == "host"
+        mode = teacher_targets.get(self.info.get("teacher_mode", "precomputed"))
 
         def windows(split: str, n: int, offset: int, base: int = seed):
             return self.text.batches(split, m.batch, m.seq_len, n, base + offset)
 
-        def batches(split: str, n: int, offset: int, host: bool = False, topk: bool = False, base: int = seed):
-            return [self._targets(b, host, topk) for b in windows(split, n, offset, base)]
+        def batches(split: str, n: int, offset: int, topk: bool = False, base: int = seed):
+            return [self.targets(b, topk=topk) for b in windows(split, n, offset, base)]
 
         own = SHARD_SEED_STRIDE * shard
-        if mode == "online":
-            train = teacher_targets.OnlineBatches(windows("train", cfg.train.steps, 1 + own), self._targets)
-        elif mode == "topk":
-            train = teacher_targets.TopKBatches(self._topk_store(windows("train", cfg.train.steps, 1 + own), shard),
-                                                self.device)
-        else:
-            train = batches("train", cfg.train.steps, 1 + own, host=on_host)
-            train = HostBatches(train, self.device) if on_host else train
-        return Data(train=train, bench=batches("train", self.bench_batches(), 2 + own, topk=mode == "topk"),
+        return Data(train=mode.train_batches(self, windows("train", cfg.train.steps, 1 + own), shard),
+                    bench=batches("train", self.bench_batches(), 2 + own, topk=mode.topk),
                     # the teacher's seed: students of every train.seed are measured on the same tokens
                     eval=batches("heldout", cfg.train.eval_batches, 3, base=teacher_seed(cfg)))
-
-    def topk_recipe(self, shard: int = 0) -> dict[str, Any]:
-        """What a top-k store's content depends on; its folder name is a hash of it."""
-        cfg, m = self.cfg, self.cfg.model
-        # what the teacher is (its architecture and weights' hash), never where it came from: a path or a seed
-        # alone let a store be reused for another teacher
-        teacher = {"weights_sha256": self.info["teacher_weights_sha256"]}
-        return {"teacher": teacher, "teacher_precision": self.teacher_precision.used, "text": self.text.folder.name,
-                "tokenizer": self.info.get("tokenizer_sha256") or self.info["tokenizer"],
-                "seed": cfg.train.seed, "shard": shard, "steps": cfg.train.steps, "batch": m.batch,
-                "seq_len": m.seq_len, "k": cfg.distill.topk, "vocab": m.vocab, "temperature": cfg.distill.temperature,
-                "value_dtype": str(self.tdtype or torch.float32).removeprefix("torch.")}
-
-    def _topk_store(self, windows: list[torch.Tensor], shard: int) -> teacher_targets.TopKStore:
-        """The training batches' top-k store: found in the cache folder, or built there now (and rebuilt where
-        it is damaged); task.json says where and why."""
-        recipe = self.topk_recipe(shard)
-        folder = teacher_targets.store_folder(self.cache_dir, recipe)
-
-        def logits(window: torch.Tensor) -> torch.Tensor:
-            with self.teacher_precision.forward():
-                return self.teacher(window[:, :-1].to(self.device))
-
-        store, why = teacher_targets.ensure_store(folder, recipe, lambda: teacher_targets.build_store(
-            folder, recipe, windows, logits))
-        nbytes = store.layout.nbytes()
-        self.info.update(teacher_topk_store=str(folder), teacher_topk_key=teacher_targets.store_key(recipe),
-                         teacher_topk_store_bytes=nbytes,
-                         teacher_topk_store_gib=round(nbytes / 2**30, 4), teacher_topk_rebuilt=why or None)
-        return store
 
     def bench_batches(self) -> int:
         """How many distinct timed batches there are (they stay on the device, with their logits)."""
@@ -226,22 +191,24 @@ class LMTask:
                                         host_ranks=ranks)
 
         d = cfg.distill
-        mode, why, where = teacher_targets.choose_mode(d.teacher_mode, place)
-        self.info.update(teacher_mode=mode, teacher_mode_requested=d.teacher_mode, teacher_mode_reason=why,
-                         teacher_topk=d.topk if mode == "topk" else None, teacher_logits=where,
+        mode, why, where = teacher_targets.choose(d.teacher_mode, place)
+        self.info.update(teacher_mode=mode.name, teacher_mode_requested=d.teacher_mode, teacher_mode_reason=why,
+                         **mode.record(cfg), teacher_logits=where,
                          teacher_logits_requested=d.teacher_logits,
                          teacher_logits_train_gib=round(cfg.train.steps * per_batch / 2**30, 3))
 
-    def _targets(self, window: torch.Tensor, host: bool = False, topk: bool = False):
+    def targets(self, window: torch.Tensor, host: bool = False, topk: bool = False):
+        """(tokens, Targets) of a token window [batch, seq_len + 1]: the teacher's logits in its precision
+        (`host`: in pinned host memory), or its top-k targets as the top-k store holds them (`topk`)."""
         tokens, next_tokens = window[:, :-1].to(self.device), window[:, 1:].to(self.device)
         with self.teacher_precision.forward():
             logits = self.teacher(tokens)
         check_teacher_output(logits, self.cfg)
         if topk:  # as the top-k store holds them (indices in its dtype)
             d = self.cfg.distill
-            values, indices, rest = teacher_targets.topk_targets(logits, d.topk, d.temperature)
+            values, indices, rest = topk_store.topk_targets(logits, d.topk, d.temperature)
             return tokens, objectives.Targets(values, next_tokens=next_tokens, rest_lse=rest,
-                                              indices=indices.to(teacher_targets.index_dtype(self.cfg.model.vocab)))
+                                              indices=indices.to(topk_store.index_dtype(self.cfg.model.vocab)))
         if host:  # one batch at a time: all of them would not fit on the GPU
             if self.device.type == "cuda":  # pinned: the copy back to the GPU can then run asynchronously
                 logits = torch.empty(logits.shape, dtype=logits.dtype, pin_memory=True).copy_(logits)

@@ -1,18 +1,6 @@
-"""Where the training batches' teacher targets come from (distill.teacher_mode), so that memory need not grow
-with train.steps.
-
-  precomputed  the teacher's full logits for every batch, computed once (on the GPU or pinned host memory:
-               logits_placement.place_teacher_logits). steps x tokens x vocab: 2.1 GB a step at vocab 128256,
-               8192 tokens.
-  online       OnlineBatches: the teacher's forward when a batch is fetched, before the student's step (never
-               inside its timed or graphed step). Holds the token windows only (int32), nothing per vocabulary.
-  topk         TopKStore: the teacher's k largest logits, their ids and the log-sum-exp of the rest per token,
-               computed once into files in the cache folder; TopKBatches streams them to the GPU a
-               step ahead. steps x tokens x k on disk, a few pinned buffers in memory.
-
-Every student of a run still sees the same batches and the same targets: the online teacher's forward is a
-deterministic function of the batch (same weights, shapes and kernels), and the top-k store is read, not
-recomputed.
+"""The top-k teacher store (distill.teacher_mode=topk, topk.py): the teacher's k largest logits, their ids and
+the log-sum-exp of the rest per token, computed once into files in the cache folder; TopKBatches streams them to
+the GPU a step ahead. steps x tokens x k on disk, a few pinned buffers in memory.
 
 The top-k store (a folder topk-<key>/ per recipe) is written under a temporary name and renamed when whole:
 values.bin (the logits' own dtype: bf16 from a bf16 teacher is lossless; fp32 on a CPU), indices.bin (int16
@@ -333,50 +321,3 @@ class TopKBatches(collections.abc.Sequence):
             if i + 1 < len(self):
                 ahead = fetch(i + 1)  # overlaps the step the caller runs on `batch`
             yield batch
-
-
-class OnlineBatches(collections.abc.Sequence):
-    """Training batches whose teacher logits are computed when a batch is fetched (distill.teacher_mode=
-    online): `targets(window)` runs the teacher in its precision and returns (tokens, Targets). The loop fetches
-    a batch before calling the student's step, so the teacher's forward is never inside that step, its
-    timing or its CUDA graph. Holds the token windows (int32), nothing of the vocabulary's size."""
-
-    def __init__(self, windows: list[torch.Tensor], targets: Callable[[torch.Tensor], tuple]):
-        self.windows = torch.stack(windows).to(torch.int32) if windows else torch.empty(0, dtype=torch.int32)
-        self.targets = targets
-
-    def __len__(self) -> int:
-        return len(self.windows)
-
-    def __getitem__(self, i: int):
-        if not 0 <= i < len(self):
-            raise IndexError(i)
-        return self.targets(self.windows[i].long())
-
-    def shared_tensors(self) -> list[torch.Tensor]:
-        return [self.windows]
-
-
-def choose_mode(requested: str, place: Callable[[int], str]) -> tuple[str, str, str | None]:
-    """(mode, why, placement of precomputed logits or None). `place(train_steps_factor)` is the precomputed
-    placement check (logits_placement.place_teacher_logits): called with 1 for the training batches' logits, 0 for the
-    timed and held-out batches' alone; it raises ConfigError when they do not fit."""
-    if requested == "precomputed":
-        return "precomputed", "requested", place(1)
-    if requested in ("online", "topk"):
-        place(0)  # the timed and held-out batches keep full logits on the device in every mode
-        return requested, "requested", None
-    try:
-        where = place(1)
-    except ConfigError as e:
-        place(0)
-        return "online", f"the precomputed logits do not fit ({e}) -> online", None
-    return "precomputed", f"the precomputed logits fit ({where})", where
-
-
-def step_cells(mode: str, teacher_ms: float | None, step_ms: float | None) -> dict:
-    """A row's distillation step: the student's step (step_ms_median, alone) plus the teacher's forward it
-    needs per step (online: teacher_ms_median, measured apart; precomputed and top-k: none, it ran before)."""
-    teacher = (teacher_ms if mode == "online" else 0.0)
-    total = None if step_ms is None or teacher is None else step_ms + teacher
-    return {"teacher_step_ms_median": teacher, "distill_step_ms_median": total}

@@ -125,9 +125,13 @@ def test_the_distillation_step_adds_the_online_teachers_forward():
     ({"loss_impl": "fused_head", "loss": "jsd"}, "fused_head' computes forward_kl only"),
 ])
 def test_bad_teacher_mode_settings_are_refused_naming_the_field(over, match):
-    """The name by the configuration's Literal; what a mode refuses by the mode (the run asks it)."""
-    with pytest.raises(ConfigError, match=match):
-        teacher_targets.check(tiny(**over).validate())
+    """The name by the configuration's Literal; what a mode refuses by the mode, which every driver asks
+    before it starts anything (runner.check_registered) and the task again once model.vocab is resolved."""
+    from workbench.run import runner
+
+    for check in (runner.check_registered, teacher_targets.check):
+        with pytest.raises(ConfigError, match=match):
+            check(tiny(**over).validate())
 
 
 # ---- the top-k loss -------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from workbench.env import te as _te
 from workbench.measure import profiler, timing
 from workbench.models import kinds
 from workbench.run import parallel, rows, slow_path
-from workbench.train import Data, Diverged, lm_teacher, run_student, task_setup, tasks
+from workbench.train import Data, Diverged, lm_teacher, run_student, task_setup, tasks, teacher_targets
 
 
 def resolve_device(cfg: Config) -> torch.device:
@@ -95,11 +95,14 @@ def new_run_id(cfg: Config) -> str:
 
 
 def check_registered(cfg: Config) -> None:
-    """What the configuration, a leaf, cannot check: that its students name backends of the backends' registry
-    and its model kind is one of the kinds' registry. Every driver asks it before it starts anything: a run, a
-    notebook run, `workbench config`, the bench and each point of a sweep's plan."""
+    """What the configuration, a leaf, cannot check: that its students name backends of the backends' registry,
+    its model kind is one of the kinds' registry, and a language model's teacher mode allows the rest of it (the
+    teacher modes' registry). Every driver asks it before it starts anything: a run, a notebook run, `workbench
+    config`, the bench and each point of a sweep's plan."""
     backends.check_specs(cfg.backends)
     kinds.get(cfg.model.kind)
+    if kinds.is_lm(cfg.model.kind):
+        teacher_targets.check(cfg)
 
 
 def run(cfg: Config, out: str | Path = "results", run_id: str | None = None, requested: dict | None = None,

@@ -77,7 +77,7 @@ class TEBackend(Backend):
         run = TERun(device, dtype, cfg.options.te_attention, report.te_attention)
         return self.student(model.to(device), cfg, run, report)
 
-    def student(self, model, cfg, run: "TERun", report: "Conversion", **kw) -> Student:
+    def student(self, model, cfg, run: TERun, report: Conversion, **kw) -> Student:
         """The prepared TE student of `model` (converted as `report` says), its forward run as `run` says."""
         return Student(model, self.policy(cfg, run), run.precision(self), dtype=run.dtype,
                        forward_context=run.context, outside_training=functools.partial(run.outside_training, model),
@@ -85,7 +85,7 @@ class TEBackend(Backend):
                        describe=functools.partial(describe, report, run.te_attention and run.attention),
                        make_graphed=run.make_graphed, converted=report.swapped, **kw)
 
-    def policy(self, cfg, run: "TERun") -> StepPolicy:
+    def policy(self, cfg, run: TERun) -> StepPolicy:
         """The step policy of a student whose forward runs as `run` says, with the notes on the TE switches
         that do not apply to it. options.te_graph: 'step' captures the whole step like the torch students
         (capture_step), 'fwd_bwd' graphs forward and backward through te.make_graphed_callables."""

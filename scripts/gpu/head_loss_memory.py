@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from workbench.config import DistillConfig
 from workbench.models.lm import HeadFeatures
 from workbench.train import lm_objectives as lo
 from workbench.train.head_loss import head_fused_loss
@@ -59,7 +60,8 @@ def main(out: Path):
 
     def call():
         h.grad = w.grad = None
-        head_fused_loss(HeadFeatures((h, w)), t, y, ce_weight=0.5, chunk_tokens=CHUNK).backward()
+        head_fused_loss(HeadFeatures((h, w)), t, y, DistillConfig(loss="forward_kl", temperature=1.0, ce_weight=0.5,
+                                                                  loss_chunk_tokens=CHUNK)).backward()
 
     for _ in range(2):
         call()
@@ -67,7 +69,8 @@ def main(out: Path):
     s = torch.randn(CHUNK, VOCAB, device="cuda").bfloat16()
     sc = [torch.full((), v, device="cuda") for v in (1.0, 0.5, 0.5)]
     fn = lo.compiled_chunk()
-    args = (s, t[:CHUNK], y[:CHUNK], torch.full((), float(TOKENS), device="cuda"), *sc, True, True, torch.bfloat16)
+    args = (s, t[:CHUNK], y[:CHUNK],
+            lo.ChunkScalars(torch.full((), float(TOKENS), device="cuda"), *sc, True, True, torch.bfloat16))
     fn(*args)
     report["compiled_chunk_extra_mib"] = extra(lambda: fn(*args))[0]
     report["chunk_grad_bf16_mib"] = CHUNK * VOCAB * 2 / MIB

@@ -97,9 +97,14 @@ def _measure(fn, iters: int = 10, warmup: int = 3) -> tuple[float, float, float]
 
 
 def loss(out: Path) -> None:
+    from workbench.config import DistillConfig
     from workbench.models.lm import HeadFeatures
     from workbench.train import lm_objectives as lo
     from workbench.train.head_loss import head_fused_loss
+
+    def settings(chunk: int, impl: str = "fused_head") -> DistillConfig:  # forward_kl at T=1, half CE
+        return DistillConfig(loss="forward_kl", temperature=1.0, ce_weight=0.5, loss_chunk_tokens=chunk,
+                             loss_impl=impl)
 
     torch.manual_seed(0)
     hidden = 2048  # Llama-3.2-1B's width
@@ -112,7 +117,7 @@ def loss(out: Path) -> None:
         def fn():
             h.grad = w.grad = None
             logits = h @ w.bfloat16().t()  # the head under bf16 autocast, as a student runs it
-            value = lo.lm_loss(logits, t, y, ce_weight=0.5, chunk_tokens=chunk, impl=impl)
+            value = lo.lm_loss(logits, t, y, settings(chunk, impl))
             value.backward()
             return value.detach()
         return fn
@@ -120,7 +125,7 @@ def loss(out: Path) -> None:
     def fused_head(chunk: int):
         def fn():
             h.grad = w.grad = None
-            value = head_fused_loss(HeadFeatures((h, w)), t, y, ce_weight=0.5, chunk_tokens=chunk)
+            value = head_fused_loss(HeadFeatures((h, w)), t, y, settings(chunk))
             value.backward()
             return value.detach()
         return fn

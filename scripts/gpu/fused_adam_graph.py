@@ -85,15 +85,16 @@ def variant(name):
     cfg, dev, task, data, backend = setup()
     if name == "run-student":
         try:
-            m, losses = loop.run_student(backend, cfg, task, data, dev)
+            m, losses = loop.run_student(loop.prepare(backend, cfg, task, dev), cfg, task, data, dev)
             out["losses"] = [round(x, 5) for x in losses]
         except loop.Diverged as e:
             out["losses"], out["diverged"] = e.losses, str(e)
         return out
-    model = backend.build(task.reference, cfg, dev)
+    student = loop.prepare(backend, cfg, task, dev)  # the backend's student: its model and step settings
+    model = student.model
     model.train()
     if name == "prepare-nan-fill":  # nothing kept between capture and the NaN writes (no clones)
-        step, metrics = loop.prepare_step(backend, model, cfg, task, data, dev)
+        step, metrics = loop.prepare_step(student, cfg, task, data, dev)
         free = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
         junk = [
             torch.full((n,), float("nan"), device=dev)
@@ -111,7 +112,7 @@ def variant(name):
             orig(self)
             marks.append(torch.empty(1234567, dtype=torch.uint8, device=dev))
         torch.cuda.CUDAGraph.capture_end = capture_end
-        step, metrics = loop.prepare_step(backend, model, cfg, task, data, dev)
+        step, metrics = loop.prepare_step(student, cfg, task, data, dev)
         marks.append(torch.empty(7654321, dtype=torch.uint8, device=dev))
         trace = torch.cuda.memory._snapshot()["device_traces"][0]
         big = [i for i, e in enumerate(trace) if e["action"] == "alloc" and e["size"] in
@@ -135,7 +136,7 @@ def variant(name):
         losses_of(step, model, None, data, out)
         return out
     if name.startswith("prepare"):
-        step, metrics = loop.prepare_step(backend, model, cfg, task, data, dev)
+        step, metrics = loop.prepare_step(student, cfg, task, data, dev)
         out["opt"] = metrics["optimizer"]
         if name == "prepare-initial-loss":
             out["initial_loss"] = loop.initial_loss(model, task, data.eval[0])
@@ -143,7 +144,7 @@ def variant(name):
         return out
     if name in ("initial-loss-diff", "empty-cache", "nan-fill"):  # what changes between capture and replay
         opt, _ = loop.make_optimizer(model, cfg, dev, capturable=True)
-        step = loop.capture_step(model, model, opt, backend, task, data.train[0])
+        step = loop.capture_step(model, model, opt, student, task, data.train[0])
         live = {f"{n}.p": p for n, p in model.named_parameters()}
         live.update({f"{n}.grad": p.grad for n, p in model.named_parameters() if p.grad is not None})
         for n, p in model.named_parameters():
@@ -169,11 +170,12 @@ def variant(name):
         return out
     if name == "eager-then-graph":  # the first version's order: an eager FusedAdam step in this process first
         opt, _ = loop.make_optimizer(model, cfg, dev, capturable=True)
-        loop.make_step(model, opt, backend, task)(*data.train[0])
-        model = backend.build(task.reference, cfg, dev)
+        loop.make_step(model, opt, student, task)(*data.train[0])
+        student = loop.prepare(backend, cfg, task, dev)
+        model = student.model
         model.train()
     opt, _ = loop.make_optimizer(model, cfg, dev, capturable=True)
-    step = loop.capture_step(model, model, opt, backend, task, data.train[0])
+    step = loop.capture_step(model, model, opt, student, task, data.train[0])
     losses_of(step, model, opt, data, out)
     return out
 

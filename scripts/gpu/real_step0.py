@@ -84,16 +84,17 @@ def main() -> int:
                 ok, why = b.availability(backends.Context(torch.device("cuda"), cfg))
                 if not ok:
                     raise RuntimeError(why)
-                model = b.build(ref, cfg, torch.device("cuda")).eval()
-                logits = forward_all(model, b.forward_context, tokens)
-                row.update(status="ok", te_conversion=getattr(b, "conversion", None),
+                student = b.prepare(ref, cfg, torch.device("cuda"))
+                model = student.model.eval()
+                logits = forward_all(model, student.forward_context, tokens)
+                row.update(status="ok", te_conversion=student.describe().get("te_conversion"),
                            **{f"{k}_vs_fp32": v for k, v in metrics(logits, fp32, tokens).items()})
                 if spec == "torch_bf16":
                     bf16 = logits
                 elif bf16 is not None:
                     m = metrics(logits, bf16, tokens)
                     row.update(kl_nats_vs_bf16=m["kl_nats"], top1_agreement_vs_bf16=m["top1_agreement"])
-                del model
+                del model, student
             except Exception as e:  # one student's failure is its row, never the others' end
                 row.update(status="error", reason=f"{type(e).__name__}: {str(e)[:300]}")
             row["fp32_ppl"] = metrics(fp32, fp32, tokens)["ppl"]

@@ -39,7 +39,8 @@ def add_arguments(p) -> None:
 def main(args) -> int:
     from workbench.models import kinds
     from workbench.run import runner
-    from workbench.train import lm_metrics, lm_task, task_setup
+    from workbench.train import lm_task, task_setup
+    from workbench.train.objectives import lm_metrics
 
     cfg = config.from_preset(args.preset, **config.parse_set(args.overrides))
     if not kinds.is_lm(cfg.model.kind) or cfg.lm.teacher != "train":

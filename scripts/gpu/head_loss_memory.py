@@ -11,8 +11,8 @@ import torch
 
 from workbench.config import DistillConfig
 from workbench.models.lm import HeadFeatures
-from workbench.train import lm_objectives as lo
-from workbench.train.head_loss import head_fused_loss
+from workbench.train.objectives import lm_objectives as lo
+from workbench.train.objectives.head_loss import head_fused_loss
 
 VOCAB, TOKENS, HIDDEN, CHUNK = 128256, 8192, 2048, 1024
 MIB = 2**20

@@ -99,8 +99,8 @@ def _measure(fn, iters: int = 10, warmup: int = 3) -> tuple[float, float, float]
 def loss(out: Path) -> None:
     from workbench.config import DistillConfig
     from workbench.models.lm import HeadFeatures
-    from workbench.train import lm_objectives as lo
-    from workbench.train.head_loss import head_fused_loss
+    from workbench.train.objectives import lm_objectives as lo
+    from workbench.train.objectives.head_loss import head_fused_loss
 
     def settings(chunk: int, impl: str = "fused_head") -> DistillConfig:  # forward_kl at T=1, half CE
         return DistillConfig(loss="forward_kl", temperature=1.0, ce_weight=0.5, loss_chunk_tokens=chunk,

@@ -16,7 +16,8 @@ from workbench import cli, config, results
 from workbench.data import TextDataError, TextSpec, cache, load_text
 from workbench.data.text import documents
 from workbench.run import runner
-from workbench.train import Data, lm_teacher, objectives
+from workbench.train import Data, objectives
+from workbench.train.teacher import lm_teacher
 
 TEACHER = ["--preset", "gpt-cpu", "--set", "corpus_mb=0.2", "--set", "teacher_steps=5"]
 

@@ -206,7 +206,7 @@ def test_the_fused_logit_loss_trains_like_the_checkpointed_one_eager_and_in_the_
     the gradient written in the forward, inside a whole-step CUDA graph too. Same students, same batches: every
     loss curve within bf16 rounding of the checkpointed loss's (2 %), and the same starting weights; the compiled
     chunk really ran."""
-    from workbench.train import lm_objectives
+    from workbench.train.objectives import lm_objectives
 
     used = []
     real = lm_objectives.compiled_chunk

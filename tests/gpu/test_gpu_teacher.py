@@ -9,9 +9,9 @@ import torch
 from workbench import backends, config
 from workbench.config import DistillConfig
 from workbench.models.lm import HeadFeatures
-from workbench.train import lm_objectives as lo
 from workbench.train import lm_task, loop
-from workbench.train.head_loss import head_fused_loss
+from workbench.train.objectives import lm_objectives as lo
+from workbench.train.objectives.head_loss import head_fused_loss
 from workbench.train.teacher_targets import topk_store as tt
 from workbench.train.teacher_targets.online import OnlineBatches
 

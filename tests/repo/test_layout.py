@@ -437,3 +437,11 @@ def test_teacher_modes_are_compared_by_name_nowhere_outside_their_registry():
     found = {m: lines for m, p in package_files().items() if not m.startswith(MODE_REGISTRY)
              if (lines := mode_name_compares(p.read_text()))}
     assert found == {}
+
+
+def test_train_is_sorted_by_concern():
+    """train/ keeps the loop and its tasks at its top (about six files); objectives, teacher targets and the
+    teacher live in their own folders, so a new loss or teacher mode does not widen the corridor."""
+    top = sorted(p.name for p in (PKG / "train").glob("*.py"))
+    assert len(top) <= 6, top
+    assert {"objectives", "teacher_targets", "teacher"} <= {p.name for p in (PKG / "train").iterdir() if p.is_dir()}

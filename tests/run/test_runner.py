@@ -256,7 +256,7 @@ def test_a_run_leaves_tes_attention_switches_as_the_process_started(tmp_path, mo
 
 def test_training_prints_a_progress_line_every_few_steps(capsys):
     """gpt-cpu trains 80 steps per student and its teacher 200: a line every lm_teacher.progress_every steps."""
-    from workbench.train import lm_teacher
+    from workbench.train.teacher import lm_teacher
 
     seen = []
     step = runner._with_progress(lambda i, loss: seen.append(i), True, "te_fp8:delayed", 80)

@@ -8,8 +8,8 @@ from torch import nn
 
 from workbench.config import DistillConfig
 from workbench.data.text import TextSpec, load_text
-from workbench.train.lm_metrics import LMMetrics
-from workbench.train.lm_objectives import lm_loss
+from workbench.train.objectives.lm_metrics import LMMetrics
+from workbench.train.objectives.lm_objectives import lm_loss
 
 # The loss kernels' settings as a distill config, at the defaults these tests were written for (T = 1, no CE)
 D = functools.partial(DistillConfig, loss="forward_kl", temperature=1.0, ce_weight=0.0)

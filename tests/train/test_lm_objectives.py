@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from workbench.config import ConfigError, DistillConfig
-from workbench.train import lm_objectives
-from workbench.train.lm_metrics import LMMetrics, lm_metrics
-from workbench.train.lm_objectives import IGNORE_INDEX, hidden_mse, kd_per_token, lm_loss
+from workbench.train.objectives import lm_objectives
+from workbench.train.objectives.lm_metrics import LMMetrics, lm_metrics
+from workbench.train.objectives.lm_objectives import IGNORE_INDEX, hidden_mse, kd_per_token, lm_loss
 
 S = torch.tensor([[1.0, 2.0, 0.5], [0.0, -1.0, 3.0]])  # student logits: 2 tokens, vocab 3
 T = torch.tensor([[2.0, 0.0, 1.0], [1.0, 1.0, 1.0]])  # teacher logits

@@ -177,7 +177,7 @@ GIB = 2**30
 
 
 def test_teacher_logits_go_to_the_gpu_when_they_fit_else_to_the_host_else_the_run_is_refused():
-    from workbench.train.logits_placement import place_teacher_logits as place
+    from workbench.train.teacher_targets.logits_placement import place_teacher_logits as place
 
     # lm-a at 300 steps: 512 MiB of logits per batch, 150 GiB for training, 3 GiB for the timed and held-out ones
     train, kept = 300 * GIB // 2, 3 * GIB
@@ -215,7 +215,8 @@ def test_host_placed_logits_are_judged_for_every_rank_of_the_host(tmp_path, monk
     checks the memory for LOCAL_WORLD_SIZE of them, not one."""
     import torch
 
-    from workbench.train import lm_task, logits_placement
+    from workbench.train import lm_task
+    from workbench.train.teacher_targets import logits_placement
 
     cfg = _tiny_gpt(teacher_logits="host", teacher_mode="precomputed")  # auto would turn to the online teacher
     need = cfg.train.steps * cfg.model.batch * cfg.model.seq_len * cfg.model.vocab * 4  # fp32 logits on a CPU
@@ -238,7 +239,8 @@ def test_training_on_host_placed_teacher_logits_gives_the_same_losses(tmp_path):
     import torch
 
     from workbench import backends
-    from workbench.train import lm_task, logits_placement, loop
+    from workbench.train import lm_task, loop
+    from workbench.train.teacher_targets import logits_placement
 
     cfg = _tiny_gpt(eval_every=2)
     losses = {}
@@ -260,7 +262,8 @@ def test_the_fused_loss_trains_like_the_checkpointed_one(tmp_path, monkeypatch):
     import torch
 
     from workbench import backends
-    from workbench.train import lm_objectives, lm_task, loop
+    from workbench.train import lm_task, loop
+    from workbench.train.objectives import lm_objectives
 
     calls = []
     real = lm_objectives._FusedForwardKL.apply

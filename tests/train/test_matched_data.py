@@ -105,8 +105,8 @@ def test_the_checksum_copies_no_host_held_teacher_logits(monkeypatch):
     """Host-placed teacher logits (logits_placement.HostBatches) reach students only as fresh device copies:
     the shared batches' checksum sums their tokens and token targets and copies none of the logits over."""
     from workbench.train import objectives
-    from workbench.train.logits_placement import HostBatches
     from workbench.train.loop import Data
+    from workbench.train.teacher_targets.logits_placement import HostBatches
 
     tokens, nxt = torch.arange(6).view(2, 3), torch.arange(1, 7).view(2, 3)
     batch = (tokens, objectives.Targets(torch.ones(2, 3, 5), next_tokens=nxt))

@@ -13,7 +13,8 @@ from workbench.bench import rows as bench_rows
 from workbench.env import te as _te
 from workbench.models import Teacher
 from workbench.run import runner
-from workbench.train import lm_task, tasks, teacher_precision
+from workbench.train import lm_task, tasks
+from workbench.train.teacher import teacher_precision
 
 CPU = torch.device("cpu")
 NO_FP8 = (False, "Device compute capability 8.9 or higher required for FP8 execution.")

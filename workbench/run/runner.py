@@ -30,7 +30,8 @@ from workbench.env import te as _te
 from workbench.measure import profiler, timing
 from workbench.models import kinds
 from workbench.run import parallel, rows, slow_path
-from workbench.train import Data, Diverged, lm_teacher, run_student, task_setup, tasks, teacher_targets
+from workbench.train import Data, Diverged, run_student, task_setup, tasks, teacher_targets
+from workbench.train.teacher import lm_teacher
 
 
 def resolve_device(cfg: Config) -> torch.device:
@@ -47,7 +48,7 @@ def teacher_dtype(cfg: Config, device: torch.device) -> torch.dtype | None:
     """The torch autocast dtype of the teacher's forward (and of a language-model teacher's training);
     None = fp32. 'auto': bf16 autocast on a bf16-capable GPU (an fp32 teacher forward costs ~3x a
     student step at the large size), fp32 on CPU. 'fp8': what TE does not run in FP8 runs in bf16 (fp16 on a
-    GPU without bf16), which is also the whole forward where FP8 cannot run (workbench.train.teacher_precision);
+    GPU without bf16), which is also the whole forward where FP8 cannot run (workbench.train.teacher.teacher_precision);
     fp32 on CPU."""
     p = cfg.distill.teacher_precision
     if p == "auto":

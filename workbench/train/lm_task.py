@@ -2,7 +2,7 @@
 teacher on real text (the offline corpus or your files): KL on the logits mixed with cross-entropy;
 held-out perplexity, KL to the teacher, top-1 agreement. The teacher's targets come as
 distill.teacher_mode says (the registry workbench.train.teacher_targets), precomputed logits where
-workbench.train.logits_placement puts them."""
+workbench.train.teacher_targets.logits_placement puts them."""
 from __future__ import annotations
 
 import copy
@@ -15,17 +15,9 @@ import torch
 
 from workbench.config import ConfigError
 from workbench.env.probe import _memory_gb
-from workbench.train import (
-    head_loss,
-    lm_metrics,
-    lm_objectives,
-    lm_teacher,
-    objectives,
-    teacher_precision,
-    teacher_targets,
-)
-from workbench.train.logits_placement import place_teacher_logits
+from workbench.train import objectives, teacher_targets
 from workbench.train.loop import Data
+from workbench.train.objectives import head_loss, lm_metrics, lm_objectives
 from workbench.train.task_setup import (
     SHARD_SEED_STRIDE,
     bpe_vocab,
@@ -34,7 +26,9 @@ from workbench.train.task_setup import (
     resolve_lm,
     teacher_seed,
 )
+from workbench.train.teacher import lm_teacher, teacher_precision
 from workbench.train.teacher_targets import topk_store
+from workbench.train.teacher_targets.logits_placement import place_teacher_logits
 
 LM_BENCH_BATCHES = 4  # distinct timed batches, cycled: an LM batch's teacher logits take GBs at vocab 32k
 

@@ -17,10 +17,11 @@ from typing import Any
 import torch
 
 from workbench.models import Student, Teacher, kinds, reference_student
-from workbench.train import objectives, teacher_precision
+from workbench.train import objectives
 from workbench.train.lm_task import LMTask
 from workbench.train.loop import Data
 from workbench.train.task_setup import SHARD_SEED_STRIDE, check_teacher_output
+from workbench.train.teacher import teacher_precision
 
 
 def for_config(cfg, device: torch.device, tdtype, cache_dir: str | Path) -> "MLPTask | LMTask":

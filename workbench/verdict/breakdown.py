@@ -14,8 +14,8 @@ bandwidth is measured here). What the profile cannot tell apart is split by a st
     record that works there). Without one, the GEMM time is split in proportion to each part's FLOPs / the peak
     of its precision, i.e. at equal efficiency: both get the same ratio by construction.
   * Triton kernels in a step that is not torch.compile'd come from the fused loss (the only compiled code there:
-    train.lm_objectives.compiled_chunk), and its backward is the one bf16 elementwise Mul launched once a step
-    (`grad.mul_(grad_out)`); both are counted as loss.
+    train.objectives.lm_objectives.compiled_chunk), and its backward is the one bf16 elementwise Mul launched once a
+    step (`grad.mul_(grad_out)`); both are counted as loss.
   * A profile written before the profiler kept every kernel lists only its top kernels: the rest of each profiler
     category is a row "(rest of <category>)", sorted by that category.
 Writes DIR/breakdown.csv, breakdown.md and breakdown.png / .svg (measured beside floor, stacked by row).

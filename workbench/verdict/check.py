@@ -64,7 +64,8 @@ def table(root: Path) -> pd.DataFrame:
                 continue
             p = pred[recipe]
             rows.append({"bench": bench, "shape": shape, "tokens": cfg.model.batch * cfg.model.seq_len,
-                         "recipe": recipe, "calibrated": p["calibrated"], "fitted": fitted, "bf16_ms_measured": base, "bf16_ms_expected": pred["bf16"]["expected_ms"],
+                         "recipe": recipe, "calibrated": p["calibrated"], "fitted": fitted,
+                         "bf16_ms_measured": base, "bf16_ms_expected": pred["bf16"]["expected_ms"],
                          "fp8_ms_measured": meas[key], "fp8_ms_expected": p["expected_ms"],
                          "speedup_measured": base / meas[key], "speedup_expected": p["speedup_expected"],
                          "speedup_ideal": p["speedup_ideal"],

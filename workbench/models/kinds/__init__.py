@@ -79,7 +79,8 @@ class Kind:
 @dataclass(frozen=True)
 class LMShape:
     """One causal LM (teacher or student): its kind, whose `Arch` says what it is made of, and its sizes.
-    Its fields key the teacher cache (workbench.train.lm_teacher), so the architecture is looked up, not held."""
+    Its fields key the teacher cache (workbench.train.teacher.lm_teacher), so the architecture is looked up,
+    not held."""
 
     kind: str = "gpt"  # a registered kind of task 'lm'
     vocab: int = 256

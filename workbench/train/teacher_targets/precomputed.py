@@ -3,8 +3,8 @@ any student trains, on the GPU or in pinned host memory (logits_placement.place_
 distill.teacher_logits says). steps x tokens x vocab: 2.1 GB a step at vocab 128256, 8192 tokens."""
 from __future__ import annotations
 
-from workbench.train.logits_placement import HostBatches
 from workbench.train.teacher_targets import TeacherMode, register
+from workbench.train.teacher_targets.logits_placement import HostBatches
 
 
 class Precomputed(TeacherMode):

@@ -32,7 +32,7 @@ checkpointed for the other losses):
                 forward to its backward: one logits-sized tensor more than the checkpointed path holds
                 then. On CUDA the chunk's maths is torch.compile'd into a few fused kernels. forward_kl only.
   fused_head    the same chunk maths with the LM head's GEMM inside it, so not even the student's logits
-                exist (workbench.train.head_loss).
+                exist (workbench.train.objectives.head_loss).
 
 Against top-k teacher targets (distill.teacher_mode=topk) `topk_lm_loss` folds both distributions onto the
 teacher's k tokens plus one tail bucket (the rest of the vocabulary) and takes the divergence there; with

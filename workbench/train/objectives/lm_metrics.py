@@ -23,7 +23,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from workbench.train.lm_objectives import DEFAULT_CHUNK_TOKENS, IGNORE_INDEX, flatten, kd_per_token
+from workbench.train.objectives.lm_objectives import DEFAULT_CHUNK_TOKENS, IGNORE_INDEX, flatten, kd_per_token
 
 # what a row keeps of the held-out evaluation before training (the teacher's own figures do not change)
 STEP0 = ("heldout_ppl", "kl_teacher_student_t1_nats", "top1_agreement")

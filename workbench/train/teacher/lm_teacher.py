@@ -16,8 +16,9 @@ import torch
 from workbench import backends
 from workbench.config import ConfigError, DistillConfig
 from workbench.data import cache
-from workbench.train import lm_objectives, teacher_precision
+from workbench.train.objectives import lm_objectives
 from workbench.train.task_setup import teacher_seed
+from workbench.train.teacher import teacher_precision
 
 # The teacher's next-token loss: cross-entropy alone, checkpointed whatever the run's distill.loss_impl (a cached
 # teacher's recipe, its key, does not name the loss)

@@ -23,7 +23,7 @@ import torch
 
 from workbench.config import DistillConfig
 from workbench.models.lm import HeadFeatures
-from workbench.train.lm_objectives import IGNORE_INDEX, _chunk_fn, chunk_scalars
+from workbench.train.objectives.lm_objectives import IGNORE_INDEX, _chunk_fn, chunk_scalars
 
 
 def _chunks(h, w, t, y, d: DistillConfig, with_grad: bool):

@@ -231,12 +231,12 @@ class LMTask:
         return lm_objectives.lm_loss(out, teacher_logits, next_tokens, d)
 
     @torch.no_grad()
-    def evaluate(self, model, backend, batches) -> dict[str, Any]:
+    def evaluate(self, model, student, batches) -> dict[str, Any]:
         """Held-out cross-entropy and perplexity, KL(teacher‖student) at T=1 and top-1 agreement, and the
         teacher's own perplexity on the same tokens; fp32, token-weighted."""
         acc = lm_metrics.LMMetrics(self.cfg.distill.loss_chunk_tokens)
         for tokens, targets in batches:
-            with backend.forward_context():
+            with student.forward_context():
                 acc.add(model(tokens), targets.out, targets.next_tokens)
         return acc.result()
 

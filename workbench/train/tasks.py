@@ -84,11 +84,11 @@ class MLPTask:
         return tokens, objectives.Targets(out.float(), [h.float() for h in hidden] if hidden else None)
 
     @torch.no_grad()
-    def evaluate(self, model, backend, batches) -> dict[str, Any]:
+    def evaluate(self, model, student, batches) -> dict[str, Any]:
         """Mean output MSE against the teacher on held-out batches (the tutorial's eval), in fp32."""
         vals = []
         for tokens, targets in batches:
-            with backend.forward_context():
+            with student.forward_context():
                 vals.append(float(objectives.mse(model(tokens), targets.out)))
         return {"eval_mse": sum(vals) / len(vals)}
 

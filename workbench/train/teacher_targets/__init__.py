@@ -75,9 +75,13 @@ def register(mode: TeacherMode) -> TeacherMode:
 
 
 @functools.cache
+HELPERS = ("logits_placement", "topk_store")  # files of this folder that are the modes' tools, not modes
+
+
 def _load_all() -> None:
     for info in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{info.name}")
+        if info.name not in HELPERS:
+            importlib.import_module(f"{__name__}.{info.name}")
 
 
 def names() -> list[str]:

@@ -74,10 +74,10 @@ def register(mode: TeacherMode) -> TeacherMode:
     return mode
 
 
-@functools.cache
 HELPERS = ("logits_placement", "topk_store")  # files of this folder that are the modes' tools, not modes
 
 
+@functools.cache
 def _load_all() -> None:
     for info in pkgutil.iter_modules(__path__):
         if info.name not in HELPERS:

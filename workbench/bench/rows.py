@@ -153,14 +153,19 @@ def _with_tutorial_ratios(rows: list[dict]) -> None:
                  speedup_vs_tutorial_same_path=div(same, step), tutorial_rows=who)
 
 
-def with_fastest_bf16(rows: list[dict]) -> None:
-    """Every row's '× fastest bf16': the fastest bf16 row of this bench that ran its own backend (compiled, TE bf16
-    layers, graphed: whichever won; never a no-KD student, which skips the distillation loss, nor a distributed
-    run's one-process reference row) over its step."""
+def fastest_bf16(rows: list[dict]) -> dict | None:
+    """The bench's denominator (the verdict reads it too): its fastest bf16 row that ran its own backend (compiled,
+    TE bf16 layers, graphed: whichever won; never a no-KD student, which skips the distillation loss, nor a
+    distributed run's one-process reference row); None where no bf16 row ran."""
     bf16 = [r for r in rows if r.get("status") == "ok" and r.get("precision") == "bf16"
             and ":no_kd" not in str(r.get("student")) and results.REFERENCE_SUFFIX not in str(r.get("student"))
             and num(r.get("step_ms_median")) is not None]
-    best = min(bf16, key=lambda r: num(r["step_ms_median"])) if bf16 else None
+    return min(bf16, key=lambda r: num(r["step_ms_median"])) if bf16 else None
+
+
+def with_fastest_bf16(rows: list[dict]) -> None:
+    """Every row's '× fastest bf16': the bench's fastest bf16 row (`fastest_bf16`) over its step."""
+    best = fastest_bf16(rows)
     ms = num(best["step_ms_median"]) if best else None
     who = f"{best['variant']} / {best['student']}" if best else None
     for r in rows:

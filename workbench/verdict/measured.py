@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 
 from workbench import results
+from workbench.bench import rows as bench_rows
 
 # bench row (variant, student) -> the prediction's recipe
 RECIPE_OF = {("hf-te-layer-step", "te_fp8:delayed"): "te_fp8_delayed",
@@ -107,10 +108,11 @@ def summarize(bench_dir: Path, prediction: dict[str, Any] | None = None) -> dict
     df = _rows(bench_dir)
     ok = df[df["status"] == "ok"]
     bf16 = ok[ok["precision"] == "bf16"]
-    if bf16.empty:
+    best = bench_rows.fastest_bf16(ok.to_dict("records"))  # the bench's own rule: one denominator everywhere
+    if best is None:
         return {"status": "no denominator", "reason": "no bf16 row of the bench ran", "bench_dir": str(bench_dir),
                 "not_run": _not_run(df)}
-    base = bf16.loc[bf16["step_ms_median"].idxmin()]
+    base = ok[(ok["variant"] == best["variant"]) & (ok["student"] == best["student"])].iloc[0]
     compiled = bf16[bf16["variant"] == "hf-compile"]
     comp_ms = _num(compiled["step_ms_median"].min()) if not compiled.empty else None
     expected = {r["recipe"]: r for r in (prediction or {}).get("recipes", [])}

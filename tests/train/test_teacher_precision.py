@@ -7,7 +7,7 @@ import pytest
 import torch
 from fake_te import FakeRecipes, FakeTEModules
 
-from workbench import cli, config, results
+from workbench import backends, cli, config, results
 from workbench.backends._te import TEAttention
 from workbench.bench import rows as bench_rows
 from workbench.env import te as _te
@@ -195,3 +195,21 @@ def test_an_fp8_teachers_cached_weights_are_those_of_the_precision_it_trains_in(
         "ran in fp32 instead of fp8"
     )
     assert bf16["teacher_cached"] is False and bf16["teacher_checkpoint"] != fp32["teacher_checkpoint"]
+
+
+def test_the_fp8_teacher_never_takes_the_students_fp8_attention(monkeypatch):
+    """options.te_fp8_dpa is a student switch: the teacher's TE copy is prepared without it (on the H200, head_dim
+    64 has no FP8 attention backend, and the refusal would come at the teacher's first forward, past its fallback)."""
+    monkeypatch.setattr(_te, "load", lambda: (FakeTEModules, FakeRecipes, ""))
+    monkeypatch.setattr(teacher_precision, "fp8_unavailable", lambda teacher, cfg, device: "")
+    te_fp8 = type(backends.make("te_fp8:current"))
+    seen, prepare = [], te_fp8.prepare
+
+    def recording(self, reference, cfg, device, ranks=None):
+        seen.append((cfg.options.te_fp8_dpa, cfg.options.te_fp8_weights, cfg.model.param_dtype))
+        return prepare(self, reference, cfg, device, ranks)
+
+    monkeypatch.setattr(te_fp8, "prepare", recording)
+    cfg = smoke(teacher_precision="fp8", te_fp8_dpa=True)
+    task = tasks.MLPTask(cfg, CPU, runner.teacher_dtype(cfg, CPU))
+    assert task.teacher_precision.used == "fp8" and seen == [(False, False, "fp32")]

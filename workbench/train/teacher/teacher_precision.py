@@ -68,8 +68,10 @@ def prepare(teacher: nn.Module, cfg, device: torch.device,
                                          reason=f"{why} -> the teacher ran in {NAMES[dtype]} instead of fp8")
     fp8 = backends.make(f"te_fp8:{FP8_RECIPE}")
     # The teacher's exact weights: fp32 as trained, whatever the students' parameter dtype; TE picks its own
-    # attention backend for it, and options.te_fp8_weights is a student switch (FP8 weights with master copies).
-    own = cfg.replace(param_dtype="fp32", te_attention="auto", te_fp8_weights=False)
+    # attention backend for it (never FP8 attention: options.te_fp8_dpa is a student switch, and where cuDNN has no
+    # FP8 attention, head_dim 64 on Hopper, it would fail at the first forward, past this fallback), and
+    # options.te_fp8_weights is a student switch (FP8 weights with master copies).
+    own = cfg.replace(param_dtype="fp32", te_attention="auto", te_fp8_weights=False, te_fp8_dpa=False)
     try:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             # Converted from a host copy: only the TE teacher ever lives on the GPU, never two teachers at once.

@@ -36,14 +36,16 @@ STEP0 = ("kl_teacher_student_t1_nats_step0", "top1_agreement_step0", "heldout_pp
 
 
 def variants_for(prediction: dict[str, Any]) -> list[str]:
-    """The bench variants for this model, cheapest to most telling first so that a budget cuts the least useful:
-    TE layers graphed (bf16, FP8 delayed, current), compiled HF (bf16, torchao), the FP8 head and FP8 attention
-    where eligible, eager TE layers (or per-Linear TE where TE's layer cannot hold the family)."""
+    """The bench variants for this model, in the order a budget should keep them: TE layers graphed (bf16, FP8
+    delayed, current), the FP8 head where eligible (the recipe predicted fastest, seconds to run), compiled HF (bf16,
+    torchao: the other bf16 denominator, and torch.compile's minutes on a deep model), FP8 attention where
+    eligible, eager TE layers (or per-Linear TE where TE's layer cannot hold the family)."""
     recipes = {r["recipe"]: r for r in prediction["recipes"]}
     te = prediction["eligibility"]["te_layers"]["supported"]
-    out = (["hf-te-layer-step"] if te else []) + ["hf-compile"]
+    out = ["hf-te-layer-step"] if te else []
     if te and recipes["te_fp8_delayed_head"]["eligible"]:
         out.append("hf-te-layer-fp8-head")
+    out.append("hf-compile")
     if te and recipes["te_fp8_delayed_head_attention"]["eligible"]:
         out.append("hf-te-layer-fp8-dpa")
     return out + (["hf-te-layer"] if te else ["hf-te-linear"])

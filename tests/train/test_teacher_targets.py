@@ -445,3 +445,12 @@ def test_the_registry_and_the_configs_literal_name_the_same_modes():
     assert teacher_targets.names() == sorted(w for w in choices(DistillConfig)["teacher_mode"] if w != "auto")
     with pytest.raises(ConfigError, match=r"distill.teacher_mode must be one of \['auto', 'online'"):
         teacher_targets.get("offline")
+
+
+def test_the_head_fused_backward_runs_once():
+    """Its kept gradients are scaled in place by the backward: a second one would scale them twice."""
+    h, w = torch.randn(6, 8, requires_grad=True), torch.randn(16, 8, requires_grad=True)
+    loss = head_fused_loss(HeadFeatures((h, w)), torch.randn(6, 16), torch.randint(0, 16, (6,)), D(ce_weight=0.5))
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="head-fused loss's backward .* runs once"):
+        loss.backward()

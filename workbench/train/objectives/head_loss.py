@@ -23,7 +23,7 @@ import torch
 
 from workbench.config import DistillConfig
 from workbench.models.lm import HeadFeatures
-from workbench.train.objectives.lm_objectives import IGNORE_INDEX, _chunk_fn, chunk_scalars
+from workbench.train.objectives.lm_objectives import IGNORE_INDEX, _chunk_fn, chunk_scalars, kept_grads_once
 
 
 def _chunks(h, w, t, y, d: DistillConfig, with_grad: bool):
@@ -93,10 +93,7 @@ class _HeadFusedForwardKL(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        if ctx.done:
-            raise RuntimeError("the head-fused loss's backward scales its kept gradients in place: it runs once")
-        ctx.done = True
-        grad_h, grad_w = ctx.saved_tensors
+        grad_h, grad_w = kept_grads_once(ctx, "the head-fused loss")
         grad_h.mul_(grad_out.to(grad_h.dtype))
         grad_w.mul_(grad_out)
         return grad_h, grad_w.to(ctx.w_dtype), None, None, None

@@ -266,12 +266,18 @@ class _FusedForwardKL(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        if ctx.done:
-            raise RuntimeError("the fused loss's backward scales its kept gradient in place: it runs once")
-        ctx.done = True
-        (grad,) = ctx.saved_tensors
+        (grad,) = kept_grads_once(ctx, "the fused loss")
         grad.mul_(grad_out)  # grad_out stays fp32: a bf16 copy of it would round the scale
         return grad.to(ctx.logits_dtype), None, None, None
+
+
+def kept_grads_once(ctx, what: str) -> tuple[torch.Tensor, ...]:
+    """The gradients a fused loss computed in its forward and kept (ctx.saved_tensors). Its backward scales them in
+    place by grad_out, so a second backward would scale them twice: refused (the forward sets ctx.done = False)."""
+    if ctx.done:
+        raise RuntimeError(f"{what}'s backward scales its kept gradients in place: it runs once")
+    ctx.done = True
+    return ctx.saved_tensors
 
 
 @functools.cache

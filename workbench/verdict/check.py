@@ -8,6 +8,7 @@ measurement.
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -35,15 +36,27 @@ CASES = (
      dict.fromkeys(VERDICT_VARIANTS, "verdict/llama-3.2-1b/bench/*/bench.csv"), False),
 )
 # the measured row of each predicted recipe: the GPU part's own table (measured.RECIPE_OF) read the other way,
-# and the denominator, TE bf16 layers graphed
+# and the denominator, TE bf16 layers graphed: the path the prediction's bf16 time models (a calibration compares
+# like with like; it is also each of these benches' fastest bf16 row, which the verdict pages divide by)
 ROWS = {"bf16": ("hf-te-layer-step", "te_bf16"), **{recipe: row for row, recipe in RECIPE_OF.items()}}
+
+
+@functools.cache
+def _read(path: Path) -> pd.DataFrame:  # a verdict bench's csv holds all its variants: read once
+    return pd.read_csv(path)
+
+
+@functools.cache
+def _predicted(shape: str, preset: str) -> dict[str, dict]:  # two benches of one shape: predicted once
+    cfg = config.from_preset(preset)
+    return {r["recipe"]: r for r in predict(shape, cfg.model.batch, cfg.model.seq_len)["recipes"]}
 
 
 def _measured(root: Path, files: dict[str, str]) -> dict[tuple[str, str], float]:
     out = {}
     for variant, rel in files.items():
         (path,) = (root / H200).glob(rel)  # a verdict's bench folder is named by its start time
-        df = pd.read_csv(path)
+        df = _read(path)
         if "variant" in df:
             df = df[df["variant"] == variant]
         for row in df[df["status"] == "ok"].itertuples():
@@ -56,7 +69,7 @@ def table(root: Path) -> pd.DataFrame:
     rows: list[dict[str, Any]] = []
     for bench, shape, preset, files, fitted in CASES:
         cfg = config.from_preset(preset)
-        pred = {r["recipe"]: r for r in predict(shape, cfg.model.batch, cfg.model.seq_len)["recipes"]}
+        pred = _predicted(shape, preset)
         meas = _measured(root, files)
         base = meas[ROWS["bf16"]]
         for recipe, key in ROWS.items():

@@ -66,7 +66,7 @@ def measure(model: str, prediction: dict[str, Any], preset: str, overrides: dict
     if not folder.is_dir():  # an hf-init shape: random weights of its config, its own tokenizer; a verdict run
         folder = out / "model"  # again into the same folder reuses the one it wrote
         made = folder / "hf_init.json"
-        if not (made.exists() and json.loads(made.read_text()).get("shape") == model):
+        if not (made.exists() and results.read_json(made).get("shape") == model):
             folder = hf_init.write(model, folder if not folder.exists() else out / f"model-{int(time.time())}")
     created_s = time.monotonic() - t0
     opts = BenchOptions(preset=preset, overrides={**overrides, "lm.student": str(folder), "lm.teacher": str(folder),
@@ -110,11 +110,11 @@ def summarize(bench_dir: Path, prediction: dict[str, Any] | None = None) -> dict
     df = _rows(bench_dir)
     ok = df[df["status"] == "ok"]
     bf16 = ok[ok["precision"] == "bf16"]
-    best = bench_rows.fastest_bf16(ok.to_dict("records"))  # the bench's own rule: one denominator everywhere
-    if best is None:
+    den = bench_rows.fastest_bf16(ok.to_dict("records"))  # the bench's own rule: one denominator everywhere
+    if den is None:
         return {"status": "no denominator", "reason": "no bf16 row of the bench ran", "bench_dir": str(bench_dir),
                 "not_run": _not_run(df)}
-    base = ok[(ok["variant"] == best["variant"]) & (ok["student"] == best["student"])].iloc[0]
+    base = pd.Series(den)
     compiled = bf16[bf16["variant"] == "hf-compile"]
     comp_ms = _num(compiled["step_ms_median"].min()) if not compiled.empty else None
     expected = {r["recipe"]: r for r in (prediction or {}).get("recipes", [])}

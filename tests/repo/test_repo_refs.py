@@ -4,21 +4,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-FRONT_FILES = ["pyproject.toml", "README.md", "Makefile"]
 
 
 def named_scripts(text: str) -> set[str]:
     """`scripts/<name>.sh` mentions; globs such as scripts/gpu_*.sh name no single file."""
     return set(re.findall(r"scripts/[\w.-]{1,100}\.sh", text))
-
-
-@pytest.mark.parametrize("front", FRONT_FILES)
-def test_every_script_named_exists(front):
-    named = named_scripts((ROOT / front).read_text())
-    assert [s for s in sorted(named) if not (ROOT / s).is_file()] == []
 
 
 def test_the_gpu_marker_names_the_gpu_test_script():

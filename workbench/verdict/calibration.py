@@ -34,7 +34,10 @@ CURRENT_MODULE_US = 12.0
 # TE fuses these Linears into one GEMM (LayerNormLinear's QKV, LayerNormMLP's gate + up); the bf16 side is TE's
 # layers too (the fastest bf16 path measured at these shapes)
 FUSED = {"qkv": ("q_proj", "k_proj", "v_proj"), "fc1": ("gate_proj", "up_proj")}
-TOLERANCE = 0.05  # the range quoted around the expected speed-up: twice the largest miss (2.3%, Llama x4, not fitted)
+TOLERANCE = 0.05  # the range quoted around the expected speed-up: twice the largest miss when fitted (2.3%)
+# the largest miss of a calibrated row in results/reference/h200/verdict/calibration.md (the verdict runs of
+# Llama-3.2-1B x16 and x4 included); tests/verdict/test_verdict_calibration.py holds the table to it
+LARGEST_MISS = 0.038
 CALIBRATED_ON = "NVIDIA H200"
 HIDDEN_RANGE = (576, 2048)  # the hidden sizes of the shapes the constants were fitted and checked on
 TOKENS_RANGE = (8192, 8192)  # tokens a step of those benches

@@ -38,6 +38,7 @@ CASES = (
 # the measured row of each predicted recipe: the GPU part's own table (measured.RECIPE_OF) read the other way,
 # and the denominator, TE bf16 layers graphed: the path the prediction's bf16 time models (a calibration compares
 # like with like; it is also each of these benches' fastest bf16 row, which the verdict pages divide by)
+COMPILED = ("hf-compile", "torch_bf16")  # compiled HF bf16, where a bench ran it: torchao's own path
 ROWS = {"bf16": ("hf-te-layer-step", "te_bf16"), **{recipe: row for row, recipe in RECIPE_OF.items()}}
 
 
@@ -81,6 +82,7 @@ def table(root: Path) -> pd.DataFrame:
                          "bf16_ms_measured": base, "bf16_ms_expected": pred["bf16"]["expected_ms"],
                          "fp8_ms_measured": meas[key], "fp8_ms_expected": p["expected_ms"],
                          "speedup_measured": base / meas[key], "speedup_expected": p["speedup_expected"],
+                         "speedup_vs_compiled_bf16_measured": meas[COMPILED] / meas[key] if COMPILED in meas else None,
                          "speedup_ideal": p["speedup_ideal"],
                          "miss": p["speedup_expected"] / (base / meas[key]) - 1})
     return pd.DataFrame(rows)

@@ -302,7 +302,8 @@ def assumptions(ceil: dict, tokens: int) -> list[str]:
         f"bytes/logit, elementwise bf16 traffic) at the bandwidth x {cal.FLOOR_FACTOR}; FP8 casts "
         f"({CAST_BYTES} bytes/operand element) + {cal.FP8_MODULE_US} us per FP8 module (current scaling: an amax "
         f"read, {cal.CURRENT_AMAX_BYTES} bytes/element, + {cal.CURRENT_MODULE_US} us). Its range: +-"
-        f"{cal.TOLERANCE:.0%} (scripts/verdict_calibration.py: every calibrated row within 2.3% on those shapes).",
+        f"{cal.TOLERANCE:.0%} (scripts/verdict_calibration.py: every calibrated row within "
+        f"{cal.LARGEST_MISS:.1%} on those shapes).",
         f"The calibration is the {cal.CALIBRATED_ON}'s (TE 2.20): on another GPU only its datasheet scales it. "
         "Rows marked not calibrated (FP8 attention, block scaling, torchao) have no H200 profile yet: their "
         "expected time is the same model's guess.",

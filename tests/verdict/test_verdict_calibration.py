@@ -35,15 +35,17 @@ def test_the_best_fp8_ratio_is_predicted_within_the_target_per_bench(table):
 
 
 def test_an_uncalibrated_recipe_is_reported_with_its_miss_not_judged(table):
-    """torchao float8 runs on the compiled HF model, not TE's graphed step the prediction assumes: +20% on Llama."""
+    """torchao float8 runs on the compiled HF model, not TE's graphed step the prediction assumes: +20% on each."""
     ao = table[table["recipe"] == "torchao_float8"]
-    assert len(ao) == 2 and not ao["calibrated"].any() and (ao["miss"] > check.TARGET).all()
+    assert len(ao) == 3 and not ao["calibrated"].any() and (ao["miss"] > check.TARGET).all()
 
 
 def test_the_shapes_not_fitted_are_within_the_quoted_range(table):
-    """Llama-3.2-1B x4 and x16 gave no constant: their misses are what calibration.TOLERANCE is built from."""
+    """Llama-3.2-1B x4 and x16 and Qwen2.5-0.5B gave no constant: their misses are what calibration.TOLERANCE is
+    built from; the fitted shapes stay unbiased (within 1%) with every constant, FP8's elementwise saving included."""
     held_out = table[~table["fitted"] & table["calibrated"]]
-    assert set(held_out["shape"]) == {"llama-3.2-1b-4l", "llama-3.2-1b"}
+    assert set(held_out["shape"]) == {"llama-3.2-1b-4l", "llama-3.2-1b", "qwen2.5-0.5b"}
+    assert (table[table["fitted"]]["miss"].abs() < 0.01).all()
     assert (held_out["miss"].abs() <= calibration.TOLERANCE).all()
 
 

@@ -34,6 +34,8 @@ CASES = (
      dict.fromkeys(VERDICT_VARIANTS, "verdict/llama-3.2-1b-4l/bench/*/bench.csv"), False),
     ("verdict/llama-3.2-1b", "llama-3.2-1b", "hf-llama-1b",
      dict.fromkeys(VERDICT_VARIANTS, "verdict/llama-3.2-1b/bench/*/bench.csv"), False),
+    ("verdict/qwen2.5-0.5b", "qwen2.5-0.5b", "hf-qwen2.5-0.5b",
+     dict.fromkeys(VERDICT_VARIANTS, "verdict/qwen2.5-0.5b/bench/*/bench.csv"), False),
 )
 # the measured row of each predicted recipe: the GPU part's own table (measured.RECIPE_OF) read the other way,
 # and the denominator, TE bf16 layers graphed: the path the prediction's bf16 time models (a calibration compares

@@ -244,6 +244,8 @@ def expected_ms(r: Recipe | None, shape: ModelShape, batch: int, seq_len: int, c
     parts["attention"] = attention_flops(shape, batch, seq_len) / attn_peak * 1e3
     floor = floors(shape, tokens, bw)["ms"]
     parts.update({k: v * cal.FLOOR_FACTOR[k] for k, v in floor.items()})
+    if r and "layer" in where:  # TE's norm and activation kernels write FP8 for the next GEMM: less bf16 traffic
+        parts["elementwise"] *= 1 - cal.FP8_ELEMENTWISE_SAVING.get(r.scaling, 0.0)
     casts = cast_bytes(fp8, tokens)
     modules = sum(g.count for g in fp8)
     if r and r.scaling == "current":  # one more read of every FP8 operand for its amax, and its kernels

@@ -187,7 +187,7 @@ def figure(verdict: dict[str, Any]):
             ax.plot(ms, i, marker="D", ls="none", color="crimson", ms=7, zorder=3, label="measured" if not i else None)
             label += f"; measured {ms:.1f} ms" + ("" if r["recipe"] == "bf16" else f", {ratio:.2f}x")
             left = max(left, ms)
-        ax.annotate(label, (left, i), xytext=(10, 0), textcoords="offset points", va="center", fontsize=9)
+        ax.annotate(label, (left, i), xytext=(14, 0), textcoords="offset points", va="center", fontsize=9)
     ax.set_yticks(range(len(rows)), [r["recipe"] for r in rows])
     ax.invert_yaxis()
     ax.set_xlim(0, max([r["expected_ms"] for r in rows] + [ms for ms, _ in measured.values()]) * 1.6)

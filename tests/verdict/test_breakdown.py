@@ -1,6 +1,8 @@
 """The step breakdown (workbench/verdict/breakdown.py) on the committed H200 profiles of the full Llama-3.2-1B
-shape: the kernel names map to the issue's categories, nothing is dropped (an unknown kernel is listed in
-"other"), the categories cover the step, and the floors match a hand count."""
+shape (the verdict bench at 6e8d698, whose profiles list every kernel and carry the step's timeline): the kernel
+names map to the issue's categories, nothing is dropped (an unknown kernel is listed in "other"), the categories
+cover the step, the LM head is measured by its place in the timeline, and the floors match a hand count. Two
+known misreadings of these files are kept as strict xfails, so a fix shows up here."""
 import json
 from pathlib import Path
 
@@ -9,11 +11,14 @@ import pytest
 from workbench.measure import profiler
 from workbench.verdict import breakdown as bd
 
-RUNS = next(Path(__file__).parents[2].glob("results/reference/h200/verdict/llama-3.2-1b/bench/*/runs"))
+ROOT = Path(__file__).parents[2] / "results/reference/h200/verdict"
+RUNS = next(ROOT.glob("llama-3.2-1b/bench/*/runs"))
 FP8 = RUNS / "hf-te-layer-fp8-head" / "profile-te_fp8-delayed.json"
 BF16 = RUNS / "hf-te-layer-step" / "profile-te_bf16.json"
+QWEN_FP8 = next(ROOT.glob("qwen2.5-0.5b/bench/*/runs")) / "hf-te-layer-fp8-head" / "profile-te_fp8-delayed.json"
 FLOPS = {"layer_gemms_tflop": 47.8, "lm_head_tflop": 12.9, "attention_tflop": 3.3}
 CEIL = {"bf16_tflops": 700.0, "fp8_tflops": 1500.0}
+LOSS_MUL = "gpu_kernel_impl<at::native::BinaryFunctor<c10::BFloat16, c10::BFloat16, c10::BFloat16"
 
 
 def fake_floors() -> dict:  # every row 1 ms: the tests of the table need no model
@@ -21,30 +26,82 @@ def fake_floors() -> dict:  # every row 1 ms: the tests of the table need no mod
             "_flops": FLOPS, "_ceilings": CEIL}
 
 
+def _row(profile: dict, start: str) -> str:
+    """The one row of every kernel whose name starts with `start` (there is at least one)."""
+    (row,) = {bd.row_of(k, compiled=False)[0] for k in bd.kernel_list(profile) if k["name"].startswith(start)}
+    return row
+
+
 def test_the_committed_kernel_names_map_to_the_categories():
     profile = json.loads(FP8.read_text())
-    kernels = {k["name"]: bd.row_of(k, compiled=False)[0] for k in bd.kernel_list(profile)}
-    rows = {n[:40]: r for n, r in kernels.items()}
-    assert rows["nvjet_sm90_qrtst_128x128_128x6_2x1_v_bz_"] == bd.GEMMS
-    assert rows["cudnn_generated_fort_native_sdpa_sm90_fl"] == bd.ATTENTION
-    assert rows["triton_red_fused__to_copy_div_exp_logsum"] == bd.LOSS  # the fused loss (the step is not compiled)
-    assert rows["void at::native::elementwise_kernel<128,"] == bd.LOSS  # its backward: grad.mul_, once a step
-    assert rows["void at::native::unrolled_elementwise_ke"] == bd.CASTS
-    assert bd.OPTIMIZER in rows.values() and bd.COPIES in rows.values() and bd.OTHER in rows.values()
-    # nothing dropped: top kernels + the rest of each category sum to the kernel time
+    assert profile["kernels"] and profile["step_timeline"]  # every kernel listed: no "(rest of ...)" rows
+    assert not any(k["name"].startswith("(rest of") for k in bd.kernel_list(profile))
+    assert _row(profile, "nvjet_sm90_qrtst_128x128_128x6_2x1_v_bz_") == bd.GEMMS
+    assert _row(profile, "cudnn_generated_fort_native_sdpa_sm90_flash_bprop") == bd.ATTENTION
+    assert _row(profile, "triton_red_fused__to_copy_div_exp_logsumexp") == bd.LOSS  # the fused loss (not compiled)
+    assert _row(profile, "triton_poi_fused__to_copy_add_arange_clamp") == bd.LOSS
+    assert _row(profile, "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel") == bd.CASTS
+    assert _row(profile, "cast_transpose_optimized_kernel(float const*") == bd.CASTS
+    assert _row(profile, "Memcpy DtoD") == bd.COPIES
+    assert _row(profile, "void transformer_engine::fused_rope_forward_kernel") == bd.OTHER  # listed, not dropped
+    rows = {bd.row_of(k, compiled=False)[0] for k in bd.kernel_list(profile)}
+    assert {bd.GEMMS, bd.ATTENTION, bd.LOSS, bd.CASTS, bd.ELEMENTWISE, bd.OPTIMIZER, bd.COPIES, bd.OTHER} <= rows
+    # nothing dropped: the kernels sum to the kernel time
     assert sum(k["ms_per_step"] for k in bd.kernel_list(profile)) == pytest.approx(profile["kernel_ms_per_step"],
                                                                                    abs=1e-3)
 
 
-@pytest.mark.parametrize(("path", "share"), [(FP8, 0.971), (BF16, 0.977)])
-def test_the_table_accounts_for_the_step(path, share):
+@pytest.mark.xfail(strict=True, reason="the profiler keeps 160 characters of a kernel's name, which cut "
+                   "'MulFunctor' off the loss backward's grad.mul_: its ~4.2 ms land in 'norms and other elementwise'")
+def test_the_loss_backward_mul_is_counted_as_loss():
+    profile = json.loads(FP8.read_text())
+    (mul,) = [k for k in bd.kernel_list(profile) if LOSS_MUL in k["name"]]
+    assert mul["launches_per_step"] == 1 and mul["ms_per_step"] > 4  # the one big bf16 Mul of the step
+    assert bd.row_of(mul, compiled=False)[0] == bd.LOSS
+
+
+# profiled step, covered share, LM head ms, GEMM ms: results/reference/h200/verdict/llama-3.2-1b/breakdown/
+@pytest.mark.parametrize(("path", "share", "head_ms", "gemm_ms"),
+                         [(FP8, 0.9708, 9.194, 45.397), (BF16, 0.9771, 16.527, 83.690)])
+def test_the_table_accounts_for_the_step(path, share, head_ms, gemm_ms):
     profile = json.loads(path.read_text())
-    df, s = bd.table(profile, fake_floors(), "fp8", "fp8", compiled=False)
+    layers, head, compiled = bd.precisions(path)
+    df, s = bd.table(profile, fake_floors(), layers, head, compiled=compiled)
     gap = profile["profiled_step_ms_median"] - profile["gpu_busy_ms_per_step"]
     assert df["measured_ms"].sum() == pytest.approx(profile["kernel_ms_per_step"] + gap, abs=0.02)
-    # the shares committed in results/reference/h200/verdict/llama-3.2-1b/breakdown/breakdown.md; the issue's target
+    assert s["every_kernel_listed"]
+    # the shares committed in breakdown.md; the issue's target
     assert s["covered_share"] == pytest.approx(share, abs=5e-4) and s["covered_share"] >= 0.9
-    assert "attributed" in df.loc[df["category"] == bd.HEAD, "how"].iloc[0]  # no timeline in these files
+    rows = df.set_index("category")
+    # the head measured from the step's timeline (the earlier profiles had none, and it was attributed by FLOPs)
+    assert rows.loc[bd.HEAD, "how"].startswith("measured: the GEMM before the loss and the two after it")
+    assert "attributed" not in rows.loc[bd.LAYER, "how"]
+    assert rows.loc[bd.HEAD, "measured_ms"] == pytest.approx(head_ms, abs=2e-3)
+    assert rows.loc[bd.HEAD, "measured_ms"] + rows.loc[bd.LAYER, "measured_ms"] == pytest.approx(gemm_ms, abs=2e-3)
+    assert "fused_rope_forward_kernel" in rows.loc[bd.OTHER, "kernels"]  # the unidentified kernels, by name
+
+
+@pytest.mark.parametrize(("path", "ms", "gemms"), [(FP8, 9.1935, 3), (BF16, 16.5272, 3)])
+def test_the_committed_head_is_the_gemm_before_the_loss_and_the_two_after(path, ms, gemms):
+    profile = json.loads(path.read_text())
+    found = bd.head_by_position(profile, compiled=False)
+    assert found is not None and found[0] == pytest.approx(ms, abs=1e-3) and "before the loss" in found[1]
+    tl = profiler.timeline(profile)
+    loss = [i for i, k in enumerate(tl) if "logsumexp" in k["name"]]
+    before = [k for k in tl[:loss[0]] if k["category"] == "gemm"][-1:]
+    mul = next(i for i, k in enumerate(tl) if LOSS_MUL in k["name"])  # the loss's backward, after its kernels
+    after = [k for k in tl[mul + 1:] if k["category"] == "gemm"][:2]
+    assert mul > loss[-1] and len(before + after) == gemms
+    assert sum(k["us"] for k in before + after) / 1e3 == pytest.approx(ms, abs=1e-3)
+
+
+@pytest.mark.xfail(strict=True, reason="Qwen's layers run a Triton add (triton_poi_fused_add_0, 48 a step) that the "
+                   "uncompiled-step rule counts as loss: the loss's span then starts in layer 0 and the 'head' "
+                   "takes the forward's layer GEMMs (7.14 ms in the committed breakdown)")
+def test_qwen_head_is_the_gemm_before_the_loss_and_the_two_after():
+    profile = json.loads(QWEN_FP8.read_text())
+    found = bd.head_by_position(profile, compiled=False)
+    assert found is not None and found[0] == pytest.approx(4.8225, abs=1e-3) and "before the loss" in found[1]
 
 
 def test_an_unknown_kernel_lands_in_other_and_is_listed():

@@ -46,10 +46,10 @@ def main() -> None:
         "floors (the KD loss's logits passes most of all) and FP8's casts and scale kernels, which at SmolLM2-135M's "
         "hidden 576 cost more than FP8's GEMMs save.", "",
         "Held out, Qwen2.5-0.5B (hidden 896, vocab 151936) is the largest miss: the model under-credits FP8 there. "
-        "Its profiler split (`qwen2.5-0.5b/breakdown/`) names the term: the bf16 GEMMs at hidden 896 run at ~0.69 of "
-        "the datasheet (17.6 TFLOP of layer GEMMs in 25.7 ms, the head's K=896 GEMMs lower still) against the 0.80 the "
-        "model gives every bf16 GEMM, while the FP8 layer GEMMs run where the model puts them (12.5 ms measured, 12.7 "
-        "expected). The bf16 step is still predicted within 1.2%, because the floor factors absorb the shortfall, and "
+        "Its profiler split (`qwen2.5-0.5b/breakdown/`) names the term: the layer GEMMs at hidden 896 run at 0.62 "
+        "(bf16, 28.7 ms) and 0.60 (FP8, 14.9 ms) of the datasheet against the 0.80 and 0.75 the model gives them "
+        "(23.1 and 12.7 ms expected); the same ~20% shortfall costs bf16 twice the milliseconds. The bf16 step is "
+        "still predicted within 1.2%, because the floor factors absorb its shortfall, and "
         "they are charged to the FP8 step too. A GEMM efficiency that depends on K would fix it; the profiles name "
         "each GEMM kernel but not its shape yet.", "",
         f"Not calibrated, torchao float8 ({', '.join(f'{r.shape} {r.miss:+.0%}' for r in ao.itertuples())}): the term "

@@ -42,6 +42,10 @@ BY_CATEGORY = {"gemm": GEMMS, "attention": ATTENTION, "logit loss": LOSS, "loss/
                "cast/amax/transpose": CASTS, "norm": ELEMENTWISE, "activation": ELEMENTWISE,
                "elementwise": ELEMENTWISE, "optimizer": OPTIMIZER, "memcpy/memset": COPIES, "other": OTHER}
 LOSS_NAMES = ("logsumexp", "log_softmax", "softmax", "cross_entropy", "nll")  # a compiled step's loss kernels
+# an uncompiled step's Triton is the fused loss (train.objectives.lm_objectives.compiled_chunk) where its name has
+# these parts; other Triton there (a family's fused add) is elementwise
+LOSS_TOKENS = {"exp", "logsumexp", "softmax"}
+BF16_BINARY = "BinaryFunctor<c10::BFloat16, c10::BFloat16, c10::BFloat16"
 WEIGHT_CAST_BYTES = 6  # per parameter a bf16 GEMM reads from an fp32 master weight: read fp32 (4), write bf16 (2)
 
 
@@ -61,19 +65,37 @@ def kernel_list(profile: dict) -> list[dict]:
     return out
 
 
-def row_of(kernel: dict, compiled: bool) -> tuple[str, str]:
-    """(the row of ROWS, or GEMMS before the layer/head split; 'measured' or the rule that attributed it)."""
+def row_of(kernel: dict, compiled: bool, loss_mul: frozenset[str] = frozenset()) -> tuple[str, str]:
+    """(the row of ROWS, or GEMMS before the layer/head split; 'measured' or the rule that attributed it).
+    loss_mul: names of the kernels the timeline places as the fused loss's backward Mul (loss_backward_mul)."""
     cat, name = kernel["category"], kernel["name"].lower()
     if cat == "triton (compiled)":
-        if not compiled:
-            return LOSS, "attributed: Triton in an uncompiled step is the fused loss"
-        if any(p in name for p in LOSS_NAMES):
-            return LOSS, "measured"
-        return ELEMENTWISE, "measured"
+        if any(p in name for p in LOSS_NAMES) or (not compiled and LOSS_TOKENS & set(name.split("_"))):
+            return LOSS, "measured" if compiled else "attributed: Triton with exp/logsumexp in an uncompiled step"
+        return ELEMENTWISE, "measured: Triton outside the loss"
+    if kernel["name"] in loss_mul:
+        return LOSS, "measured: the bf16 Mul right after the fused loss's backward (grad.mul_), from the timeline"
     if (cat == "elementwise" and "mulfunctor" in name and "bfloat16" in name
             and kernel.get("launches_per_step") == 1):
         return LOSS, "attributed: the fused loss's backward, grad.mul_ once a step"
     return BY_CATEGORY.get(cat, OTHER), "measured"
+
+
+def loss_backward_mul(profile: dict, compiled: bool) -> frozenset[str]:
+    """The kernels of the fused loss's backward grad.mul_(grad_out): the bf16 binary elementwise kernels that come
+    first after the loss's last Triton kernel, past copies and sub-5 us kernels. By position, because the
+    profiler keeps 160 characters of a name, which cut 'MulFunctor' off (and it may run once per chunk)."""
+    tl = profiler.timeline(profile)
+    anchors = [i for i, k in enumerate(tl) if row_of(k, compiled)[0] == LOSS and k["category"] != "loss/reduce"]
+    if not anchors:
+        return frozenset()
+    found = set()
+    for k in tl[anchors[-1] + 1:]:
+        if k["category"] == "elementwise" and BF16_BINARY in k["name"] and k["us"] >= 5:
+            found.add(k["name"])
+        elif found or not (k["category"] == "memcpy/memset" or k["us"] < 5):
+            break
+    return frozenset(found)
 
 
 # ---- floors -------------------------------------------------------------------------------------------
@@ -134,7 +156,8 @@ def head_by_position(profile: dict, compiled: bool) -> tuple[float, str] | None:
     before the loss's kernels and the two right after its backward; with a head-fused loss, the GEMMs inside
     the loss's span. None without a timeline or where the neighbourhood does not look like that."""
     tl = profiler.timeline(profile)
-    rows = [row_of(k, compiled)[0] for k in tl]
+    mul = loss_backward_mul(profile, compiled)
+    rows = [row_of(k, compiled, mul)[0] for k in tl]
     # the loss's own kernels: generic reductions ('loss/reduce') also run in norms, so they do not anchor
     anchors = [i for i, (r, k) in enumerate(zip(rows, tl)) if r == LOSS and k["category"] != "loss/reduce"]
     if not anchors:
@@ -175,8 +198,9 @@ def table(profile: dict, floors: dict, layers: str, head: str, compiled: bool) -
     ms = dict.fromkeys(ROWS, 0.0) | {GEMMS: 0.0}
     how: dict[str, set[str]] = {r: set() for r in ms}
     other: list[str] = []  # the unidentified kernels, by name: listed, never dropped
+    mul = loss_backward_mul(profile, compiled)
     for k in kernel_list(profile):
-        row, why = row_of(k, compiled)
+        row, why = row_of(k, compiled, mul)
         ms[row] += k["ms_per_step"]
         how[row].add(why)
         if row == OTHER:

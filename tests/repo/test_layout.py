@@ -212,7 +212,9 @@ def test_every_dynamic_import_is_declared():
 
 # ---- the layers read bottom-up ---------------------------------------------------------------
 LAYERS = [  # bottom-up; a part may import its own layer's peers and any layer below, never one above
-    {"config"}, {"results"}, {"data", "env"}, {"models"}, {"backends"}, {"measure"}, {"train"}, {"run"},
+    {"config"}, {"results"}, {"data", "env"}, {"models"}, {"backends"}, {"measure"}, {"train"},
+    {"jax_side"},  # the JAX/Flax comparator row: its own student and step, the timing module's statistics
+    {"run"},
     {"notebook"},  # executes the notebooks: the `notebook` command, and the sweep's and the study's points
     {"bench", "sweep", "study", "teacher", "verdict"}, {"panel", "cli", "__main__", "lab"},
 ]

@@ -1,0 +1,98 @@
+"""The Flax student against the torch one, where jax, flax and optax are installed (pip install -e '.[jax]')."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from workbench import config
+from workbench.backends import reference_state
+from workbench.jax_side import convert, runner
+from workbench.models.mlp import Student
+from workbench.train import loop, tasks
+
+jax = pytest.importorskip("jax", reason="jax is not installed: pip install -e '.[jax]'")
+pytest.importorskip("flax", reason="flax is not installed: pip install -e '.[jax]'")
+pytest.importorskip("optax", reason="optax is not installed: pip install -e '.[jax]'")
+from workbench.jax_side import student  # noqa: E402  (imports jax: only after the skips above)
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    """A tiny MLP run's config, task (teacher, reference student) and data (teacher targets computed once), on
+    the CPU: what the torch rows train on; and the shared initial weights under the reference layout's names."""
+    cfg = config.from_preset("cpu-smoke", steps=12)
+    task = tasks.for_config(cfg, torch.device("cpu"), None, cache_dir="unused")
+    return cfg, task, task.make_data(), reference_state(task.reference)
+
+
+def _flax_fns(cfg, kind=None):
+    model, tx = student.for_model(cfg.model), student.adamw(cfg.train)
+    return model, tx, *student.make_fns(model, kind or cfg.distill.loss, tx)
+
+
+def test_the_flax_forward_is_the_torch_forward(mlp):
+    cfg, task, data, init = mlp
+    tokens = data.train[0][0]
+    params = convert.to_flax(init)
+    out, hidden = student.for_model(cfg.model).apply({"params": params}, tokens.numpy())
+    with torch.no_grad():
+        ref_out, ref_hidden = task.reference(tokens, return_hidden=True)
+    np.testing.assert_allclose(np.asarray(out), ref_out.numpy(), atol=1e-5, rtol=1e-5)
+    for h, r in zip(hidden, ref_hidden):
+        np.testing.assert_allclose(np.asarray(h), r.numpy(), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["mse", "cosine", "hidden"])
+def test_the_initial_loss_is_the_torch_students(mlp, kind):
+    cfg, task, data, init = mlp
+    tokens, targets = data.train[0]
+    if kind == "hidden":  # the teacher's block states, as the task computes them for loss='hidden'
+        with torch.no_grad():
+            out, hidden = task.teacher(tokens, return_hidden=True)
+        targets = type(targets)(out.float(), [h.float() for h in hidden])
+    task.kind, task.needs_hidden = kind, kind == "hidden"
+    try:
+        torch_loss = loop.initial_loss(task.reference, task, (tokens, targets))
+    finally:
+        task.kind, task.needs_hidden = cfg.distill.loss, False
+    *_, loss_fn = _flax_fns(cfg, kind)
+    flax_loss = float(loss_fn(convert.to_flax(init), *runner._batch(tokens, targets)))
+    assert flax_loss == pytest.approx(torch_loss, rel=1e-5)
+
+
+def test_one_adamw_step_moves_the_weights_as_torch_adamw_does(mlp):
+    cfg, task, data, init = mlp
+    tokens, targets = data.train[0]
+    model = Student(cfg.model)
+    model.load_state_dict(init)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    task.loss(task.forward(model, tokens), targets).backward()
+    opt.step()
+    _, tx, step, _ = _flax_fns(cfg)
+    params = convert.to_flax(init)
+    params, _, _ = step(params, tx.init(params), *runner._batch(tokens, targets))
+    stepped = convert.to_torch(jax.device_get(params))
+    for k, v in reference_state(model).items():
+        np.testing.assert_allclose(stepped[k], v.detach().numpy(), atol=1e-6, rtol=1e-5, err_msg=k)
+
+
+def test_a_short_jitted_run_gives_a_jax_row(mlp):
+    cfg, task, data, init = mlp
+    row = runner.run(cfg, init, data)
+    assert row["status"] == "ok", row["reason"]
+    # matched init, as the torch rows check it: the same initial loss on the first training batch
+    assert row["initial_loss"] == pytest.approx(loop.initial_loss(task.reference, task, data.train[0]), rel=1e-5)
+    assert row["framework"] == "jax" and row["backend"] == "jax_fp32" and row["mode"] == "JAX"
+    assert row["steps_run"] == cfg.train.steps and row["jax_version"] == jax.__version__
+    assert all(math.isfinite(row[k]) for k in ("initial_loss", "first_step_loss", "final_train_loss"))
+    assert row["final_train_loss"] < row["first_step_loss"]
+    for k in ("compile_ms", "step_ms_median", "step_ms_p20", "step_ms_p80", "step_ms_mean", "tokens_per_s"):
+        assert row[k] is not None and row[k] > 0, k
+    assert row["step_ms_p20"] <= row["step_ms_median"] <= row["step_ms_p80"]
+
+
+def test_a_failing_run_is_an_error_row_not_a_crash(mlp):
+    cfg, _, data, init = mlp
+    row = runner.run(cfg, {k: v for k, v in init.items() if k != "head.bias"}, data)
+    assert row["status"] == "error" and "head.bias" in row["reason"]

@@ -1,0 +1,61 @@
+"""What runs without jax: the availability answer when jax is missing, and the numpy weight conversion."""
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from workbench import config
+from workbench.backends import reference_state
+from workbench.jax_side import convert, probe, runner
+from workbench.models.mlp import LayerNormMLP, Student
+
+
+def test_without_jax_the_row_is_skipped_with_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "jax", None)  # `import jax` raises ImportError, installed or not
+    avail = probe.availability()
+    assert avail.jax.startswith("jax is not importable") and "pip install 'jax[cpu]' flax optax" in avail.jax
+    assert avail.reason == avail.jax and avail.fp8_reason == avail.jax
+    cfg = config.from_preset("cpu-smoke")
+    row = runner.run(cfg, init_state={}, data=None)  # never reaches the weights or the batches
+    assert row["status"] == "skipped" and row["reason"] == avail.jax
+    assert row["framework"] == "jax" and row["backend"] == "jax_fp32" and row["mode"] is None
+
+
+def test_te_jax_reasons_name_the_build_and_the_missing_extension():
+    missing = ModuleNotFoundError("No module named 'transformer_engine'", name="transformer_engine")
+    assert "is not installed" in probe._te_jax_reason(missing) and "NVTE_FRAMEWORK=jax" in probe._te_jax_reason(missing)
+    so = ImportError("Could not find the shared object file for the Transformer Engine Jax extension.")
+    reason = probe._te_jax_reason(so)
+    assert "does not load" in reason and "shared object file" in reason and "NVTE_FRAMEWORK=jax" in reason
+
+
+def test_fp8_needs_te_jax_and_a_gpu():
+    ok = probe.Availability(jax="", flax="", optax="", te_jax="", gpu=True)
+    assert ok.reason == "" and ok.fp8_reason == ""
+    assert "no GPU" in probe.Availability(jax="", flax="", optax="", te_jax="", gpu=False).fp8_reason
+    assert probe.Availability(jax="", flax="", optax="", te_jax="no TE", gpu=True).fp8_reason == "no TE"
+
+
+@pytest.mark.parametrize("layout", ["separate", "fused"])
+def test_conversion_round_trip_is_bit_exact(layout):
+    m = config.from_preset("cpu-smoke").model
+    torch.manual_seed(0)
+    model = Student(m, mlp=LayerNormMLP if layout == "fused" else None)
+    for p in model.parameters():  # not the init's zeros and ones: every value must survive the trip
+        torch.nn.init.normal_(p)
+    state = reference_state(model)
+    params = convert.to_flax(state)
+    assert params["fc1_0"]["kernel"].shape == (m.hidden, m.intermediate)  # torch [out, in] -> Flax [in, out]
+    assert params["head"]["kernel"].shape == (m.hidden, m.hidden) and len(params) == 2 + 3 * m.layers
+    back = convert.to_torch(params)
+    assert back.keys() == state.keys()
+    for k, v in state.items():
+        assert back[k].dtype == np.float32 and np.array_equal(back[k], v.numpy()), k
+    model.load_state_dict(model.from_reference_state({k: torch.from_numpy(v) for k, v in back.items()}))
+
+
+def test_a_weight_the_flax_student_lacks_is_refused():
+    state = reference_state(Student(config.from_preset("cpu-smoke").model))
+    with pytest.raises(ValueError, match="lacks"):
+        convert.to_flax({**state, "extra.weight": torch.zeros(2)})

@@ -1,0 +1,91 @@
+"""The tutorial's MLP student in Flax, its distillation loss and its jitted AdamW step.
+
+Imported only once `probe.availability()` says jax, flax and optax are here. The maths is the torch student's
+(workbench.models.mlp.Student): embedding -> residual pre-LayerNorm blocks (LayerNorm eps 1e-5, Linear, tanh GELU,
+Linear) -> linear head; the losses are workbench.train.objectives' (fp32, whatever the compute dtype); the
+optimizer is optax.adamw with torch AdamW's defaults (betas 0.9 / 0.999, eps 1e-8, decoupled weight decay on every
+parameter, as torch's AdamW decays every parameter it is given).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+COMPUTE_DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16}
+
+
+class FlaxStudent(nn.Module):
+    """Parameter names follow convert.to_flax: embed, norms_i, fc1_i, fc2_i, head; params are fp32, `dtype` is
+    what the layers compute in (bf16: the counterpart of the torch bf16 autocast student)."""
+
+    vocab: int
+    hidden: int
+    intermediate: int
+    layers: int
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, tokens: jax.Array) -> tuple[jax.Array, list[jax.Array]]:
+        x = nn.Embed(self.vocab, self.hidden, name="embed")(tokens)
+        hidden = []
+        for i in range(self.layers):
+            # torch's LayerNorm takes the variance as mean((x - mean)^2); Flax's fast variance (E[x^2] - E[x]^2)
+            # rounds differently
+            y = nn.LayerNorm(epsilon=1e-5, use_fast_variance=False, dtype=self.dtype, name=f"norms_{i}")(x)
+            y = nn.Dense(self.intermediate, dtype=self.dtype, name=f"fc1_{i}")(y)
+            x = x + nn.Dense(self.hidden, dtype=self.dtype, name=f"fc2_{i}")(jax.nn.gelu(y, approximate=True))
+            hidden.append(x)
+        return nn.Dense(self.hidden, dtype=self.dtype, name="head")(x), hidden
+
+
+def for_model(m, compute: str = "fp32") -> FlaxStudent:
+    """The Flax student of a workbench ModelConfig (`m`), computing in `compute` ('fp32' or 'bf16')."""
+    return FlaxStudent(m.vocab, m.hidden, m.intermediate, m.layers, COMPUTE_DTYPES[compute])
+
+
+def _mse(pred: jax.Array, target: jax.Array) -> jax.Array:
+    return jnp.mean(jnp.square(pred.astype(jnp.float32) - target.astype(jnp.float32)))
+
+
+def _cosine(pred: jax.Array, target: jax.Array, eps: float = 1e-8) -> jax.Array:
+    """1 - mean cosine similarity over the last axis, each norm clamped at eps as torch's cosine_similarity does."""
+    p, t = pred.astype(jnp.float32), target.astype(jnp.float32)
+    norms = jnp.maximum(jnp.linalg.norm(p, axis=-1), eps) * jnp.maximum(jnp.linalg.norm(t, axis=-1), eps)
+    return 1.0 - jnp.mean(jnp.sum(p * t, axis=-1) / norms)
+
+
+def objective(kind: str, out: jax.Array, hidden: list[jax.Array], target: jax.Array,
+              target_hidden: tuple[jax.Array, ...]) -> jax.Array:
+    """distill.loss `kind` ('mse', 'cosine', 'hidden') of the student's output (and block states) against the
+    teacher's."""
+    if kind == "mse":
+        return _mse(out, target)
+    if kind == "cosine":
+        return _cosine(out, target)
+    if kind == "hidden":
+        return _mse(out, target) + jnp.mean(jnp.stack([_mse(h, t) for h, t in zip(hidden, target_hidden)]))
+    raise ValueError(f"unknown distillation loss {kind!r}")
+
+
+def adamw(t) -> optax.GradientTransformation:
+    """torch.optim.AdamW(lr, weight_decay) of a workbench TrainConfig (`t`), in optax."""
+    return optax.adamw(learning_rate=t.lr, b1=0.9, b2=0.999, eps=1e-8, weight_decay=t.weight_decay)
+
+
+def make_fns(model: FlaxStudent, kind: str, tx: optax.GradientTransformation):
+    """(step, loss): jitted `step(params, opt_state, tokens, target, target_hidden) -> (params, opt_state, loss)`
+    and `loss(params, tokens, target, target_hidden)`."""
+    def loss_fn(params, tokens, target, target_hidden):
+        out, hidden = model.apply({"params": params}, tokens)
+        return objective(kind, out, hidden, target, target_hidden)
+
+    def step(params, opt_state, tokens, target, target_hidden):
+        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, target, target_hidden)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return jax.jit(step), jax.jit(loss_fn)

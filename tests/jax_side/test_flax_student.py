@@ -77,13 +77,15 @@ def test_one_adamw_step_moves_the_weights_as_torch_adamw_does(mlp):
         np.testing.assert_allclose(stepped[k], v.detach().numpy(), atol=1e-6, rtol=1e-5, err_msg=k)
 
 
-def test_a_short_jitted_run_gives_a_jax_row(mlp):
+@pytest.mark.parametrize("compute", ["fp32", "bf16"])
+def test_a_short_jitted_run_gives_a_jax_row(mlp, compute):
     cfg, task, data, init = mlp
-    row = runner.run(cfg, init, data)
+    row = runner.run(cfg, init, data, compute=compute)
     assert row["status"] == "ok", row["reason"]
+    assert row["backend"] == f"jax_{compute}" and row["gemm_precision"] == compute
     # matched init, as the torch rows check it: the same initial loss on the first training batch
     assert row["initial_loss"] == pytest.approx(loop.initial_loss(task.reference, task, data.train[0]), rel=1e-5)
-    assert row["framework"] == "jax" and row["backend"] == "jax_fp32" and row["mode"] == "JAX"
+    assert row["framework"] == "jax" and row["mode"] == "JAX"
     assert row["steps_run"] == cfg.train.steps and row["jax_version"] == jax.__version__
     assert all(math.isfinite(row[k]) for k in ("initial_loss", "first_step_loss", "final_train_loss"))
     assert row["final_train_loss"] < row["first_step_loss"]

@@ -59,8 +59,8 @@ def test_the_loss_backward_mul_is_counted_as_loss(path, launches):
     (mul,) = [k for k in bd.kernel_list(profile) if LOSS_MUL in k["name"]]
     assert mul["launches_per_step"] == launches and mul["ms_per_step"] > 4  # the one big bf16 Mul of the step
     assert "MulFunctor" not in mul["name"] and bd.row_of(mul, compiled=False)[0] != bd.LOSS  # the name alone can't
-    assert bd.row_of(mul, False, bd.loss_backward_mul(profile, False)) == (bd.LOSS, bd.row_of(
-        mul, False, frozenset({mul["name"]}))[1])
+    row, how = bd.row_of(mul, False, bd.loss_backward_mul(profile, False))
+    assert row == bd.LOSS and "from the timeline" in how
 
 
 # profiled step, covered share, LM head ms, GEMM ms: results/reference/h200/verdict/llama-3.2-1b/breakdown/

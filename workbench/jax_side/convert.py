@@ -39,10 +39,16 @@ def to_flax(state: dict[str, Any]) -> dict[str, dict[str, np.ndarray]]:
         params[f"fc1_{i}"] = _dense(state, f"fc1.{i}")
         params[f"fc2_{i}"] = _dense(state, f"fc2.{i}")
     params["head"] = _dense(state, "head")
-    extra = set(state) - set(to_torch(params))
+    extra = set(state) - set(torch_names(layers_of(state)))
     if extra:  # a weight the Flax student has no place for: the students would not start identical
         raise ValueError(f"torch state has weights the Flax student lacks: {sorted(extra)[:5]}")
     return params
+
+
+def torch_names(layers: int) -> list[str]:
+    """The reference-layout weight names of a student with `layers` blocks: what to_flax has a place for."""
+    per_block = [f"{m}.{i}.{p}" for i in range(layers) for m in ("norms", "fc1", "fc2") for p in ("weight", "bias")]
+    return ["embed.weight", *per_block, "head.weight", "head.bias"]
 
 
 def to_torch(params: dict[str, Any]) -> dict[str, np.ndarray]:

@@ -81,12 +81,18 @@ def row_of(kernel: dict, compiled: bool, loss_mul: frozenset[str] = frozenset())
     return BY_CATEGORY.get(cat, OTHER), "measured"
 
 
+def _loss_anchors(timeline: list[dict], rows: list[str]) -> list[int]:
+    """The positions of the loss's own kernels: generic reductions ('loss/reduce') also run in norms, so they do
+    not anchor."""
+    return [i for i, (r, k) in enumerate(zip(rows, timeline)) if r == LOSS and k["category"] != "loss/reduce"]
+
+
 def loss_backward_mul(profile: dict, compiled: bool) -> frozenset[str]:
     """The kernels of the fused loss's backward grad.mul_(grad_out): the bf16 binary elementwise kernels that come
     first after the loss's last Triton kernel, past copies and sub-5 us kernels. By position, because the
     profiler keeps 160 characters of a name, which cut 'MulFunctor' off (and it may run once per chunk)."""
     tl = profiler.timeline(profile)
-    anchors = [i for i, k in enumerate(tl) if row_of(k, compiled)[0] == LOSS and k["category"] != "loss/reduce"]
+    anchors = _loss_anchors(tl, [row_of(k, compiled)[0] for k in tl])
     if not anchors:
         return frozenset()
     found = set()
@@ -151,15 +157,14 @@ def _nearest_gemms(timeline: list[dict], rows: list[str], order: range, n: int) 
     return None
 
 
-def head_by_position(profile: dict, compiled: bool) -> tuple[float, str] | None:
+def head_by_position(profile: dict, compiled: bool, mul: frozenset[str] | None = None) -> tuple[float, str] | None:
     """(the LM head's GEMM ms in the profiled step, how) from the step's timeline: the head is the GEMM right
     before the loss's kernels and the two right after its backward; with a head-fused loss, the GEMMs inside
     the loss's span. None without a timeline or where the neighbourhood does not look like that."""
     tl = profiler.timeline(profile)
-    mul = loss_backward_mul(profile, compiled)
+    mul = loss_backward_mul(profile, compiled) if mul is None else mul  # (mul: the caller's, found once)
     rows = [row_of(k, compiled, mul)[0] for k in tl]
-    # the loss's own kernels: generic reductions ('loss/reduce') also run in norms, so they do not anchor
-    anchors = [i for i, (r, k) in enumerate(zip(rows, tl)) if r == LOSS and k["category"] != "loss/reduce"]
+    anchors = _loss_anchors(tl, rows)
     if not anchors:
         return None
     first, last = anchors[0], anchors[-1]
@@ -176,12 +181,12 @@ def head_by_position(profile: dict, compiled: bool) -> tuple[float, str] | None:
 
 
 def gemm_split(gemm_ms: float, profile: dict, floors: dict, precision: tuple[str, str],
-               compiled: bool) -> tuple[dict[str, float], dict[str, str]]:
+               compiled: bool, mul: frozenset[str] | None = None) -> tuple[dict[str, float], dict[str, str]]:
     """The GEMM time between layer and head GEMMs: the head's measured by its position in the step where the
     profile has a timeline, else attributed in proportion to FLOPs / the peak of each one's precision."""
     fl, ceil = floors["_flops"], floors["_ceilings"]
     layers, head = precision
-    found = head_by_position(profile, compiled)
+    found = head_by_position(profile, compiled, mul)
     if found and fl["lm_head_tflop"] / found[0] * 1e3 <= PLAUSIBLE * ceil[f"{head}_tflops"]:
         return ({HEAD: found[0], LAYER: gemm_ms - found[0]},
                 {HEAD: found[1], LAYER: "measured: every GEMM kernel less the head's"})
@@ -205,7 +210,7 @@ def table(profile: dict, floors: dict, layers: str, head: str, compiled: bool) -
         how[row].add(why)
         if row == OTHER:
             other.append(f"{k['name'][:60]} ({k['ms_per_step']:.2f} ms)")
-    split, split_how = gemm_split(ms.pop(GEMMS), profile, floors, (layers, head), compiled)
+    split, split_how = gemm_split(ms.pop(GEMMS), profile, floors, (layers, head), compiled, mul)
     ms.update(split)
     how.update({k: {v} for k, v in split_how.items()})
     # the profiler's own figure where it wrote one (profiles before it did: the same difference, computed here)

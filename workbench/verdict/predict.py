@@ -297,13 +297,16 @@ def assumptions(ceil: dict, tokens: int) -> list[str]:
         "Ideal: compute only, every GEMM at the peak of its precision (an eligible GEMM 2x faster in FP8), "
         "attention at the bf16 peak unless the recipe runs it in FP8: an upper bound no real step reaches.",
         f"Expected: workbench.verdict.calibration, fitted to the H200's profiler splits of whole-step CUDA graphs "
-        f"(TE layers; Qwen3-0.6B x4, SmolLM2-135M) and checked on Llama-3.2-1B x4 / x16 (not fitted): each GEMM a "
+        f"(TE layers; Qwen3-0.6B x4, SmolLM2-135M) and checked on Llama-3.2-1B x4 / x16 and Qwen2.5-0.5B (not "
+        f"fitted): each GEMM a "
         f"roofline at {cal.GEMM_EFFICIENCY} of the datasheet peaks and {cal.BANDWIDTH_EFFICIENCY} of its bandwidth "
         f"+ {cal.GEMM_KERNEL_US} us a kernel; attention at {cal.ATTENTION_EFFICIENCY} (head_dim: share of the bf16 "
         f"peak); the floors (optimizer {OPTIMIZER_BYTES_PER_PARAM} bytes/param, logits and loss {LOGIT_BYTES} "
         f"bytes/logit, elementwise bf16 traffic) at the bandwidth x {cal.FLOOR_FACTOR}; FP8 casts "
         f"({CAST_BYTES} bytes/operand element) + {cal.FP8_MODULE_US} us per FP8 module (current scaling: an amax "
-        f"read, {cal.CURRENT_AMAX_BYTES} bytes/element, + {cal.CURRENT_MODULE_US} us). Its range: +-"
+        f"read, {cal.CURRENT_AMAX_BYTES} bytes/element, + {cal.CURRENT_MODULE_US} us); an FP8 step's elementwise "
+        f"time less the share {cal.FP8_ELEMENTWISE_SAVING} (by scaling: TE's norms and activations write FP8). "
+        "Its range: +-"
         f"{cal.TOLERANCE:.0%} (scripts/verdict_calibration.py: every calibrated row within "
         f"{cal.LARGEST_MISS:.1%} on those shapes).",
         f"The calibration is the {cal.CALIBRATED_ON}'s (TE 2.20): on another GPU only its datasheet scales it. "

@@ -65,12 +65,14 @@ def test_set_passes_through_to_every_point_and_per_point_fields_are_refused():
         spec.from_preset("distill-quality", seeds=[1])
 
 
-def _fake_study(tmp_path, ppl: dict[str, list[float]], status: dict[str, str] | None = None) -> Path:
+def _fake_study(tmp_path, ppl: dict[str, list[float]], status: dict[str, str] | None = None,
+                preset: str = "distill-quality", sets: dict | None = None) -> Path:
     """A study folder whose points hold students.csv / eval_curve.csv with the given held-out perplexities
-    per arm (one per seed; KL = ppl / 100), as a finished run writes them."""
-    s = spec.from_preset("distill-quality", seeds=[1, 2, 3], study_name="fake")
+    per arm (one per seed; KL = ppl / 100; before the first step: ppl 50.5, KL 0.01), as a finished run writes
+    them."""
+    s = spec.from_preset(preset, sets or {}, seeds=[1, 2, 3], study_name="fake")
     folder = tmp_path / "fake"
-    folder.mkdir()
+    folder.mkdir(parents=True)
     results.write_json(folder / spec.STUDY_FILE, s.to_dict())
     for p in plan(spec.sweep_spec(s)):
         point_seed = int(p.grid["seed"])
@@ -84,6 +86,7 @@ def _fake_study(tmp_path, ppl: dict[str, list[float]], status: dict[str, str] | 
             rows.append({"student": name, "status": (status or {}).get(a.name, "ok"), "reason": "",
                          "heldout_ppl": v, "kl_teacher_student_t1_nats": v / 100, "top1_agreement": 0.5,
                          "final_train_loss": 3.0, "teacher_heldout_ppl": TEACHER_PPL, "step_ms_median": 1.0,
+                         "heldout_ppl_step0": 50.5, "kl_teacher_student_t1_nats_step0": 0.01,
                          "compiled": True, "graph_scope": "step"})
             curve += [{"student": name, "step": step, "heldout_ppl": v * f, "kl_teacher_student_t1_nats": v * f / 100,
                        "top1_agreement": 0.5} for step, f in ((100, 1.5), (200, 1.001), (300, 1.0))]
@@ -173,6 +176,26 @@ def test_the_perplexity_panel_draws_the_teachers_line(tmp_path):
     labels = [t.get_text() for t in fig.axes[1].get_legend().get_texts()]
     assert "teacher (50.00)" in labels and "teacher (50.00)" not in [
         t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+
+
+def test_a_fine_tuning_study_reads_drift_from_the_model_and_does_not_refuse(tmp_path):
+    """finetune-fp8: every student starts as the teacher, so one that ends below the teacher's held-out
+    perplexity is fine-tuning at work, not a refusal (the same rows refuse a distillation study); the headline
+    speaks of the original model and gives step 0 -> end; arms.csv keeps the step-0 means."""
+    ppl = {**BASE, "te_fp8_current": [40.0, 61.0, 65.0]}  # 40 < the teacher's 50
+    assert report(_fake_study(tmp_path / "distil", ppl))["refused"] is True
+    folder = _fake_study(tmp_path / "ft", ppl, preset="finetune-fp8", sets={"lm.teacher": "models/m"})
+    head = report(folder)
+    assert head["refused"] is False and (folder / "gaps.csv").exists()
+    assert head["sentence"].startswith("FP8 delayed changes held-out KL to the original model by +10.0%")
+    assert head["sentence"].endswith("Step 0 -> end (means over seeds, each in its own precision): FP8 delayed "
+                                     "0.0100 -> 0.6820 nats, torch bf16 0.0100 -> 0.6200 nats.")
+    assert head["step0_end"]["te_fp8_delayed"] == {"step0": pytest.approx(0.01), "end": pytest.approx(0.682)}
+    arms = pd.read_csv(folder / "arms.csv").set_index("arm")
+    assert arms.loc["te_fp8_delayed", "kl_teacher_student_t1_nats_step0_mean"] == pytest.approx(0.01)
+    readme = (folder / "README.md").read_text()
+    assert "kl_teacher_student_t1_nats_step0_mean" in readme and "does not refuse" in readme
+    assert spec.read_study(folder / spec.STUDY_FILE).student_is_teacher is True
 
 
 def test_no_kd_student_beating_the_teacher_is_no_refusal(tmp_path):

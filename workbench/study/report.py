@@ -20,6 +20,7 @@ from workbench.study.spec import (
     NOISE_SEED_OFFSET,
     REFERENCE_ARM,
     REPORT_NOTEBOOK_NAME,
+    STEP0,
     STUDY_FILE,
     TEACHER_FILE,
     Study,
@@ -60,7 +61,8 @@ def collect(study: Study, study_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
             arm, seed = found
             rows.append({"arm": arm.name, "seed": seed, "student": arm.student, "kd": arm.kd, "point": point.id,
                          "status": r.get("status"), "reason": r.get("reason") or None,
-                         **{m: r.get(m) for m in METRICS}, "teacher_heldout_ppl": r.get("teacher_heldout_ppl"),
+                         **{m: r.get(m) for m in (*METRICS, *STEP0)},
+                         "teacher_heldout_ppl": r.get("teacher_heldout_ppl"),
                          "step_ms_median": r.get("step_ms_median"), "compiled": r.get("compiled"),
                          "graph_scope": r.get("graph_scope"), "train_seed": point_seed})
         curve_file = folder / "eval_curve.csv"
@@ -99,8 +101,8 @@ def arms_table(study: Study, df: pd.DataFrame, curves: pd.DataFrame) -> pd.DataF
                                "seeds_planned": len(study.seeds),
                                "not_run": "; ".join(sorted({f"{r.status}: {r.reason}" for r in mine.itertuples()
                                                             if r.status != "ok"})) or None}
-        for m in METRICS:
-            s = qs.summary(ran[m] if len(ran) else [])
+        for m in (*METRICS, *STEP0):
+            s = qs.summary(ran[m] if len(ran) and m in ran else [])
             row.update({f"{m}_{k}": s[k] for k in ("mean", "sd", "ci_low", "ci_high")})
         row["step_ms_median_mean"] = qs.summary(ran["step_ms_median"] if len(ran) else [])["mean"]
         row["path"] = ", ".join(sorted({_path(r) for r in ran.to_dict("records")})) or None
@@ -202,9 +204,31 @@ def headline(study: Study, df: pd.DataFrame, gaps: pd.DataFrame | None, beaten: 
         floor_abs = "" if g.get("noise_floor_abs") is None else f", noise floor {g['noise_floor_abs']:.4f}"
         nats = f"; in nats {g['diff_mean']:+.4f}{span}{floor_abs}"
     interval = f"[{_pct(g['gap_pct_ci_low'])}, {_pct(g['gap_pct_ci_high'])}]"
-    out["sentence"] = (f"{label} changes {METRIC_NAMES[metric]} by {_pct(g['gap_pct_mean'])} (95% interval "
+    name = METRIC_NAMES[metric].replace("to the teacher", "to the original model") if study.student_is_teacher \
+        else METRIC_NAMES[metric]
+    out["sentence"] = (f"{label} changes {name} by {_pct(g['gap_pct_mean'])} (95% interval "
                        f"{interval}, {int(g['n_seeds'])} seeds{nats}); {floor_text}: {verdict}.")
+    if study.student_is_teacher:
+        out["sentence"] += drift(df, metric, arm, label, out)
     return out
+
+
+def drift(df: pd.DataFrame, metric: str, arm: str, label: str, out: dict[str, Any]) -> str:
+    """A fine-tuning study's step 0 -> end of `metric` for `arm` and the bf16 reference (means over seeds, each
+    student measured in its own precision before its first step); recorded in `out`, returned as a sentence."""
+    ran = _ran(df)
+    means = {}
+    for a in (arm, REFERENCE_ARM):
+        mine = ran[ran["arm"] == a] if len(ran) else ran
+        means[a] = tuple(qs.summary(mine[c] if len(mine) and c in mine else [])["mean"]
+                         for c in (f"{metric}_step0", metric))
+    out["step0_end"] = {a: {"step0": v[0], "end": v[1]} for a, v in means.items()}
+    if None in means[arm] or None in means[REFERENCE_ARM]:
+        return ""
+    unit = " nats" if metric in NATS_METRICS else ""
+    (a0, a1), (r0, r1) = means[arm], means[REFERENCE_ARM]
+    return (f" Step 0 -> end (means over seeds, each in its own precision): {label} {a0:.4f} -> {a1:.4f}{unit}, "
+            f"torch bf16 {r0:.4f} -> {r1:.4f}{unit}.")
 
 
 def report(
@@ -228,7 +252,8 @@ def report(
     results.write_csv(study_dir / "curves.csv", curves)
     arms = arms_table(study, df, curves)
     results.write_csv(study_dir / "arms.csv", arms)
-    beaten = qs.teacher_beaten(_ran(df).to_dict("records")) if len(df) else []
+    # a fine-tuned model that ends below its own held-out perplexity is what fine-tuning does, not a refusal
+    beaten = qs.teacher_beaten(_ran(df).to_dict("records")) if len(df) and not study.student_is_teacher else []
     gaps = None
     for stale in ("gaps.csv", "gap_vs_noise.png", "gap_vs_noise.svg"):
         (study_dir / stale).unlink(missing_ok=True)  # a refusal must not leave an earlier answer behind
@@ -272,6 +297,8 @@ def readme(study: Study, head: dict, arms: pd.DataFrame, gaps: pd.DataFrame | No
     cols = ["arm", "seeds_run", "heldout_ppl_mean", "heldout_ppl_sd", "kl_teacher_student_t1_nats_mean",
             "kl_teacher_student_t1_nats_sd", "top1_agreement_mean", "final_train_loss_mean", "step_ms_median_mean",
             "path", "kl_last_change_pct", "flattened", "not_run"]
+    if study.student_is_teacher:  # fine-tuning: where each precision started, beside where it ended
+        cols[1:1] = ["heldout_ppl_step0_mean", "kl_teacher_student_t1_nats_step0_mean"]
     parts = [
         f"# Distillation-quality study `{study.name}`",
         "",
@@ -300,7 +327,10 @@ def readme(study: Study, head: dict, arms: pd.DataFrame, gaps: pd.DataFrame | No
         f"b = `{NOISE_ARM}` (the same student from another init and batch order, train.seed + {NOISE_SEED_OFFSET}).",
         "- A gap (100 (arm_s - r_s) / r_s, paired by seed: same init, batches and teacher) is within noise when its "
         "95% Student-t interval contains 0 or |mean gap| is below the noise floor.",
-        "- The study refuses an answer when a KD student ends with a lower held-out perplexity than its teacher.",
+        ("- Every student starts as the teacher's own checkpoint (fine-tuning): a student may end below the "
+         "teacher's held-out perplexity, and the study does not refuse; the KL is to the original model, `*_step0` "
+         "before the first step in the student's own precision." if study.student_is_teacher else
+         "- The study refuses an answer when a KD student ends with a lower held-out perplexity than its teacher."),
         f"- A curve has flattened when its last interval moved its mean by less than {qs.FLAT_THRESHOLD_PCT}%.",
         "",
         "Figures: `heldout_curves.png`"

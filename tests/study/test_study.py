@@ -198,6 +198,20 @@ def test_a_fine_tuning_study_reads_drift_from_the_model_and_does_not_refuse(tmp_
     assert spec.read_study(folder / spec.STUDY_FILE).student_is_teacher is True
 
 
+def test_a_study_whose_points_shared_a_gpu_says_its_step_times_are_no_speed_evidence(tmp_path):
+    folder = _fake_study(tmp_path, BASE)
+    assert "no speed evidence" not in (report(folder) and (folder / "README.md").read_text())
+    study = spec.read_study(folder / spec.STUDY_FILE)
+    study.points_per_gpu = 3
+    results.write_json(folder / spec.STUDY_FILE, study.to_dict())
+    report(folder)
+    assert "up to 3 points shared each GPU" in (folder / "README.md").read_text()
+    study.points_per_gpu = 0  # a hand edit: refused naming the field
+    results.write_json(folder / spec.STUDY_FILE, study.to_dict())
+    with pytest.raises(ConfigError, match="points_per_gpu has the wrong type"):
+        spec.read_study(folder / spec.STUDY_FILE)
+
+
 def test_no_kd_student_beating_the_teacher_is_no_refusal(tmp_path):
     folder = _fake_study(tmp_path, {**BASE, "no_kd_bf16": [40.0, 40.0, 40.0]})
     assert report(folder)["refused"] is False

@@ -98,15 +98,19 @@ def test_a_second_driver_of_the_same_sweep_is_refused(tmp_path):
     (["0", "1", "2", "3"], "auto", [1, 2], (["0,1", "2,3"], 2)),           # a 2-GPU point: every worker gets 2
     (["0", "1", "2"], "auto", [2], (["0,1"], 2)),                           # a GPU left over idles
     (["0", "1"], "auto", [4, 1], (["0,1"], 2)),                             # capped: the 4-GPU point will fail
+    (["0"], "3/gpu", [1], (["0", "0", "0"], 1)),                            # three points share the one GPU
+    (["0", "1", "2", "3"], "2/gpu", [2], (["0,1", "0,1", "2,3", "2,3"], 2)),  # two per group of two
+    ([], "3/gpu", [1], ([None], 0)),                                        # no GPU to share: one CPU worker
 ])
 def test_cluster_plan(gpus, workers, nprocs, plan):
     assert cluster.cluster_plan(gpus, workers, nprocs) == cluster.ClusterPlan(*plan)
 
 
-@pytest.mark.parametrize("bad", ["0", "-1", "two", "1.5"])
+@pytest.mark.parametrize("bad", ["0", "-1", "two", "1.5", "0/gpu", "/gpu", "2/cpu"])
 def test_workers_must_be_auto_or_a_positive_number(tmp_path, capsys, bad):
     assert cli.main(["sweep", "--name", "w", "--grid", "hidden=16", "--out", str(tmp_path), f"--workers={bad}"]) == 2
-    assert f"--workers must be 'auto' or a positive number, got '{bad}'" in capsys.readouterr().err
+    assert (f"--workers must be 'auto', a positive number or K/gpu (K workers sharing each GPU), got '{bad}'"
+            in capsys.readouterr().err)
     assert not (tmp_path / "w").exists()
 
 
@@ -564,3 +568,15 @@ def test_runs_of_a_sweep_share_the_cache_named_for_them(tmp_path, monkeypatch):
     assert results.cache_dir(tmp_path) == tmp_path / "cache"
     monkeypatch.setenv(results.CACHE_ENV, str(tmp_path / "shared"))
     assert results.cache_dir(tmp_path / "sweep") == tmp_path / "shared"
+
+
+def test_workers_sharing_a_gpu_are_spelled_out_each_with_its_device():
+    """`--workers 2/gpu` on one GPU: the embedded cluster starts two workers (dask-cuda takes one worker per
+    device, so they are spelled out), each holding that GPU as its one GPU resource and CUDA_VISIBLE_DEVICES."""
+    from distributed import Client
+
+    with cluster.embedded_cluster(cluster.cluster_plan(["0"], "2/gpu", [1])) as c, Client(c) as client:
+        client.wait_for_workers(2, timeout=60)
+        info = client.scheduler_info(n_workers=-1)["workers"].values()
+        assert [w["resources"] for w in info] == [{"GPU": 1}, {"GPU": 1}]
+        assert set(client.run(lambda: os.environ["CUDA_VISIBLE_DEVICES"]).values()) == {"0"}

@@ -25,6 +25,7 @@ from workbench.study.spec import (
     read_study,
     sweep_spec,
 )
+from workbench.sweep.cluster import check_workers, per_gpu, visible_gpus
 
 
 # ---- the teacher ---------------------------------------------------------------------------------
@@ -87,6 +88,10 @@ def main(args) -> int:
 
     study = study_from_args(args)
     study_dir = sweep.sweep_folder(results.output_root(args.out), study.name)
+    stored = study_dir / STUDY_FILE
+    earlier = read_study(stored).points_per_gpu if stored.exists() and not args.report_only else 1
+    sharing = per_gpu(check_workers(args.workers)) if visible_gpus() else 1  # a CPU's one worker shares nothing
+    study.points_per_gpu = max(earlier, study.points_per_gpu, sharing)
     if args.report_only:
         if not (study_dir / STUDY_FILE).exists():
             print(f"workbench study: no report: no study folder {study_dir}", file=sys.stderr)

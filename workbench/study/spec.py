@@ -49,6 +49,9 @@ class Study:
     """True: every student starts as the teacher's own checkpoint (finetune-fp8), so the question is drift from
     the model, not distillation from a better one: no refusal when a student ends below the teacher's held-out
     perplexity (fine-tuning on text like the held-out text should), and the report leads with step 0 -> end."""
+    points_per_gpu: int = 1
+    """The most points that shared one GPU while the study ran (`--workers K/gpu`, over every resume): above 1,
+    its step times timed each other and are no speed evidence (the quality figures do not depend on them)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "arms": [asdict(a) for a in self.arms]}
@@ -180,6 +183,7 @@ def read_study(path: Path) -> Study:
     fields = {"name": isinstance(study.name, str), "preset": isinstance(study.preset, str),
               "fixed": isinstance(study.fixed, dict), "seeds": isinstance(study.seeds, list),
               "student_is_teacher": isinstance(study.student_is_teacher, bool),
+              "points_per_gpu": isinstance(study.points_per_gpu, int) and study.points_per_gpu >= 1,
               "arms": all(isinstance(a.name, str) and isinstance(a.student, str) and isinstance(a.kd, bool)
                           and isinstance(a.noise, bool) for a in study.arms)}
     wrong = [k for k, ok in fields.items() if not ok]

@@ -28,13 +28,27 @@ class ClusterPlan:
     gpus_per_worker: int
 
 
+PER_GPU = "/gpu"  # `--workers K/gpu`: K workers on every GPU group (points that share a GPU)
+
+
 def check_workers(workers: str | int) -> str | int:
-    """'auto' or a positive number (`--workers`); anything else is a ConfigError."""
-    if str(workers) == "auto":
+    """'auto', a positive number or 'K/gpu' with K positive (`--workers`); anything else is a ConfigError."""
+    text = str(workers)
+    if text == "auto":
         return "auto"
-    if str(workers).isdigit() and int(workers) > 0:
-        return int(workers)
-    raise ConfigError(f"--workers must be 'auto' or a positive number, got {workers!r}")
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    share = text.removesuffix(PER_GPU)
+    if text.endswith(PER_GPU) and share.isdigit() and int(share) > 0:
+        return text
+    raise ConfigError(f"--workers must be 'auto', a positive number or K{PER_GPU} (K workers sharing each GPU), "
+                      f"got {workers!r}")
+
+
+def per_gpu(workers: str | int) -> int:
+    """How many workers share each GPU group: K for 'K/gpu', else 1."""
+    text = str(workers)
+    return int(text.removesuffix(PER_GPU)) if text.endswith(PER_GPU) else 1
 
 
 def cluster_plan(gpu_ids: list[str], workers: str | int, nprocs: list[int]) -> ClusterPlan:
@@ -45,13 +59,17 @@ def cluster_plan(gpu_ids: list[str], workers: str | int, nprocs: list[int]) -> C
     a sweep that also holds k-GPU points runs, the other k-1 GPUs of its worker idle; sweeps that mix
     sizes are rarer than sweeps of one size, and a worker that picked GPUs per task would be the
     hand-made allocator this replaces. 'auto' = as many workers as there are whole groups of k GPUs; a
-    number caps that. CPU: one worker unless asked for more (parallel CPU runs time each other)."""
+    number caps that; 'K/gpu' puts K workers on every group, whose points then share its GPUs (for work whose
+    numbers do not depend on speed, such as a quality study's: their step times time each other). CPU: one
+    worker unless a number asks for more (parallel CPU runs time each other)."""
     workers = check_workers(workers)
     if not gpu_ids:
-        return ClusterPlan([None] * (1 if workers == "auto" else workers), 0)
+        return ClusterPlan([None] * (workers if isinstance(workers, int) else 1), 0)
     k = max(1, min(max(nprocs, default=1), len(gpu_ids)))
     groups = [",".join(gpu_ids[i:i + k]) for i in range(0, len(gpu_ids) - k + 1, k)]
-    return ClusterPlan(groups if workers == "auto" else groups[:workers], k)
+    if isinstance(workers, int):
+        groups = groups[:workers]
+    return ClusterPlan([g for g in groups for _ in range(per_gpu(workers))], k)
 
 
 def visible_gpus() -> list[str]:
@@ -80,15 +98,16 @@ def embedded_cluster(cp: ClusterPlan):
     if not cp.gpus_per_worker:
         return LocalCluster(n_workers=len(cp.workers), threads_per_worker=1, processes=True, **quiet)
     gpus = {"GPU": cp.gpus_per_worker}
-    if cp.gpus_per_worker == 1 and importlib.util.find_spec("dask_cuda") is not None:
+    shared = len(set(cp.workers)) < len(cp.workers)  # K/gpu: dask-cuda takes one worker per device
+    if cp.gpus_per_worker == 1 and not shared and importlib.util.find_spec("dask_cuda") is not None:
         from dask_cuda import LocalCUDACluster  # one worker per GPU, pinned (and its CPUs bound to that GPU)
 
         return LocalCUDACluster(CUDA_VISIBLE_DEVICES=cp.workers, threads_per_worker=1, resources=gpus, **quiet)
     # k GPUs per worker (or no dask-cuda): the workers are spelled out, each with its own device list
     worker = {"cls": Nanny, "options": {"nthreads": 1, "host": "127.0.0.1", "resources": gpus,
                                         "silence_logs": logging.WARNING}}
-    specs = {f"gpu{ids}": {**worker, "options": {**worker["options"], "env": {"CUDA_VISIBLE_DEVICES": ids}}}
-             for ids in cp.workers}
+    specs = {f"gpu{ids}-{n}": {**worker, "options": {**worker["options"], "env": {"CUDA_VISIBLE_DEVICES": ids}}}
+             for n, ids in enumerate(cp.workers)}
     return SpecCluster(workers=specs, silence_logs=logging.WARNING,
                        scheduler={"cls": Scheduler, "options": {"host": "127.0.0.1", **NO_DASHBOARD}})
 

@@ -174,7 +174,8 @@ def add_arguments(p) -> None:
                    help="a point fails ('timeout') when one notebook cell runs longer (kept in sweep.json)")
     p.add_argument("--workers", default="auto",
                    help="workers of the embedded Dask cluster: 'auto' (one per visible GPU, or per group of k GPUs "
-                        "when a point needs k; one on a CPU) or a number")
+                        "when a point needs k; one on a CPU), a number, or K/gpu (K workers sharing each GPU: their "
+                        "step times time each other)")
     p.add_argument("--scheduler", default=None, metavar="ADDRESS",
                    help="run the points on a running Dask cluster (e.g. tcp://host:8786) instead of one started "
                         "here; the sweep folder must be at the same path on its workers")

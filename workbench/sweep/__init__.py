@@ -43,7 +43,8 @@ Where the points run: a Dask cluster, one task per point (the `sweep` extra: das
 default the driver starts one on this machine and closes it at the end (no running cluster needed):
 with GPUs, one worker per GPU pinned by CUDA_VISIBLE_DEVICES (dask-cuda's LocalCUDACluster when it is
 installed), the point's kernel inheriting its worker's devices; on a CPU one worker (parallel CPU runs
-would time each other), `--workers N` for more. A point whose config asks for k GPUs (parallel.nproc)
+would time each other), `--workers N` for more; `--workers K/gpu` puts K workers on every GPU (points
+whose figures do not depend on speed, as a quality study's). A point whose config asks for k GPUs (parallel.nproc)
 takes a Dask resource GPU=k; when any point does, every embedded worker gets k GPUs (cluster_plan says
 what that costs), and a point asking for more than any worker has fails alone, before it starts.
 `--scheduler ADDRESS` sends the points to a running cluster instead (a node, several, a Slurm

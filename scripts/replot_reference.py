@@ -35,11 +35,11 @@ def study_curves(folder: Path):
     """A study's held-out curves from its curves.csv, the teacher's line from its headline.json."""
     import pandas as pd
 
-    from workbench.study import report, spec
+    from workbench.study import figures, spec
 
     study = spec.Study.from_dict(results.read_json(folder / "study.json"))
     head = results.read_json(folder / "headline.json") if (folder / "headline.json").exists() else {}
-    return report.heldout_curves(study, pd.read_csv(folder / "curves.csv"), head.get("teacher_heldout_ppl"))
+    return figures.heldout_curves(study, pd.read_csv(folder / "curves.csv"), head.get("teacher_heldout_ppl"))
 
 
 def replot(root: Path) -> list[Path]:

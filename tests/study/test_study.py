@@ -14,7 +14,8 @@ import pytest
 from workbench import config, results
 from workbench.config import ConfigError
 from workbench.study import spec
-from workbench.study.report import collect, heldout_curves, report
+from workbench.study.figures import heldout_curves
+from workbench.study.report import collect, report
 from workbench.sweep.plan import plan
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -83,8 +83,8 @@ def test_a_short_jitted_run_gives_a_jax_row(mlp, compute):
     row = runner.run(cfg, init, data, compute=compute)
     assert row["status"] == "ok", row["reason"]
     assert row["backend"] == f"jax_{compute}" and row["gemm_precision"] == compute
-    # matched init, as the torch rows check it: the same initial loss on the first training batch
-    assert row["initial_loss"] == pytest.approx(loop.initial_loss(task.reference, task, data.train[0]), rel=1e-5)
+    # matched init, as the torch rows check it: the same initial loss on the first held-out batch
+    assert row["initial_loss"] == pytest.approx(loop.initial_loss(task.reference, task, data.eval[0]), rel=1e-5)
     assert row["framework"] == "jax" and row["mode"] == "JAX"
     assert row["steps_run"] == cfg.train.steps and row["jax_version"] == jax.__version__
     assert all(math.isfinite(row[k]) for k in ("initial_loss", "first_step_loss", "final_train_loss"))

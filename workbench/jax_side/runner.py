@@ -45,6 +45,19 @@ def run(cfg, init_state: dict[str, Any], data, compute: str = "fp32") -> dict[st
     return row
 
 
+NOT_IN_ROW = ("student", "backend", "recipe", "mode")  # the run's row already names the student (`jax:fp32`)
+
+
+def train(cfg, reference, data, compute: str) -> tuple[dict[str, Any], list[float]]:
+    """(row cells, training losses) of the Flax student for a run's `jax:<compute>` row: the reference torch
+    model's weights, the run's batches; status and reason say when it was skipped or failed."""
+    from workbench.backends import reference_state
+
+    row = run(cfg, reference_state(reference), data, compute=compute)
+    losses = row.pop("losses", [])
+    return {k: v for k, v in row.items() if k not in NOT_IN_ROW}, losses
+
+
 def _batch(tokens, targets) -> tuple:
     """One (tokens, Targets) batch of the torch run as the jitted step's arguments (host numpy arrays)."""
     def host(t):
@@ -61,12 +74,15 @@ def _train_and_time(cfg, init_state: dict[str, Any], data, compute: str) -> dict
     model, tx = student.for_model(cfg.model, compute), student.adamw(cfg.train)
     step, _ = student.make_fns(model, cfg.distill.loss, tx)
     _, fp32_loss = student.make_fns(student.for_model(cfg.model, "fp32"), cfg.distill.loss, tx)
+    _, eval_mse = student.make_fns(model, "mse", tx)  # the tutorial's eval, forward in the student's precision
     params = jax.device_put(convert.to_flax(init_state))
     opt_state = tx.init(params)
     train = [jax.device_put(_batch(*b)) for b in data.train]
     bench = [jax.device_put(_batch(*b)) for b in data.bench]
-    # the fp32 loss of the converted starting weights: the torch rows' initial_loss when the weights are the same
-    initial = float(fp32_loss(params, *train[0]))
+    held_out = [jax.device_put(_batch(*b)) for b in data.eval]
+    # the fp32 loss of the converted starting weights on the first held-out batch: where the torch rows measure
+    # their initial_loss, so the two agree when the weights are the same
+    initial = float(fp32_loss(params, *held_out[0]))
     t0 = time.perf_counter()
     compiled = step.lower(params, opt_state, *train[0]).compile()
     compile_ms = (time.perf_counter() - t0) * 1e3
@@ -76,9 +92,10 @@ def _train_and_time(cfg, init_state: dict[str, Any], data, compute: str) -> dict
         losses.append(loss)  # kept on the device: no sync between training steps, as the torch loop
     losses = [float(x) for x in jax.device_get(losses)]
     out = {"initial_loss": initial, "first_step_loss": losses[0], "final_train_loss": losses[-1],
-           "steps_run": len(losses), "compile_ms": compile_ms, "device": str(jax.devices()[0])}
+           "steps_run": len(losses), "compile_ms": compile_ms, "device": str(jax.devices()[0]), "losses": losses}
     if not all(math.isfinite(x) for x in losses):
         return {**out, "status": "diverged", "reason": "non-finite training loss"}
+    out["eval_mse"] = float(np.mean([float(eval_mse(params, *b)) for b in held_out]))
     t = Timing(_timed(compiled, params, opt_state, bench, cfg.bench))
     tokens = cfg.model.batch * cfg.model.seq_len
     return {**out, **t.summary("step_ms"), "tokens_per_s": tokens / (t.median * 1e-3) if t.median else None}

@@ -32,7 +32,8 @@ def new(spec: str, name: str | None = None) -> dict[str, Any]:
 
 def ran_as(row: dict, backend) -> None:
     """The cells the backend answers: its name and recipe as resolved, its mode and GEMM precision."""
-    row.update(backend=backend.name, recipe=backend.recipe, mode=backend.mode, gemm_precision=backend.gemm_precision)
+    row.update(backend=backend.name, recipe=backend.recipe, mode=backend.mode, gemm_precision=backend.gemm_precision,
+               framework=backend.framework)
 
 
 def ran_in(row: dict, student) -> None:
@@ -179,10 +180,12 @@ def bf16_reference(ran: pd.DataFrame, backend: str | None) -> str | None:
 def fastest_bf16(ran: pd.DataFrame) -> str | None:
     """The bf16 student with the lowest median step (its own path: compiled, TE bf16 layers, graphed: whichever ran
     fastest): the denominator the headline speed-ups name. Only students that ran their own backend (status ok), and
-    never a no-KD student (it skips the distillation loss: less work)."""
+    never a no-KD student (it skips the distillation loss: less work). A PyTorch path: another framework's rows (the
+    JAX comparator) stand beside the PyTorch ratios, not under them."""
     def bf16(spec: str) -> bool:
         try:
-            return backends.make(spec).gemm_precision == "bf16"
+            b = backends.make(spec)
+            return b.gemm_precision == "bf16" and b.framework == "torch"
         except Exception:  # a spec this version no longer knows
             return False
 

@@ -27,6 +27,7 @@ from workbench import backends, results
 from workbench.config import Config
 from workbench.env import probe
 from workbench.env import te as _te
+from workbench.jax_side import runner as jax_runner
 from workbench.measure import profiler, timing
 from workbench.models import kinds
 from workbench.run import parallel, rows, slow_path
@@ -279,6 +280,11 @@ def _try_student(row: dict, spec: str, cfg: Config, ctx, task, data: Data, devic
         rows.fell_back(row, fb, reason)
         backend = fb
     _say(progress, f"[{row['student']}] training {cfg.train.steps} steps ({row['mode']})")
+    if backend.framework == "jax":  # the JAX comparator trains in its own framework, on the same batches
+        cells, losses = jax_runner.train(cfg, task.reference, data, backend.recipe)
+        row.update(cells)
+        _say(progress, done_line(row))
+        return row, losses
     student = None
     try:
         student, on_step = (world or parallel.World()).prepare(backend, cfg, task, device)

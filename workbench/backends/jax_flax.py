@@ -1,0 +1,29 @@
+"""The tutorial's MLP student in JAX/Flax (`jax:fp32`, `jax:bf16`): a comparator row beside the torch students,
+`framework: jax`. It trains on the same batches and teacher targets from the same starting weights (the
+reference model's, converted) and is timed the JAX way (a compiled step, block_until_ready, compile apart). Its
+framework trains it: the runner asks a student's `framework` and hands a 'jax' one to workbench.jax_side (a layer
+above this one), which also says, as the row's reason, when jax, flax or optax is missing."""
+from __future__ import annotations
+
+from workbench import config
+from workbench.backends import Backend, register
+
+
+@register
+class JaxFlax(Backend):
+    name = "jax"
+    recipes = ("fp32", "bf16")
+    mode = "JAX"
+    framework = "jax"
+
+    def __init__(self, recipe: str | None = None):
+        super().__init__(recipe)
+        self.gemm_precision = self.recipe  # what its Flax layers compute in: the peak its row is measured against
+
+    def availability(self, ctx) -> tuple[bool, str]:
+        if config.kind_task(ctx.cfg.model.kind) != "mlp":
+            return False, (f"the JAX student is the tutorial's MLP (model.kind {config.REGRESSION_KIND!r}), not "
+                           f"model.kind {ctx.cfg.model.kind!r}")
+        if ctx.cfg.parallel.nproc > 1:
+            return False, "the JAX student runs on one process (parallel.nproc 1): it has no data-parallel wrapper"
+        return True, ""

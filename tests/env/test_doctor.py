@@ -66,6 +66,17 @@ REAL_ERRORS = [
     ("transformer_engine_torch 2.20.2 sdist, build_tools/utils.py",
      "RuntimeError: nvidia-cudnn-frontend is required to build Transformer Engine. Install it with `pip install "
      "nvidia-cudnn-frontend`.", "cudnn_frontend_missing"),
+    ("our H200 logs (results/reference/h200/roofline/levers/), TE 2.20.2 with jax and no JAX extension",
+     "transformer_engine/__init__.py:130: RuntimeWarning: Detected a Jax installation but could not find the shared "
+     "object file for the Transformer Engine Jax extension library. If this is not intentional, please reinstall "
+     "Transformer Engine with `pip install transformer_engine[jax]` or build from source with `NVTE_FRAMEWORK=jax`.",
+     "jax_extension_missing"),
+    ("transformer_engine_jax 2.20.2 sdist, pip without jax",
+     "      ModuleNotFoundError: No module named 'jax'\n      RuntimeError: This package needs Jax to build.",
+     "jax_missing_at_build"),
+    ("NVIDIA/TransformerEngine#3382",
+     "jax.errors.JaxRuntimeError: FAILED_PRECONDITION: Types used by FFI handlers must be registered before the "
+     "handler registration", "jax_ffi_registration_order"),
     ("pip, offline wheelhouse without the extension",
      "ERROR: Could not find a version that satisfies the requirement transformer_engine_torch==2.20.2 (from versions: "
      "none)\nERROR: No matching distribution found for transformer_engine_torch==2.20.2", "package_not_in_index"),

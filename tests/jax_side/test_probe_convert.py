@@ -1,4 +1,5 @@
 """What runs without jax: the availability answer when jax is missing, and the numpy weight conversion."""
+import os
 import sys
 
 import numpy as np
@@ -59,3 +60,29 @@ def test_a_weight_the_flax_student_lacks_is_refused():
     state = reference_state(Student(config.from_preset("cpu-smoke").model))
     with pytest.raises(ValueError, match="lacks"):
         convert.to_flax({**state, "extra.weight": torch.zeros(2)})
+
+
+def test_asking_for_jax_leaves_the_gpu_memory_to_share(monkeypatch):
+    """JAX preallocates most of a GPU at its first use unless told not to: the probe tells it not to (before any
+    jax import of ours), and a user's own choice stands."""
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE", raising=False)
+    probe.availability()
+    assert os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "true")
+    probe.availability()
+    assert os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "true"
+
+
+def test_the_machine_probe_names_the_jax_side_without_importing_it(monkeypatch):
+    """`workbench probe` lists the JAX distributions by metadata (None where absent), never importing jax."""
+    from workbench.env import probe as env_probe
+
+    monkeypatch.setitem(sys.modules, "jax", None)  # an import of jax would raise
+    facts = env_probe._jax_facts()
+    assert set(facts) == {"jax_version", "jaxlib_version", "flax_version", "optax_version",
+                          "transformer_engine_jax_version"}
+    try:
+        import importlib.metadata as md
+        assert facts["jax_version"] == md.version("jax")
+    except md.PackageNotFoundError:
+        assert facts["jax_version"] is None

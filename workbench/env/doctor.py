@@ -43,6 +43,11 @@ UNINSTALL_ALL = ("{python} -m pip uninstall -y transformer_engine transformer_en
 REBUILD = ("NVTE_FRAMEWORK=pytorch NVTE_CUDA_ARCHS={archs} MAX_JOBS={jobs} NVTE_BUILD_THREADS_PER_JOB=1 "
            "NVTE_PYTORCH_FORCE_BUILD=TRUE {python} -m pip install --no-build-isolation --no-cache-dir --no-deps "
            '--no-binary transformer_engine_torch "transformer_engine_torch=={te_version}"')
+# TE's JAX extension, built from its sdist against the jax installed here (the build imports jax and its CUDA
+# plugin, and takes the cuDNN frontend headers from their pip package)
+REBUILD_JAX = ("{python} -m pip install nvidia-cudnn-frontend && NVTE_FRAMEWORK=jax NVTE_CUDA_ARCHS={archs} "
+               "MAX_JOBS={jobs} {python} -m pip install --no-build-isolation --no-cache-dir --no-deps "
+               '"transformer_engine_jax=={te_version}"')
 
 KNOWN_FAILURES: tuple[Failure, ...] = (
     Failure("extension_abi_mismatch",
@@ -121,6 +126,24 @@ KNOWN_FAILURES: tuple[Failure, ...] = (
             "missing (offline installs use --no-deps)",
             ("{python} -m pip install nvidia-cudnn-frontend", "{python} -m workbench install-te --build-from-source"),
             ("transformer_engine_torch build_tools/utils.py",), 10),
+    Failure("jax_extension_missing",
+            (r"could not find the shared object file for the Transformer Engine Jax extension",),
+            "Transformer Engine is installed without its JAX extension (transformer_engine_jax), or with one built "
+            "for another jax: the JAX students cannot use TE (the PyTorch side is unaffected; without JAX students "
+            "the warning can be ignored)",
+            (REBUILD_JAX,), ("transformer_engine/__init__.py (TE 2.20.2)",), 20),
+    Failure("jax_missing_at_build",
+            (r"This package needs Jax to build", r"GPU backend is required to build TE jax extensions"),
+            "jax with its CUDA plugin was not importable by the build of TE's JAX extension: pip built it in an "
+            "isolated environment, or this jax is CPU-only",
+            ("# install jax with its CUDA plugin first (pip install 'jax[cuda{cuda_major}]'), then:", REBUILD_JAX),
+            ("transformer_engine_jax 2.20.2 sdist, setup.py",), 15),
+    Failure("jax_ffi_registration_order",
+            (r"Types used by FFI handlers must be registered before the handler registration",),
+            "this TE JAX extension registers its XLA FFI handlers before their types, which newer jax / XLA refuse",
+            ("# a TE release with the fix (NVIDIA/TransformerEngine#3382), or the jax this TE release was tested "
+             "with; then rebuild:", REBUILD_JAX),
+            ("NVIDIA/TransformerEngine#3382",), 10),
     Failure("torch_missing_at_build",
             (r"This package needs Torch to build", r"ModuleNotFoundError: No module named 'torch'"),
             "torch was not importable by the build: pip built the extension in an isolated environment, or torch "

@@ -229,7 +229,7 @@ def probe(attention: bool = False) -> dict[str, Any]:
     cuda_home = _cuda_home()
     # The groups in this order are the keys' order in env.json; cuDNN's facts come after TE loaded.
     env = {**_python_facts(), **_torch_facts(), **_gpu_facts(cuda), **_toolkit_facts(cuda_home),
-           **_cudnn_facts(cuda_home), **_host_facts(), **_te_facts(te, why, cuda, attention)}
+           **_cudnn_facts(cuda_home), **_host_facts(), **_te_facts(te, why, cuda, attention), **_jax_facts()}
     env["te_consistency"] = consistency(env)
     checks = [c["ok"] for c in env["te_consistency"] if c["ok"] is not None]
     env["te_consistent"] = all(checks) if checks else None
@@ -305,6 +305,22 @@ def _host_facts() -> dict[str, Any]:
         "colab": "google.colab" in sys.modules,
         "git_sha": _git_sha(),
     }
+
+
+JAX_DISTRIBUTIONS = ("jax", "jaxlib", "flax", "optax", "transformer_engine_jax")
+
+
+def _jax_facts() -> dict[str, Any]:
+    """The optional JAX side (the `jax:*` students; TE's JAX extension for their FP8), by installed distribution:
+    importing jax here would start its GPU backend, which takes most of the GPU's memory before any student ran.
+    Whether they run is each JAX row's own status and reason."""
+    def version(name: str) -> str | None:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    return {f"{canonicalize_name(n).replace('-', '_')}_version": version(n) for n in JAX_DISTRIBUTIONS}
 
 
 def _te_facts(te, why: str, cuda: bool, attention: bool) -> dict[str, Any]:

@@ -15,6 +15,8 @@ SECTIONS = {  # the human table's groups, in order; keys not listed are not show
                 "cudnn_pip_packages"],
     "Transformer Engine": ["te_available", "te_version", "te_packages", "te_consistent", "te_import_error",
                            "te_attention"],
+    "JAX (optional: the jax:* students)": ["jax_version", "jaxlib_version", "flax_version", "optax_version",
+                                           "transformer_engine_jax_version"],
 }
 
 

@@ -4,6 +4,7 @@ Nothing is cached: a test (or a user who just installed jax) asks again and gets
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 JAX_INSTALL = ("pip install 'jax[cpu]' flax optax (GPU: pip install 'jax[cuda12]' flax optax), "
@@ -50,6 +51,9 @@ def _te_jax_reason(err: BaseException) -> str:
 
 def availability() -> Availability:
     """What of jax, flax, optax and TE-JAX imports here, and whether JAX sees a GPU."""
+    # JAX's docs: at its first use of a GPU it preallocates 75% of its memory. In a run whose torch students share
+    # the GPU that would starve them, so unless the user chose otherwise it allocates as it goes, as torch does.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     reasons, versions, gpu = {}, {}, False
     try:
         import jax

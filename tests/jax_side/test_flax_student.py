@@ -1,5 +1,8 @@
 """The Flax student against the torch one, where jax, flax and optax are installed (pip install -e '.[jax]')."""
+import contextlib
 import math
+import sys
+import types
 
 import numpy as np
 import pytest
@@ -14,6 +17,8 @@ from workbench.train import loop, tasks
 jax = pytest.importorskip("jax", reason="jax is not installed: pip install -e '.[jax]'")
 pytest.importorskip("flax", reason="flax is not installed: pip install -e '.[jax]'")
 pytest.importorskip("optax", reason="optax is not installed: pip install -e '.[jax]'")
+import flax.linen as flax_nn  # noqa: E402
+
 from workbench.jax_side import student  # noqa: E402  (imports jax: only after the skips above)
 
 
@@ -98,3 +103,72 @@ def test_a_failing_run_is_an_error_row_not_a_crash(mlp):
     cfg, _, data, init = mlp
     row = runner.run(cfg, {k: v for k, v in init.items() if k != "head.bias"}, data)
     assert row["status"] == "error" and "head.bias" in row["reason"]
+
+
+def test_the_fp8_row_is_skipped_without_te_jax_saying_what_to_build(mlp, monkeypatch):
+    """jax:fp8_current needs TE's JAX extension and a GPU; here (the real probe) neither: a row saying so."""
+    monkeypatch.setitem(sys.modules, "transformer_engine", None)  # TE absent, whatever this machine has
+    cfg, _, data, init = mlp
+    row = runner.run(cfg, init, data, compute="fp8_current")
+    assert row["status"] == "skipped" and "NVTE_FRAMEWORK=jax" in row["reason"]
+    assert row["gemm_precision"] == "fp8"
+
+
+class FakeDenseGeneral(flax_nn.Module):
+    """FAKE of transformer_engine.jax.flax.DenseGeneral (TE-JAX cannot be built without a GPU): its parameter names
+    and shapes (kernel [in, out], bias [out], fp32) and its contract of computing in its input's dtype, no FP8.
+    The real one runs on the H200 (tests/gpu)."""
+
+    features: int
+    use_bias: bool = True
+
+    @flax_nn.compact
+    def __call__(self, x):
+        kernel = self.param("kernel", flax_nn.initializers.lecun_normal(), (x.shape[-1], self.features))
+        bias = self.param("bias", flax_nn.initializers.zeros, (self.features,))
+        return x @ kernel.astype(x.dtype) + bias.astype(x.dtype)
+
+
+def fake_te_jax(monkeypatch) -> list:
+    """FAKE transformer_engine.jax (autocast records each entry), .flax (FakeDenseGeneral) and common.recipe."""
+    entered = []
+
+    @contextlib.contextmanager
+    def autocast(enabled=False, recipe=None, mesh_resource=None):
+        entered.append((enabled, type(recipe).__name__))
+        yield
+
+    te = types.ModuleType("transformer_engine")
+    te_jax = types.ModuleType("transformer_engine.jax")
+    te_jax.autocast = autocast
+    te_jax.flax = types.SimpleNamespace(DenseGeneral=FakeDenseGeneral)
+    common = types.ModuleType("transformer_engine.common")
+    common.recipe = types.SimpleNamespace(Float8CurrentScaling=type("Float8CurrentScaling", (), {}))
+    te.jax, te.common = te_jax, common
+    for name, mod in (("transformer_engine", te), ("transformer_engine.jax", te_jax),
+                      ("transformer_engine.jax.flax", te_jax.flax), ("transformer_engine.common", common),
+                      ("transformer_engine.common.recipe", common.recipe)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    return entered
+
+
+def test_the_te_student_keeps_the_flax_names_and_traces_under_te_autocast(mlp, monkeypatch):
+    """The TE student's GEMMs (here FAKE TE layers) take the plain student's converted weights unchanged, compute
+    from bf16 inputs (= the bf16 Flax student, which the fake computes like), and its loss is traced inside TE's
+    autocast with the recipe named by the compute."""
+    entered = fake_te_jax(monkeypatch)
+    cfg, _, data, init = mlp
+    params = convert.to_flax(init)
+    te_model, bf16 = student.for_model(cfg.model, "fp8_current"), student.for_model(cfg.model, "bf16")
+    assert te_model.te and te_model.dtype == jax.numpy.bfloat16
+    tokens, targets = data.train[0]
+    shapes = jax.tree_util.tree_map(lambda a: a.shape, te_model.init(jax.random.PRNGKey(0), tokens.numpy())["params"])
+    assert shapes == jax.tree_util.tree_map(lambda a: a.shape, params)
+    np.testing.assert_allclose(np.asarray(te_model.apply({"params": params}, tokens.numpy())[0], np.float32),
+                               np.asarray(bf16.apply({"params": params}, tokens.numpy())[0], np.float32),
+                               rtol=2e-2, atol=2e-2)
+    tx = student.adamw(cfg.train)
+    _, loss = student.make_fns(te_model, cfg.distill.loss, tx, student.te_recipe("fp8_current"))
+    batch = runner._batch(tokens, targets)
+    assert math.isfinite(float(loss(params, *batch))) and math.isfinite(float(loss(params, *batch)))
+    assert entered == [(True, "Float8CurrentScaling")]  # once: at the trace, not at every call

@@ -1,8 +1,9 @@
-"""The tutorial's MLP student in JAX/Flax (`jax:fp32`, `jax:bf16`): a comparator row beside the torch students,
-`framework: jax`. It trains on the same batches and teacher targets from the same starting weights (the
-reference model's, converted) and is timed the JAX way (a compiled step, block_until_ready, compile apart). Its
-framework trains it: the runner asks a student's `framework` and hands a 'jax' one to workbench.jax_side (a layer
-above this one), which also says, as the row's reason, when jax, flax or optax is missing."""
+"""The tutorial's MLP student in JAX/Flax (`jax:fp32`, `jax:bf16`, and TE-JAX FP8 `jax:fp8_current`): a comparator
+row beside the torch students, `framework: jax`. It trains on the same batches and teacher targets from the same
+starting weights (the reference model's, converted) and is timed the JAX way (a compiled step, block_until_ready,
+compile apart). Its framework trains it: the runner asks a student's `framework` and hands a 'jax' one to
+workbench.jax_side (a layer above this one), which also says, as the row's reason, when jax, flax or optax is
+missing (and for FP8, TE-JAX or a GPU)."""
 from __future__ import annotations
 
 from workbench import config
@@ -12,13 +13,14 @@ from workbench.backends import Backend, register
 @register
 class JaxFlax(Backend):
     name = "jax"
-    recipes = ("fp32", "bf16")
+    recipes = ("fp32", "bf16", "fp8_current")  # fp8_current: TE-JAX's Float8CurrentScaling (workbench.jax_side)
     mode = "JAX"
     framework = "jax"
 
     def __init__(self, recipe: str | None = None):
         super().__init__(recipe)
-        self.gemm_precision = self.recipe  # what its Flax layers compute in: the peak its row is measured against
+        # what its GEMMs compute in ('fp8_current': fp8): the peak its row is measured against
+        self.gemm_precision = self.recipe.split("_")[0]
 
     def availability(self, ctx) -> tuple[bool, str]:
         if config.kind_task(ctx.cfg.model.kind) != "mlp":

@@ -24,7 +24,7 @@ def new_row(compute: str = "fp32") -> dict[str, Any]:
     """The row before it runs: 'ok' until something says otherwise (workbench.run.rows' cells, plus `framework`)."""
     name = f"jax_{compute}"
     return {"student": name, "backend": name, "recipe": None, "mode": "JAX", "framework": "jax",
-            "gemm_precision": compute, "status": "ok", "reason": ""}
+            "gemm_precision": compute.split("_")[0], "status": "ok", "reason": ""}
 
 
 def skipped_row(reason: str, compute: str = "fp32") -> dict[str, Any]:
@@ -35,8 +35,9 @@ def run(cfg, init_state: dict[str, Any], data, compute: str = "fp32") -> dict[st
     """The row of a Flax student computing in `compute`, from the torch students' shared initial weights
     (`init_state`, reference layout); skipped with the reason where JAX is missing, 'error' where it failed."""
     avail = probe.availability()
-    if avail.reason:
-        return skipped_row(avail.reason, compute)
+    reason = avail.fp8_reason if compute.startswith("fp8") else avail.reason
+    if reason:
+        return skipped_row(reason, compute)
     row = {**new_row(compute), **{f"{k}_version": v for k, v in avail.versions.items()}}
     try:
         row.update(_train_and_time(cfg, init_state, data, compute))
@@ -71,10 +72,10 @@ def _train_and_time(cfg, init_state: dict[str, Any], data, compute: str) -> dict
 
     from workbench.jax_side import student
 
-    model, tx = student.for_model(cfg.model, compute), student.adamw(cfg.train)
-    step, _ = student.make_fns(model, cfg.distill.loss, tx)
+    model, tx, recipe = student.for_model(cfg.model, compute), student.adamw(cfg.train), student.te_recipe(compute)
+    step, _ = student.make_fns(model, cfg.distill.loss, tx, recipe)
     _, fp32_loss = student.make_fns(student.for_model(cfg.model, "fp32"), cfg.distill.loss, tx)
-    _, eval_mse = student.make_fns(model, "mse", tx)  # the tutorial's eval, forward in the student's precision
+    _, eval_mse = student.make_fns(model, "mse", tx, recipe)  # the tutorial's eval, in the student's precision
     params = jax.device_put(convert.to_flax(init_state))
     opt_state = tx.init(params)
     train = [jax.device_put(_batch(*b)) for b in data.train]

@@ -16,6 +16,10 @@ import jax.numpy as jnp
 import optax
 
 COMPUTE_DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16}
+# TE-JAX recipes this student runs (its GEMMs in te_flax.DenseGeneral under te's autocast, from bf16 inputs): the
+# stateless ones. Delayed scaling keeps its amax histories in a Flax variable collection that the step would have to
+# carry and update (transformer_engine.jax.update_collections): not wired here yet.
+TE_RECIPES = {"fp8_current": "Float8CurrentScaling"}
 
 
 class FlaxStudent(nn.Module):
@@ -27,24 +31,48 @@ class FlaxStudent(nn.Module):
     intermediate: int
     layers: int
     dtype: Any = jnp.float32
+    te: bool = False
+    """True: the GEMMs are TE-JAX's DenseGeneral (same parameter names and shapes as nn.Dense, fp32 parameters),
+    computing in `dtype` from their cast inputs, in FP8 under transformer_engine.jax.autocast (`make_fns`)."""
 
     @nn.compact
     def __call__(self, tokens: jax.Array) -> tuple[jax.Array, list[jax.Array]]:
+        if self.te:
+            from transformer_engine.jax import flax as te_flax
+
+            def dense(features: int, name: str):
+                layer = te_flax.DenseGeneral(features, use_bias=True, name=name)
+                return lambda v: layer(v.astype(self.dtype))  # TE computes in its input's dtype
+        else:
+            def dense(features: int, name: str):
+                return nn.Dense(features, dtype=self.dtype, name=name)
+
         x = nn.Embed(self.vocab, self.hidden, name="embed")(tokens)
         hidden = []
         for i in range(self.layers):
             # torch's LayerNorm takes the variance as mean((x - mean)^2); Flax's fast variance (E[x^2] - E[x]^2)
             # rounds differently
             y = nn.LayerNorm(epsilon=1e-5, use_fast_variance=False, dtype=self.dtype, name=f"norms_{i}")(x)
-            y = nn.Dense(self.intermediate, dtype=self.dtype, name=f"fc1_{i}")(y)
-            x = x + nn.Dense(self.hidden, dtype=self.dtype, name=f"fc2_{i}")(jax.nn.gelu(y, approximate=True))
+            y = dense(self.intermediate, f"fc1_{i}")(y)
+            x = x + dense(self.hidden, f"fc2_{i}")(jax.nn.gelu(y, approximate=True))
             hidden.append(x)
-        return nn.Dense(self.hidden, dtype=self.dtype, name="head")(x), hidden
+        return dense(self.hidden, "head")(x), hidden
 
 
 def for_model(m, compute: str = "fp32") -> FlaxStudent:
-    """The Flax student of a workbench ModelConfig (`m`), computing in `compute` ('fp32' or 'bf16')."""
-    return FlaxStudent(m.vocab, m.hidden, m.intermediate, m.layers, COMPUTE_DTYPES[compute])
+    """The Flax student of a workbench ModelConfig (`m`), computing in `compute` ('fp32', 'bf16' or a TE_RECIPES
+    name: TE-JAX's GEMMs from bf16 inputs)."""
+    te = compute in TE_RECIPES
+    return FlaxStudent(m.vocab, m.hidden, m.intermediate, m.layers, COMPUTE_DTYPES["bf16" if te else compute], te=te)
+
+
+def te_recipe(compute: str):
+    """The TE recipe object of a TE_RECIPES compute ('fp8_current' -> Float8CurrentScaling()), else None."""
+    if compute not in TE_RECIPES:
+        return None
+    from transformer_engine.common import recipe
+
+    return getattr(recipe, TE_RECIPES[compute])()
 
 
 def _mse(pred: jax.Array, target: jax.Array) -> jax.Array:
@@ -76,11 +104,20 @@ def adamw(t) -> optax.GradientTransformation:
     return optax.adamw(learning_rate=t.lr, b1=0.9, b2=0.999, eps=1e-8, weight_decay=t.weight_decay)
 
 
-def make_fns(model: FlaxStudent, kind: str, tx: optax.GradientTransformation):
+def make_fns(model: FlaxStudent, kind: str, tx: optax.GradientTransformation, recipe: Any = None):
     """(step, loss): jitted `step(params, opt_state, tokens, target, target_hidden) -> (params, opt_state, loss)`
-    and `loss(params, tokens, target, target_hidden)`."""
+    and `loss(params, tokens, target, target_hidden)`. `recipe`: a TE recipe (`te_recipe`) the forward runs under
+    (TE-JAX's autocast, entered while jax traces it: that is when its GEMMs pick their precision)."""
+    def apply(params, tokens):
+        if recipe is None:
+            return model.apply({"params": params}, tokens)
+        from transformer_engine.jax import autocast
+
+        with autocast(enabled=True, recipe=recipe):
+            return model.apply({"params": params}, tokens)
+
     def loss_fn(params, tokens, target, target_hidden):
-        out, hidden = model.apply({"params": params}, tokens)
+        out, hidden = apply(params, tokens)
         return objective(kind, out, hidden, target, target_hidden)
 
     def step(params, opt_state, tokens, target, target_hidden):

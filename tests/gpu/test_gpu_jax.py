@@ -1,0 +1,46 @@
+"""The JAX rows on a GPU, beside the torch rows of one run (backends jax:bf16, jax:fp8_current): the Flax student
+from the torch students' starting weights, and TE-JAX's FP8 current scaling where TE's JAX extension is built (the
+`te-jax` GPU run builds it from its sdist; without it these tests skip, naming what is missing). Run on the H200 by
+scripts/gpu_tests.sh."""
+import pytest
+import torch
+
+from workbench import config, results
+from workbench.run import runner
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def _jax_ready(fp8: bool) -> str:
+    from workbench.jax_side import probe
+
+    avail = probe.availability()
+    return (avail.fp8_reason if fp8 else avail.reason) or ("" if avail.gpu else "JAX sees no GPU")
+
+
+def _rows(tmp_path, backends: str):
+    cfg = config.from_preset("seed", backends=backends.split(","), steps=30)
+    run_dir = runner.run(cfg, out=tmp_path, run_id="jax", progress=False)
+    return results.load(run_dir).set_index("student"), results.read_json(run_dir / "summary.json")
+
+
+def test_the_bf16_flax_student_starts_and_ends_with_the_torch_one(tmp_path):
+    if why := _jax_ready(fp8=False):
+        pytest.skip(why)
+    rows, summary = _rows(tmp_path, "torch_bf16,jax:bf16")
+    assert rows.loc["jax:bf16", "status"] == "ok", rows.loc["jax:bf16", "reason"]
+    assert "gpu" in str(rows.loc["jax:bf16", "device"]).lower() or "cuda" in str(rows.loc["jax:bf16", "device"]).lower()
+    assert summary["initial_losses_equal"] is True
+    assert rows.loc["jax:bf16", "final_train_loss"] == pytest.approx(rows.loc["torch_bf16", "final_train_loss"],
+                                                                    rel=0.05)
+
+
+def test_te_jax_fp8_current_scaling_trains_like_bf16(tmp_path):
+    if why := _jax_ready(fp8=True):
+        pytest.skip(why)
+    rows, _ = _rows(tmp_path, "torch_bf16,jax:bf16,jax:fp8_current")
+    fp8 = rows.loc["jax:fp8_current"]
+    assert fp8["status"] == "ok", fp8["reason"]
+    assert fp8["gemm_precision"] == "fp8" and fp8["framework"] == "jax"
+    assert fp8["initial_loss"] == pytest.approx(rows.loc["jax:bf16", "initial_loss"], rel=1e-5)  # fp32, same weights
+    assert fp8["final_train_loss"] == pytest.approx(rows.loc["jax:bf16", "final_train_loss"], rel=0.1)

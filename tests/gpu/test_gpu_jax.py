@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def _jax_ready(fp8: bool) -> str:
-    from workbench.jax_side import probe
+    from workbench.env import jax as probe
 
     avail = probe.availability()
     return (avail.fp8_reason if fp8 else avail.reason) or ("" if avail.gpu else "JAX sees no GPU")

@@ -8,7 +8,8 @@ import torch
 
 from workbench import config
 from workbench.backends import reference_state
-from workbench.jax_side import convert, probe, runner
+from workbench.env import jax as probe
+from workbench.jax_side import convert, runner
 from workbench.models.mlp import LayerNormMLP, Student
 
 

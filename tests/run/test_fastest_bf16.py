@@ -18,6 +18,8 @@ def test_the_fastest_bf16_student_is_the_denominator():
     fell_back = _ran(("te_bf16", "fallback", 7.0), ("torch_bf16", "ok", 10.0))
     assert rows.fastest_bf16(fell_back) == "torch_bf16"  # a fallback row ran PyTorch, not TE bf16
     assert rows.fastest_bf16(_ran(("torch_fp32", "ok", 20.0))) is None
+    # a faster bf16 row of another framework (the JAX comparator) stands beside the PyTorch denominator
+    assert rows.fastest_bf16(_ran(("torch_bf16", "ok", 10.0), ("jax:bf16", "ok", 4.0))) == "torch_bf16"
 
 
 def test_the_summary_names_it_and_divides_by_it(smoke_run):

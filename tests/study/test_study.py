@@ -201,7 +201,8 @@ def test_a_fine_tuning_study_reads_drift_from_the_model_and_does_not_refuse(tmp_
 
 def test_a_study_whose_points_shared_a_gpu_says_its_step_times_are_no_speed_evidence(tmp_path):
     folder = _fake_study(tmp_path, BASE)
-    assert "no speed evidence" not in (report(folder) and (folder / "README.md").read_text())
+    report(folder)
+    assert "no speed evidence" not in (folder / "README.md").read_text()
     study = spec.read_study(folder / spec.STUDY_FILE)
     study.points_per_gpu = 3
     results.write_json(folder / spec.STUDY_FILE, study.to_dict())
@@ -211,6 +212,30 @@ def test_a_study_whose_points_shared_a_gpu_says_its_step_times_are_no_speed_evid
     results.write_json(folder / spec.STUDY_FILE, study.to_dict())
     with pytest.raises(ConfigError, match="points_per_gpu has the wrong type"):
         spec.read_study(folder / spec.STUDY_FILE)
+
+
+def test_the_points_that_shared_a_gpu_are_counted_over_resumes(tmp_path, monkeypatch):
+    from workbench.study import run as study_run
+
+    s = spec.from_preset("distill-quality", seeds=[1, 2])
+    stored = tmp_path / spec.STUDY_FILE
+    monkeypatch.setattr(study_run, "visible_gpus", lambda: ["0"])
+    assert study_run.points_per_gpu(s, stored, "3/gpu") == 3  # no study.json yet
+    results.write_json(stored, {**s.to_dict(), "points_per_gpu": 3})
+    assert study_run.points_per_gpu(s, stored, "auto") == 3  # a resume without sharing keeps the earlier figure
+    stored.write_text("{not json")
+    assert study_run.points_per_gpu(s, stored, "2/gpu") == 2  # an unreadable study.json is this run's to rewrite
+    monkeypatch.setattr(study_run, "visible_gpus", lambda: [])
+    assert study_run.points_per_gpu(s, tmp_path / "none.json", "3/gpu") == 1  # a CPU's one worker shares nothing
+
+
+def test_fine_tuning_is_read_back_from_an_older_study_json_and_ends_with_another_student():
+    old = spec.from_preset("finetune-fp8", {"lm.teacher": "models/m"}).to_dict()
+    assert old.pop("student_is_teacher") is True
+    assert spec.Study.from_dict(old).student_is_teacher is True  # a study.json from before the field
+    other = spec.from_preset("finetune-fp8", {"lm.teacher": "models/m", "lm.student": "models/pruned"})
+    assert other.student_is_teacher is False  # another student folder: a distillation, its refusal holds
+    assert spec.from_preset("distill-quality-real", {"teacher": "t", "student": "s"}).student_is_teacher is False
 
 
 def test_no_kd_student_beating_the_teacher_is_no_refusal(tmp_path):

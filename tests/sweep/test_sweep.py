@@ -570,11 +570,19 @@ def test_runs_of_a_sweep_share_the_cache_named_for_them(tmp_path, monkeypatch):
     assert results.cache_dir(tmp_path / "sweep") == tmp_path / "shared"
 
 
-def test_workers_sharing_a_gpu_are_spelled_out_each_with_its_device():
+def test_workers_sharing_a_gpu_are_spelled_out_each_with_its_device(monkeypatch):
     """`--workers 2/gpu` on one GPU: the embedded cluster starts two workers (dask-cuda takes one worker per
-    device, so they are spelled out), each holding that GPU as its one GPU resource and CUDA_VISIBLE_DEVICES."""
+    device, so they are spelled out, even where dask-cuda is installed: here a FAKE of it that refuses), each
+    holding that GPU as its one GPU resource and CUDA_VISIBLE_DEVICES."""
+    import types
+
     from distributed import Client
 
+    def refuse(**kw):
+        raise AssertionError("dask-cuda's LocalCUDACluster was asked for workers that share a GPU")
+
+    monkeypatch.setitem(sys.modules, "dask_cuda", types.SimpleNamespace(LocalCUDACluster=refuse))
+    monkeypatch.setattr(cluster.importlib.util, "find_spec", lambda name, *a: object() if name == "dask_cuda" else None)
     with cluster.embedded_cluster(cluster.cluster_plan(["0"], "2/gpu", [1])) as c, Client(c) as client:
         client.wait_for_workers(2, timeout=60)
         info = client.scheduler_info(n_workers=-1)["workers"].values()

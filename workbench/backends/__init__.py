@@ -121,7 +121,7 @@ class Backend:
     # which students a crossover is computed for, and (fp8, fp4) whose losses the summary compares with a bf16 one's
     gemm_precision: str = "fp32"
     family: str | None = None  # 'te': a Transformer Engine student (the summary's TE path); None: its own
-    framework = "torch"  # another ('jax'): the student trains itself (`train`), not by the torch trainer
+    framework = "torch"  # another ('jax'): the runner hands the student to that framework's trainer (jax_side)
     bf16_counterparts: tuple[str, ...] = ("torch_bf16",)  # the bf16 student compared with: the first that ran
 
     def __init__(self, recipe: str | None = None):

@@ -2,12 +2,13 @@
 row beside the torch students, `framework: jax`. It trains on the same batches and teacher targets from the same
 starting weights (the reference model's, converted) and is timed the JAX way (a compiled step, block_until_ready,
 compile apart). Its framework trains it: the runner asks a student's `framework` and hands a 'jax' one to
-workbench.jax_side (a layer above this one), which also says, as the row's reason, when jax, flax or optax is
-missing (and for FP8, TE-JAX or a GPU)."""
+workbench.jax_side (a layer above this one). Where jax, flax or optax is missing (for FP8: TE-JAX, a GPU), or jax
+would run on the CPU beside a CUDA torch, its row is 'skipped' with the reason (workbench.env.jax)."""
 from __future__ import annotations
 
 from workbench import config
 from workbench.backends import Backend, register
+from workbench.env import jax as jax_env
 
 
 @register
@@ -28,4 +29,9 @@ class JaxFlax(Backend):
                            f"model.kind {ctx.cfg.model.kind!r}")
         if ctx.cfg.parallel.nproc > 1:
             return False, "the JAX student runs on one process (parallel.nproc 1): it has no data-parallel wrapper"
-        return True, ""
+        avail = jax_env.availability()
+        reason = avail.fp8_reason if self.gemm_precision == "fp8" else avail.reason
+        if not reason and ctx.device.type == "cuda" and not avail.gpu:  # its step would be timed on the CPU
+            reason = ("jax sees no GPU (a CPU-only jax beside a CUDA torch): install jax's CUDA plugin "
+                      "(pip install 'jax[cuda12]' or 'jax[cuda13]', as torch's CUDA)")
+        return not reason, reason

@@ -1,9 +1,9 @@
 """The tutorial's MLP student in Flax, its distillation loss and its jitted AdamW step.
 
-Imported only once `probe.availability()` says jax, flax and optax are here. The maths is the torch student's
-(workbench.models.mlp.Student): embedding -> residual pre-LayerNorm blocks (LayerNorm eps 1e-5, Linear, tanh GELU,
-Linear) -> linear head; the losses are workbench.train.objectives' (fp32, whatever the compute dtype); the
-optimizer is optax.adamw with torch AdamW's defaults (betas 0.9 / 0.999, eps 1e-8, decoupled weight decay on every
+Imported only once `workbench.env.jax.availability()` says jax, flax and optax are here. The maths is the torch
+student's (workbench.models.mlp.Student): embedding -> residual pre-LayerNorm blocks (LayerNorm eps 1e-5, Linear,
+tanh GELU, Linear) -> linear head; the losses are workbench.train.objectives' (fp32, whatever the compute dtype);
+the optimizer is optax.adamw with torch AdamW's defaults (betas 0.9 / 0.999, eps 1e-8, decoupled weight decay on every
 parameter, as torch's AdamW decays every parameter it is given).
 """
 from __future__ import annotations

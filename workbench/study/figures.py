@@ -19,8 +19,8 @@ def _arm_style(study: Study, name: str) -> dict[str, Any]:
 
 def heldout_curves(study: Study, curves: pd.DataFrame, teacher_ppl: float | None = None):
     """Held-out KL to the teacher and perplexity against the training step: per arm the mean over seeds,
-    the band its min and max; the teacher's own held-out perplexity as a line (students below it fail the
-    study's check)."""
+    the band its min and max; the teacher's own held-out perplexity as a line (a distillation study refuses
+    students below it; a fine-tuning one does not)."""
     from workbench.results import plots
 
     fig, axes = plots.plt.subplots(1, 2, figsize=(11, 4.8))

@@ -55,6 +55,17 @@ def _cli_value(v: Any) -> str:
     return json.dumps(v) if isinstance(v, (list, dict)) else str(v)
 
 
+def points_per_gpu(study: Study, stored: Path, workers: str | int) -> int:
+    """The most points that shared a GPU over this run of the study and the earlier ones (`stored` study.json):
+    K of `--workers K/gpu` where there is a GPU (a CPU's one worker shares nothing)."""
+    try:
+        earlier = read_study(stored).points_per_gpu if stored.exists() else 1
+    except ConfigError:  # a study.json this version cannot read is rewritten by this run, as before
+        earlier = 1
+    sharing = per_gpu(check_workers(workers)) if visible_gpus() else 1
+    return max(earlier, study.points_per_gpu, sharing)
+
+
 # ---- CLI -----------------------------------------------------------------------------------------
 def add_arguments(p) -> None:
     p.add_argument("--preset", default=None, help=f"study preset: {', '.join(PRESETS)} (a bare --name resumes)")
@@ -88,10 +99,8 @@ def main(args) -> int:
 
     study = study_from_args(args)
     study_dir = sweep.sweep_folder(results.output_root(args.out), study.name)
-    stored = study_dir / STUDY_FILE
-    earlier = read_study(stored).points_per_gpu if stored.exists() and not args.report_only else 1
-    sharing = per_gpu(check_workers(args.workers)) if visible_gpus() else 1  # a CPU's one worker shares nothing
-    study.points_per_gpu = max(earlier, study.points_per_gpu, sharing)
+    if not args.report_only:
+        study.points_per_gpu = points_per_gpu(study, study_dir / STUDY_FILE, args.workers)
     if args.report_only:
         if not (study_dir / STUDY_FILE).exists():
             print(f"workbench study: no report: no study folder {study_dir}", file=sys.stderr)

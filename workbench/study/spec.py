@@ -58,6 +58,9 @@ class Study:
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> "Study":
+        d = dict(d)
+        if "student_is_teacher" not in d:  # a study.json from before the field: its preset says
+            d["student_is_teacher"] = bool(PRESETS.get(d.get("study_preset"), {}).get("student_is_teacher"))
         return Study(**{**d, "arms": [Arm(**a) for a in d["arms"]]})
 
     def arm(self, name: str) -> Arm | None:
@@ -140,6 +143,15 @@ def _folders(name: str, p: dict[str, Any], overrides: dict[str, Any]) -> dict[st
     return overrides
 
 
+def _same_folder(overrides: dict[str, Any]) -> bool:
+    """Whether the student folder is the teacher's (after `_folders`): a fine-tuning, not a distillation."""
+    def given(field: str):
+        return overrides.get(field) or overrides.get(field.split(".")[-1])
+
+    student, teacher = given("lm.student"), given("lm.teacher")
+    return bool(student and teacher) and Path(str(student)).resolve() == Path(str(teacher)).resolve()
+
+
 def from_preset(name: str, overrides: dict[str, Any] | None = None, seeds: list[int] | None = None,
                 study_name: str | None = None) -> Study:
     """The named study with `--set` overrides (passed to every point) and optionally other seeds."""
@@ -154,7 +166,9 @@ def from_preset(name: str, overrides: dict[str, Any] | None = None, seeds: list[
     overrides = _folders(name, p, overrides)
     study = Study(name=results.check_name(study_name or name, "study name"), preset=p["preset"],
                   fixed={**p["set"], **overrides}, arms=list(p["arms"]), seeds=list(seeds or p["seeds"]),
-                  study_preset=name, student_is_teacher=bool(p.get("student_is_teacher")))
+                  study_preset=name,
+                  # finetune-fp8 given another student folder is a distillation again: its refusal rule holds
+                  student_is_teacher=bool(p.get("student_is_teacher")) and _same_folder(overrides))
     check(study)
     return study
 
@@ -183,7 +197,7 @@ def read_study(path: Path) -> Study:
     fields = {"name": isinstance(study.name, str), "preset": isinstance(study.preset, str),
               "fixed": isinstance(study.fixed, dict), "seeds": isinstance(study.seeds, list),
               "student_is_teacher": isinstance(study.student_is_teacher, bool),
-              "points_per_gpu": isinstance(study.points_per_gpu, int) and study.points_per_gpu >= 1,
+              "points_per_gpu": type(study.points_per_gpu) is int and study.points_per_gpu >= 1,
               "arms": all(isinstance(a.name, str) and isinstance(a.student, str) and isinstance(a.kd, bool)
                           and isinstance(a.noise, bool) for a in study.arms)}
     wrong = [k for k, ok in fields.items() if not ok]

@@ -1,4 +1,5 @@
-"""Can the JAX student run here, and can it run TE-JAX's FP8? Each missing piece is a reason a user can act on.
+"""Can the JAX students run here (jax, flax, optax), and can they run TE-JAX's FP8? Each missing piece is a reason a
+user can act on. A leaf of env/: it imports nothing of ours (the `jax` backend asks it, workbench.jax_side trains).
 
 Nothing is cached: a test (or a user who just installed jax) asks again and gets the answer for now.
 """

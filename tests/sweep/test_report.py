@@ -332,3 +332,39 @@ def test_points_over_several_gpus_get_their_scaling_table_and_plot(tmp_path):
     assert set(table["gpus"]) == {1, 2} and written["scaling.png"].stat().st_size > 0
     assert table[table["gpus"] == 2]["scaling_efficiency"].between(0.85, 0.95).all()
     assert set(table["student"]) == {"torch_bf16", "te_fp8:delayed", "te_fp8:current"}
+
+
+def _with_jax_rows():
+    """_rows plus JAX rows (framework 'jax'): jax:bf16 twice as slow as torch bf16, TE-JAX FP8 current scaling
+    faster than jax:bf16 from hidden 1024 on, at both token counts."""
+    rows = _rows().assign(framework="torch")
+    jax = []
+    for r in rows[rows["student"] == "torch_bf16"].to_dict("records"):
+        ms = 2 * r["step_ms_median"]
+        jax.append({**r, "student": "jax:bf16", "framework": "jax", "step_ms_median": ms})
+        fast = r["cfg_hidden"] >= 1024
+        jax.append({**r, "student": "jax:fp8_current", "framework": "jax", "gemm_precision": "fp8",
+                    "step_ms_median": ms * (0.8 if fast else 1.2)})
+    return pd.concat([rows, pd.DataFrame(jax)], ignore_index=True)
+
+
+def test_jax_rows_are_compared_with_their_own_bf16_student_beside_the_pytorch_crossover():
+    df = analysis.add_derived(_with_jax_rows())
+    jax_fp8 = df[df["student"] == "jax:fp8_current"]
+    assert set(jax_fp8["reference"]) == {"jax:bf16"} and set(df[df["student"] == "te_fp8:delayed"]["reference"]) == {
+        "torch_bf16"}
+    assert jax_fp8.set_index(["tokens", "cfg_hidden"])["speedup_vs_ref"].round(3).tolist() == [0.833, 1.25, 1.25,
+                                                                                                1.25] * 2
+    cross = analysis.crossover(df).set_index(["tokens", "student"])
+    assert cross.loc[(8192, "jax:fp8_current"), "crossover_hidden"] == 1024
+    assert cross.loc[(8192, "jax:fp8_current"), "reference"] == "jax:bf16"
+    assert cross.loc[(8192, "te_fp8:delayed"), "crossover_hidden"] == 2048  # the PyTorch answer is unchanged
+    text = report.headline(analysis.crossover(df), "FakeGPU")
+    torch_part, jax_part = text.split(". On FakeGPU, ")
+    assert torch_part.startswith("On FakeGPU, FP8 beats torch bf16 from hidden 2048 at 8,192 tokens/step")
+    assert jax_part.startswith("FP8 beats JAX (bf16) from hidden 1024 at 8,192 tokens/step (JAX (fp8_current), 1.25x)")
+    fig = figures.speedup_vs_size(df)
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert "jax:fp8_current (vs jax:bf16)" in labels and "te_fp8:delayed" in labels and "jax:bf16" not in labels
+    assert "torch_bf16 / jax:bf16" in fig._suptitle.get_text()
+    plt.close(fig)

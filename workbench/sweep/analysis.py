@@ -30,6 +30,9 @@ from workbench.results import scaling
 from workbench.sweep import index, plan
 
 REFERENCE = "torch_bf16"
+# Another framework's rows (a `framework` column: the JAX comparator) are compared with that framework's own bf16
+# student, so its FP8 crossover stands beside the PyTorch one instead of under a PyTorch denominator
+FRAMEWORK_REFERENCES = {"jax": "jax:bf16"}
 RAN_OK = ("ok",)  # fallback rows ran another precision than their name says: not evidence about FP8
 _LOW_PRECISION = re.compile(r"fp8|float8|fp4", re.I)
 # config columns that name which students ran rather than what was run: not part of the match key
@@ -96,10 +99,13 @@ def add_derived(df: pd.DataFrame, reference: str = REFERENCE) -> pd.DataFrame:
     df["size_label"] = [f"{h}/{i}" for h, i in zip(df["cfg_hidden"], df["cfg_intermediate"])]
     df[["unstable", "unstable_reason"]] = stability(df)
     key = [c for c in df.columns if c.startswith("cfg_") and c not in _NOT_KEY]
-    ref = df[(df["student"] == reference) & df["status"].isin(RAN_OK)]
-    ref = ref[key + list(REF_COLUMNS)].drop_duplicates(subset=key, keep="last")
+    framework = df["framework"].fillna("torch") if "framework" in df.columns else pd.Series("torch", index=df.index)
+    df["reference"] = framework.map(lambda f: FRAMEWORK_REFERENCES.get(f, reference))
+    ref = df[(df["student"] == df["reference"]) & df["status"].isin(RAN_OK)]
+    ref = ref[[*key, "reference", *REF_COLUMNS]].drop_duplicates(subset=[*key, "reference"], keep="last")
     ref = ref.rename(columns={c: f"ref_{c}" for c in REF_COLUMNS})
-    df = df.drop(columns=[f"ref_{c}" for c in REF_COLUMNS], errors="ignore").merge(ref, on=key, how="left")
+    df = df.drop(columns=[f"ref_{c}" for c in REF_COLUMNS], errors="ignore").merge(ref, on=[*key, "reference"],
+                                                                                    how="left")
     df["ref_unstable"] = df["ref_unstable"].eq(True)  # no reference at this config: nothing to flag
     df["ref_unstable_reason"] = df["ref_unstable_reason"].fillna("")
     # a speedup or loss ratio against a student whose loss rose is no evidence: never counted as a win
@@ -108,7 +114,6 @@ def add_derived(df: pd.DataFrame, reference: str = REFERENCE) -> pd.DataFrame:
     df["final_loss_ratio_vs_ref"] = df["final_train_loss"] / df["ref_final_train_loss"]
     df["eval_mse_ratio_vs_ref"] = df["eval_mse"] / df["ref_eval_mse"]
     df["peak_mem_ratio_vs_ref"] = df["peak_mem_allocated_mb"] / df["ref_peak_mem_allocated_mb"]
-    df["reference"] = reference
     return df.sort_values(["tokens", "cfg_hidden", "student"], kind="stable").reset_index(drop=True)
 
 

@@ -12,7 +12,7 @@ import pandas as pd
 from matplotlib.lines import Line2D
 
 from workbench.results import plots
-from workbench.sweep.analysis import RAN_OK, crossover, loss_band, low_precision
+from workbench.sweep.analysis import FRAMEWORK_REFERENCES, RAN_OK, crossover, loss_band, low_precision
 
 
 def _gpu(df: pd.DataFrame) -> str:
@@ -57,27 +57,34 @@ def _legend(ax, hollow: bool) -> None:
     ax.legend(handles=handles, fontsize=8)
 
 
+def _references(df: pd.DataFrame) -> list[str]:
+    """The rows' references: the PyTorch bf16 one first, then another framework's own (FRAMEWORK_REFERENCES)."""
+    return sorted(set(df["reference"].dropna()), key=lambda r: r in FRAMEWORK_REFERENCES.values())
+
+
 def speedup_vs_size(df: pd.DataFrame) -> plt.Figure:
     """Speedup of every student over the reference vs hidden size; stars mark each FP8 crossover,
     hollow markers the sizes where the student or the reference was unstable (not counted)."""
-    ref = df["reference"].iloc[0]
+    refs = _references(df)
+    ref = " / ".join(refs)
     fig, panels = _panels(df, f"Train-step speedup vs {ref} (> 1: faster), stars: crossover", timings=True)
     cross = crossover(df)
     for ax, tokens in panels:
-        d = df[(df["tokens"] == tokens) & (df["student"] != ref) & df["status"].isin(RAN_OK)].dropna(
+        d = df[(df["tokens"] == tokens) & ~df["student"].isin(refs) & df["status"].isin(RAN_OK)].dropna(
             subset=["speedup_vs_ref"]
         )
         hollow = False
-        for student, g in d.groupby("student"):
+        for (student, own), g in d.groupby(["student", "reference"]):
             color = plots.student_color(student)
-            ax.plot(g["cfg_hidden"], g["speedup_vs_ref"], marker="o", label=student, color=color)
+            label = student if own == refs[0] else f"{student} (vs {own})"
+            ax.plot(g["cfg_hidden"], g["speedup_vs_ref"], marker="o", label=label, color=color)
             hollow |= _hollow(ax, g, "cfg_hidden", "speedup_vs_ref", color)
             c = cross[(cross["tokens"] == tokens) & (cross["student"] == student)]
             if len(c) and pd.notna(c["crossover_hidden"].iloc[0]):
                 ax.plot(c["crossover_hidden"].iloc[0], c["speedup_at_crossover"].iloc[0], marker="*",
                         markersize=16, color=color, markeredgecolor="black")
         ax.axhline(1.0, color="black", lw=1, ls="--")
-        ax.set(title=f"{tokens} tokens / step", ylabel=f"{ref} step ms / student step ms")
+        ax.set(title=f"{tokens} tokens / step", ylabel="reference step ms / student step ms")
         _size_axis(ax, df)
         if d.empty:
             _unknown(ax, "speedup")
@@ -126,7 +133,7 @@ def peak_memory_vs_size(df: pd.DataFrame) -> plt.Figure:
 def loss_band_vs_size(df: pd.DataFrame) -> plt.Figure:
     """Final train loss of each FP8 student over the reference's; the band spans the FP8 students at
     the comparable sizes; hollow markers where the student or the reference was unstable."""
-    ref = df["reference"].iloc[0]
+    ref = " / ".join(_references(df))
     fig, panels = _panels(df, f"FP8-vs-{ref} loss band (final train loss ratio; 1 = same loss)")
     band = loss_band(df)
     # the (shared) axis spans the comparable ratios: one against a diverged reference (0.27 "better")

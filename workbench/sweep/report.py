@@ -43,7 +43,7 @@ NO_NBCONVERT = "pip install 'nbconvert>=7.0'"  # the `report` extra; the same co
 
 # ---- the words at the top of the report --------------------------------------------------------
 _NAMES = {"te_fp8": "TE FP8", "te_bf16": "TE bf16", "torch_bf16": "torch bf16", "torch_fp16": "torch fp16",
-          "torch_fp32": "torch fp32", "torchao_float8": "torchao float8"}
+          "torch_fp32": "torch fp32", "torchao_float8": "torchao float8", "jax": "JAX"}
 
 
 def pretty(spec: str) -> str:
@@ -53,6 +53,16 @@ def pretty(spec: str) -> str:
 
 
 def headline(cross: pd.DataFrame, gpu: str, reference: str = REFERENCE) -> str:
+    """The sentence below for the PyTorch rows (against `reference`), then one per other framework's rows (the JAX
+    comparator, against its own bf16 student: the crossover.csv `reference` column)."""
+    if "reference" not in cross.columns or cross.empty:
+        return _headline(cross, gpu, reference)
+    others = [r for r in dict.fromkeys(cross["reference"]) if r != reference]
+    parts = [_headline(cross[cross["reference"] == reference], gpu, reference)]
+    return " ".join(parts + [_headline(cross[cross["reference"] == r], gpu, r) for r in others])
+
+
+def _headline(cross: pd.DataFrame, gpu: str, reference: str) -> str:
     """One sentence from crossover.csv: from which size FP8 beats the reference at each token count
     (the earliest student there, with its speedup), and how much slower FP8 is below that."""
     ref = pretty(reference)

@@ -26,6 +26,8 @@ STUDENT_COLORS = {
     "te_fp8:delayed": "#ff7f0e", "te_fp8:delayed_e4m3": "#ffbb78", "te_fp8:current": "#d62728",
     "te_fp8:block": "#8c564b", "te_fp8:mxfp8": "#e377c2", "te_fp8:nvfp4": "#bcbd22",
     "torchao_float8:tensorwise": "#2ca02c", "torchao_float8:rowwise": "#98df8a",
+    # the JAX comparator: the darker twin of its PyTorch counterpart's colour
+    "jax:fp32": "#525252", "jax:bf16": "#08519c", "jax:fp8_current": "#a50f15",
 }
 _OTHER_COLORS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354")
 GIB = 1024.0  # MiB per GiB: result files keep MiB (peak_mem_*_mb), figures show GiB

@@ -114,6 +114,7 @@ def add_derived(df: pd.DataFrame, reference: str = REFERENCE) -> pd.DataFrame:
     df["final_loss_ratio_vs_ref"] = df["final_train_loss"] / df["ref_final_train_loss"]
     df["eval_mse_ratio_vs_ref"] = df["eval_mse"] / df["ref_eval_mse"]
     df["peak_mem_ratio_vs_ref"] = df["peak_mem_allocated_mb"] / df["ref_peak_mem_allocated_mb"]
+    df["reference"] = df.pop("reference")  # the last column, where sweep.csv has always had it
     return df.sort_values(["tokens", "cfg_hidden", "student"], kind="stable").reset_index(drop=True)
 
 

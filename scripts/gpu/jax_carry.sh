@@ -8,7 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 HOUSE=${1:-../shared/gpu/wheelhouse}
 J=.gpujax
-grep -qx "/$J/" .git/info/exclude || echo "/$J/" >> .git/info/exclude
+EXCLUDE=$(git rev-parse --git-path info/exclude)  # also in a worktree, where .git is a file
+mkdir -p "$(dirname "$EXCLUDE")"
+grep -qx "/$J/" "$EXCLUDE" 2>/dev/null || echo "/$J/" >> "$EXCLUDE"
 rm -rf "$J" && mkdir -p "$J"
 cp "$HOUSE"/te/*.whl "$J"/
 rm -f "$J"/transformer_engine_torch-*.whl  # the PyTorch extension is not this call's

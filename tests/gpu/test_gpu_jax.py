@@ -44,3 +44,25 @@ def test_te_jax_fp8_current_scaling_trains_like_bf16(tmp_path):
     assert fp8["gemm_precision"] == "fp8" and fp8["framework"] == "jax"
     assert fp8["initial_loss"] == pytest.approx(rows.loc["jax:bf16", "initial_loss"], rel=1e-5)  # fp32, same weights
     assert fp8["final_train_loss"] == pytest.approx(rows.loc["jax:bf16", "final_train_loss"], rel=0.1)
+
+
+def test_the_te_students_step_computes_in_fp8(tmp_path):
+    """The compiled TE student holds FP8 tensors (the lowered program names an f8e4m3 type): TE's layers did not
+    quietly run bf16."""
+    if why := _jax_ready(fp8=True):
+        pytest.skip(why)
+    import jax
+
+    from workbench.backends import reference_state
+    from workbench.jax_side import convert, student
+    from workbench.jax_side import runner as jax_runner
+    from workbench.train import tasks
+
+    cfg = config.from_preset("seed", steps=2)
+    task = tasks.for_config(cfg, torch.device("cuda"), None, cache_dir=tmp_path)
+    data = task.make_data()
+    model, tx = student.for_model(cfg.model, "fp8_current"), student.adamw(cfg.train)
+    _, loss = student.make_fns(model, cfg.distill.loss, tx, student.te_recipe("fp8_current"))
+    params = jax.device_put(convert.to_flax(reference_state(task.reference)))
+    text = loss.lower(params, *jax.device_put(jax_runner._batch(*data.train[0]))).as_text().lower()
+    assert "f8e4m3" in text

@@ -114,6 +114,9 @@ def test_the_fp8_row_is_skipped_without_te_jax_saying_what_to_build(mlp, monkeyp
     assert row["gemm_precision"] == "fp8"
 
 
+FAKE_AUTOCAST = {"inside": False}  # set while the fake autocast's context is open
+
+
 class FakeDenseGeneral(flax_nn.Module):
     """FAKE of transformer_engine.jax.flax.DenseGeneral (TE-JAX cannot be built without a GPU): its parameter names
     and shapes (kernel [in, out], bias [out], fp32) and its contract of computing in its input's dtype, no FP8.
@@ -124,6 +127,7 @@ class FakeDenseGeneral(flax_nn.Module):
 
     @flax_nn.compact
     def __call__(self, x):
+        assert FAKE_AUTOCAST["inside"], "a TE layer traced outside TE's autocast"
         kernel = self.param("kernel", flax_nn.initializers.lecun_normal(), (x.shape[-1], self.features))
         bias = self.param("bias", flax_nn.initializers.zeros, (self.features,))
         return x @ kernel.astype(x.dtype) + bias.astype(x.dtype)
@@ -136,7 +140,11 @@ def fake_te_jax(monkeypatch) -> list:
     @contextlib.contextmanager
     def autocast(enabled=False, recipe=None, mesh_resource=None):
         entered.append((enabled, type(recipe).__name__))
-        yield
+        FAKE_AUTOCAST["inside"] = True
+        try:
+            yield
+        finally:
+            FAKE_AUTOCAST["inside"] = False
 
     te = types.ModuleType("transformer_engine")
     te_jax = types.ModuleType("transformer_engine.jax")
@@ -162,12 +170,17 @@ def test_the_te_student_keeps_the_flax_names_and_traces_under_te_autocast(mlp, m
     te_model, bf16 = student.for_model(cfg.model, "fp8_current"), student.for_model(cfg.model, "bf16")
     assert te_model.te and te_model.dtype == jax.numpy.bfloat16
     tokens, targets = data.train[0]
-    shapes = jax.tree_util.tree_map(lambda a: a.shape, te_model.init(jax.random.PRNGKey(0), tokens.numpy())["params"])
-    assert shapes == jax.tree_util.tree_map(lambda a: a.shape, params)
-    np.testing.assert_allclose(np.asarray(te_model.apply({"params": params}, tokens.numpy())[0], np.float32),
+    with sys.modules["transformer_engine.jax"].autocast(enabled=True):
+        init = te_model.init(jax.random.PRNGKey(0), tokens.numpy())["params"]
+        te_out = te_model.apply({"params": params}, tokens.numpy())[0]
+    assert jax.tree_util.tree_map(lambda a: a.shape, init) == jax.tree_util.tree_map(lambda a: a.shape, params)
+    np.testing.assert_allclose(np.asarray(te_out, np.float32),
                                np.asarray(bf16.apply({"params": params}, tokens.numpy())[0], np.float32),
                                rtol=2e-2, atol=2e-2)
+    entered.clear()
     tx = student.adamw(cfg.train)
+    with pytest.raises(ValueError, match="needs its recipe"):
+        student.make_fns(te_model, cfg.distill.loss, tx)
     _, loss = student.make_fns(te_model, cfg.distill.loss, tx, student.te_recipe("fp8_current"))
     batch = runner._batch(tokens, targets)
     assert math.isfinite(float(loss(params, *batch))) and math.isfinite(float(loss(params, *batch)))

@@ -368,3 +368,24 @@ def test_jax_rows_are_compared_with_their_own_bf16_student_beside_the_pytorch_cr
     assert "jax:fp8_current (vs jax:bf16)" in labels and "te_fp8:delayed" in labels and "jax:bf16" not in labels
     assert "torch_bf16 / jax:bf16" in fig._suptitle.get_text()
     plt.close(fig)
+
+
+def test_the_pytorch_reference_opens_the_report_and_a_missing_jax_reference_is_named():
+    """Rows sort by student name ('jax:bf16' first): the opening still leads with torch bf16, and an unstable
+    reference of either framework is listed. Without jax:bf16 in the backends, the JAX FP8 rows say what is
+    missing instead of 'never ran as itself'; a JAX-only sweep's headline is its own."""
+    rows = _with_jax_rows()
+    rows.loc[(rows["student"] == "jax:bf16") & (rows["cfg_hidden"] == 512), "final_train_loss"] = 0.9  # rose
+    text = report.intro(analysis.add_derived(rows))
+    assert text.startswith("**On FakeGPU, FP8 beats torch bf16 from hidden 2048")
+    assert "the JAX (bf16) reference is unstable" in text
+    no_ref = analysis.add_derived(_with_jax_rows().query("student != 'jax:bf16'"))
+    cross = analysis.crossover(no_ref).set_index(["tokens", "student"])
+    assert cross.loc[(8192, "jax:fp8_current"), "note"] == (
+        "no jax:bf16 row at its sizes to compare with: add it to the backends")
+    jax_only = analysis.add_derived(_with_jax_rows().query("framework == 'jax'"))
+    assert report.headline(analysis.crossover(jax_only), "FakeGPU").startswith("On FakeGPU, FP8 beats JAX (bf16) from")
+    alone = analysis.add_derived(_with_jax_rows().query("student == 'jax:fp8_current'"))
+    assert report.headline(analysis.crossover(alone), "FakeGPU") == (
+        "On FakeGPU, no JAX (bf16) row ran beside its FP8 students, so there is no crossover with it to report.")
+

@@ -6,6 +6,6 @@ one ordinary row with `framework: "jax"` (`runner.run`), which a run asks for as
 `jax:bf16` (workbench/backends/jax_flax.py). Where jax, flax or optax is missing the row is 'skipped'
 with the reason (`workbench.env.jax.availability`); nothing here imports jax until a row runs.
 
-Later, on a GPU: the te_flax student (DenseGeneral / LayerNormMLP under TE-JAX's fp8_autocast), which
-`probe.Availability.fp8_reason` gates.
+On a GPU with TE's JAX extension, `jax:fp8_current` runs the same student's GEMMs in TE-JAX's FP8 current scaling
+(student.TE_RECIPES); `workbench.env.jax.Availability.fp8_reason` says why it cannot run where it cannot.
 """

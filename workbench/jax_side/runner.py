@@ -88,7 +88,9 @@ def _train_and_time(cfg, init_state: dict[str, Any], data, compute: str) -> dict
     # the fp32 loss of the converted starting weights on the first held-out batch: where the torch rows measure
     # their initial_loss, so the two agree when the weights are the same
     initial = float(fp32_loss(params, *held_out[0]))
-    first = next(train)
+    first = next(train, None)
+    if first is None:
+        return {"status": "error", "reason": "no training batch (train.steps 0)"}
     t0 = time.perf_counter()
     compiled = step.lower(params, opt_state, *first).compile()
     compile_ms = (time.perf_counter() - t0) * 1e3

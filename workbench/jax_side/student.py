@@ -108,6 +108,9 @@ def make_fns(model: FlaxStudent, kind: str, tx: optax.GradientTransformation, re
     """(step, loss): jitted `step(params, opt_state, tokens, target, target_hidden) -> (params, opt_state, loss)`
     and `loss(params, tokens, target, target_hidden)`. `recipe`: a TE recipe (`te_recipe`) the forward runs under
     (TE-JAX's autocast, entered while jax traces it: that is when its GEMMs pick their precision)."""
+    if model.te and recipe is None:  # TE's layers without a recipe would quietly compute in bf16
+        raise ValueError("a TE student (FlaxStudent.te) needs its recipe: student.te_recipe(compute)")
+
     def apply(params, tokens):
         if recipe is None:
             return model.apply({"params": params}, tokens)

@@ -178,7 +178,9 @@ def crossover(df: pd.DataFrame) -> pd.DataFrame:
             why = [f"hidden {h} ({'reference' if ref_bad else 'own loss'} rose)"
                    for h, ref_bad in zip(skipped["cfg_hidden"], skipped["ref_unstable"])]  # details: sweep.csv
             row["note"] = "unstable, not counted: " + ", ".join(why)
-        if ran.empty:
+        if ran.empty and g["status"].isin(RAN_OK).any():  # it ran, but its reference did not (not in backends)
+            row["note"] = f"no {row['reference']} row at its sizes to compare with: add it to the backends"
+        elif ran.empty:
             reasons = sorted({f"{s}: {r}" for s, r in zip(g["status"], g["reason"].fillna(""))})
             row["note"] = "never ran as itself: " + "; ".join(reasons)[:300]
         elif counted.empty:
@@ -211,7 +213,8 @@ def crossover(df: pd.DataFrame) -> pd.DataFrame:
 
 def loss_band(df: pd.DataFrame) -> pd.DataFrame:
     """Per token count and size: min / max over the low-precision students of final loss / reference
-    loss, over the comparable rows only (a ratio to a loss that rose says nothing about FP8)."""
+    loss, over the comparable rows only (a ratio to a loss that rose says nothing about FP8). Each ratio is to the
+    student's own framework's bf16 reference (a JAX FP8 row's to jax:bf16)."""
     d = df[low_precision(df) & df["comparable"]].dropna(subset=["final_loss_ratio_vs_ref"])
     g = d.groupby(["tokens", "cfg_hidden"])["final_loss_ratio_vs_ref"]
     return g.agg(loss_ratio_min="min", loss_ratio_max="max", students="count").reset_index()

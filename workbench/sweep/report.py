@@ -27,6 +27,7 @@ from workbench.results import scaling
 from workbench.run import slow_path
 from workbench.sweep.analysis import (
     CROSSOVER_COLUMNS,
+    FRAMEWORK_REFERENCES,
     REFERENCE,
     SPIKE,
     crossover,
@@ -58,7 +59,8 @@ def headline(cross: pd.DataFrame, gpu: str, reference: str = REFERENCE) -> str:
     if "reference" not in cross.columns or cross.empty:
         return _headline(cross, gpu, reference)
     others = [r for r in dict.fromkeys(cross["reference"]) if r != reference]
-    parts = [_headline(cross[cross["reference"] == reference], gpu, reference)]
+    mine = cross[cross["reference"] == reference]
+    parts = [_headline(mine, gpu, reference)] if len(mine) or not others else []  # a JAX-only sweep: its own
     return " ".join(parts + [_headline(cross[cross["reference"] == r], gpu, r) for r in others])
 
 
@@ -67,6 +69,8 @@ def _headline(cross: pd.DataFrame, gpu: str, reference: str) -> str:
     (the earliest student there, with its speedup), and how much slower FP8 is below that."""
     ref = pretty(reference)
     if cross.empty or cross["sizes_measured"].fillna(0).eq(0).all():
+        if len(cross) and cross["note"].fillna("").str.startswith(f"no {reference} row").any():
+            return f"On {gpu}, no {ref} row ran beside its FP8 students, so there is no crossover with it to report."
         return f"On {gpu}, no FP8 student ran as itself, so there is no crossover with {ref} to report."
     groups = [c for c in cross.columns if c not in CROSSOVER_COLUMNS]  # tokens and any other swept axis
     wins, never = [], []
@@ -128,14 +132,15 @@ def intro(df: pd.DataFrame, sweep_dir: str | Path | None = None) -> str:
     """The report's opening, as Markdown: the headline, on a CPU the run's caveat on its timings, any unstable
     reference, the environment, the definitions."""
     env = environment(df, sweep_dir)
-    reference = df["reference"].iloc[0]
+    # the PyTorch reference (rows sort by student name: 'jax:bf16' may come first)
+    reference = next((r for r in df["reference"] if r not in FRAMEWORK_REFERENCES.values()), df["reference"].iloc[0])
     lines = [f"**{headline(crossover(df), gpu_of(df), reference)}**", ""]
     if gpu_of(df) == "CPU":  # the caveat every CPU run's summary carries: speedups here are noise
         lines += [f"⚠ {slow_path.CPU_NOTE}.", ""]
-    bad = df[(df["student"] == reference) & df["unstable"]]
+    bad = df[(df["student"] == df["reference"]) & df["unstable"]]  # every framework's reference
     for _, r in bad.iterrows():
         lines.append(
-            f"- Not counted: at hidden {r['cfg_hidden']} / {r['tokens']:,} tokens the {pretty(reference)} "
+            f"- Not counted: at hidden {r['cfg_hidden']} / {r['tokens']:,} tokens the {pretty(r['student'])} "
             f"reference is unstable ({r['unstable_reason']}), so FP8's speedup and loss ratio there are no evidence."
         )
     lines += ["", "| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in env.items()] + [""]

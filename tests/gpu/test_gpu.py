@@ -313,6 +313,27 @@ def test_te_whole_step_graph_starts_matched_and_trains_like_its_eager_run(tmp_pa
 
 
 @pytest.mark.skipif(_te.load()[0] is None, reason="Transformer Engine does not import here")
+def test_a_scheduled_rate_reaches_the_whole_step_graph_as_it_reaches_the_eager_step(tmp_path):
+    """train.lr_schedule in a captured step: the graph reads its rate from a device tensor filled before each
+    replay. A rate baked in at capture would leave the graphed scheduled run equal to the graphed constant one;
+    here a long warm-up (the first steps at a fraction of train.lr) must move the graphed losses away from the
+    constant ones as much as it moves the eager losses."""
+    students = "torch_bf16,te_fp8:current"
+    common = dict(backends=students, fused_optimizer=True, steps=6, lr=3e-3)
+    warm = dict(lr_schedule="linear", lr_warmup_steps=5)
+    runs = {(g, w): _run_dir(tmp_path, f"{g}-{w}", **common, **(dict(graphs=True, te_graph="step") if g else {}),
+                             **(warm if w else {})) for g in (False, True) for w in (False, True)}
+    for d in runs.values():
+        df = results.load(d)
+        assert (df["status"] == "ok").all(), df["reason"].to_dict()
+    for s in students.split(","):
+        eager_gap = _losses(runs[False, True], s)[3] - _losses(runs[False, False], s)[3]
+        graph_gap = _losses(runs[True, True], s)[3] - _losses(runs[True, False], s)[3]
+        assert abs(eager_gap) > 1e-3, (s, eager_gap)  # three updates at 1/5..3/5 of the rate: another loss
+        assert graph_gap == pytest.approx(eager_gap, rel=0.25), (s, eager_gap, graph_gap)
+
+
+@pytest.mark.skipif(_te.load()[0] is None, reason="Transformer Engine does not import here")
 def test_te_fused_adam_whole_step_graph_and_fp8_weights_train(tmp_path):
     """TE's FusedAdam (fp32 masters of bf16 parameters, bf16 moments) inside the whole-step graph, and FP8
     primary weights (eager): both start from the shared init and end near the AdamW TE FP8 student (FP8 noise

@@ -113,6 +113,9 @@ def _train_and_bench(cfg: Any) -> None:
     if not isinstance(t.eval_every, int) or isinstance(t.eval_every, bool) or t.eval_every < 0:
         raise ConfigError(f"train.eval_every must be an integer >= 0 (0: only after training), got {t.eval_every!r}")
     _finite("train.lr", t.lr)
+    w = t.lr_warmup_steps
+    if not isinstance(w, int) or isinstance(w, bool) or not 0 <= w < t.steps:
+        raise ConfigError(f"train.lr_warmup_steps must be an integer in [0, train.steps={t.steps}), got {w!r}")
     _finite("train.weight_decay", t.weight_decay, strict=False)
     if b.warmup < 0:
         raise ConfigError(f"bench.warmup must be >= 0, got {b.warmup!r}")

@@ -57,7 +57,12 @@ class TrainConfig:
     steps: int = 25
     """Training steps per student (losses recorded for every one)."""
     lr: float = 2e-4
-    """AdamW learning rate."""
+    """AdamW learning rate (the peak one under a schedule)."""
+    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    """The rate over the training steps: 'constant' (the tutorial's), or a 'cosine' / 'linear' decay to zero at
+    the end of training, after lr_warmup_steps of linear warm-up (workbench/train/optim.py says why)."""
+    lr_warmup_steps: int = 0
+    """Steps of linear warm-up to train.lr (0: none), before the schedule's decay."""
     weight_decay: float = 1e-2
     """AdamW weight decay."""
     seed: int = 42

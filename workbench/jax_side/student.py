@@ -100,8 +100,16 @@ def objective(kind: str, out: jax.Array, hidden: list[jax.Array], target: jax.Ar
 
 
 def adamw(t) -> optax.GradientTransformation:
-    """torch.optim.AdamW(lr, weight_decay) of a workbench TrainConfig (`t`), in optax."""
-    return optax.adamw(learning_rate=t.lr, b1=0.9, b2=0.999, eps=1e-8, weight_decay=t.weight_decay)
+    """torch.optim.AdamW(lr, weight_decay) of a workbench TrainConfig (`t`), in optax; under a schedule
+    (t.lr_schedule, t.lr_warmup_steps) the torch students' own table of rates, indexed by optax's update count
+    (the timed steps after training keep the last rate, as the torch students do)."""
+    lr: Any = t.lr
+    if t.lr_schedule != "constant" or t.lr_warmup_steps:
+        from workbench.train.optim import rates  # one table for both frameworks
+
+        table = jnp.asarray(rates(t.lr_schedule, t.lr, t.steps, t.lr_warmup_steps), jnp.float32)
+        lr = lambda count: table[jnp.minimum(count, len(table) - 1)]  # noqa: E731
+    return optax.adamw(learning_rate=lr, b1=0.9, b2=0.999, eps=1e-8, weight_decay=t.weight_decay)
 
 
 def make_fns(model: FlaxStudent, kind: str, tx: optax.GradientTransformation, recipe: Any = None):

@@ -18,10 +18,11 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from workbench import results
-from workbench.backends import MASTER_INIT, Backend, Ranks, Student
+from workbench.backends import Backend, Ranks, Student
 from workbench.env import te as _te
 from workbench.measure import flops, profiler, timing
-from workbench.train import objectives
+from workbench.train import objectives, optim
+from workbench.train.optim import make_optimizer, reset_optimizer, te_fused_adam  # noqa: F401 (loop.* callers)
 
 
 @dataclass
@@ -93,68 +94,6 @@ def make_step(model: torch.nn.Module, opt: torch.optim.Optimizer, student: Stude
         return body(tokens, targets).detach()
 
     return step
-
-
-def make_optimizer(model: torch.nn.Module, cfg, device: torch.device, capturable: bool,
-                   scaled: bool = False) -> tuple[torch.optim.Optimizer, str]:
-    """(optimizer, note): AdamW as in the tutorial, or TE's FusedAdam (train.optimizer); the note says why
-    a requested optimizer did not apply. AdamW is fused (one kernel) on request, capturable when the step is
-    graphed. With a grad scaler on CUDA it is always fused: GradScaler.step then hands found_inf to the kernel
-    instead of reading it on the host, which would put a sync into every timed step."""
-    t = cfg.train
-    note = ""
-    if t.optimizer == "te_fused_adam":
-        te, _, why = _te.load() if device.type == "cuda" else (None, None, "it needs a CUDA GPU")
-        if te is not None and not scaled:
-            return te_fused_adam(te, model, cfg, capturable), ""
-        note = (f"optimizer te_fused_adam not applied ({why or 'the fp16 grad scaler drives torch optimizers'}); "
-                "ran AdamW")
-    kw: dict[str, Any] = {}
-    if device.type == "cuda" and (t.fused_optimizer or scaled):
-        kw["fused"] = True
-    if capturable:
-        kw["capturable"] = True  # optimizer state and step count live on the GPU, so replays update them
-    return torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay, **kw), note
-
-
-def te_fused_adam(te, model: torch.nn.Module, cfg, capturable: bool) -> torch.optim.Optimizer:
-    """TE's FusedAdam in AdamW mode (torch's AdamW defaults: betas, eps), fp32 master weights whenever a
-    parameter is not fp32 (bf16 or FP8 weights). An FP8 weight (options.te_fp8_weights) carries the shared
-    init it was quantized from (`MASTER_INIT`): its master starts there, not at the FP8 rounding of it."""
-    params = list(model.parameters())
-    moments = {"fp32": torch.float32, "bf16": torch.bfloat16}[cfg.train.moments_dtype]
-    opt = te.optimizers.FusedAdam(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, adam_w_mode=True,
-                                  capturable=capturable, master_weights=any(p.dtype != torch.float32 for p in params)
-                                  or any(hasattr(p, MASTER_INIT) for p in params),
-                                  exp_avg_dtype=moments, exp_avg_sq_dtype=moments)
-    for p in params:
-        init = getattr(p, MASTER_INIT, None)
-        if init is not None:
-            opt.initialize_state(p, False)  # moments at zero, then the master from the exact init
-            opt.set_scaled_state(p, "master_param", init.to(p.device, torch.float32))
-            delattr(p, MASTER_INIT)
-    return opt
-
-
-def reset_optimizer(opt: torch.optim.Optimizer) -> None:
-    """A fresh optimizer again, in place (a graph holds its tensors' addresses): zero moments and step
-    counts (torch's in the per-parameter state, TE FusedAdam's capturable one in the param group), master
-    weights equal to the (restored) parameters, TE's moment scales at one."""
-    with torch.no_grad():
-        for p, state in opt.state.items():
-            for k, v in state.items():
-                if not torch.is_tensor(v):
-                    continue
-                if k == "master_param":
-                    v.copy_(p.detach().float())
-                else:
-                    v.zero_()
-        for group in opt.param_groups:
-            if torch.is_tensor(group.get("step")):
-                group["step"].zero_()
-        for scales in getattr(opt, "_scales", {}).values():  # TE FusedAdam: non-fp32 state scales start at 1
-            for v in scales.values():
-                v.fill_(1.0)
 
 
 def _sync_time(fn, device: torch.device) -> tuple[Any, float]:
@@ -327,6 +266,7 @@ def prepare_step(student: Student, cfg, task, data: Data, device: torch.device):
     notes = list(policy.notes)
     opt, note = make_optimizer(model, cfg, device, capturable=policy.graph == "step", scaled=policy.grad_scaler)
     notes += [note] if note else []
+    rates = optim.schedule(opt, cfg.train, len(data.train), device, captured=policy.graph == "step")
     metrics["optimizer"] = type(opt).__name__
     scaler = torch.amp.GradScaler(device.type) if policy.grad_scaler else None
     fwd = model
@@ -344,7 +284,7 @@ def prepare_step(student: Student, cfg, task, data: Data, device: torch.device):
     else:
         step = make_step(fwd, opt, student, task, scaler)
     metrics["notes"] = "; ".join(notes)
-    return step, metrics
+    return optim.scheduled(step, opt, rates), metrics
 
 
 def train(step, data: Data, metrics: dict, on_step: Callable[[int, float], None] | None = None) -> list[float]:

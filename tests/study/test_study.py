@@ -403,7 +403,8 @@ def test_a_real_teacher_study_with_a_pruned_student_runs_end_to_end(tmp_path, mo
     teacher = hf_init.write("tiny-smollm3", tmp_path / "teacher", dtype="fp32", corpus_mb=0.2)
     student = hf_prune.write(teacher, "every:2", tmp_path / "student")
     s = spec.from_preset("distill-quality-real", {"lm.teacher": str(teacher), "lm.student": str(student),
-                                                  "corpus_mb": 0.2, "steps": 4, "eval_every": 2, "eval_batches": 1,
+                                                  "corpus_mb": 0.2, "steps": 4, "lr_warmup_steps": 1, "eval_every": 2,
+                                                  "eval_batches": 1,
                                                   "seq_len": 32, "batch": 2, "compile": False, "graphs": False,
                                                   "warmup": 1, "iters": 1},
                          seeds=[1, 2], study_name="real")

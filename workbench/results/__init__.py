@@ -50,7 +50,7 @@ STUDENT_COLUMNS = [  # the first columns of students.csv, in order; config and e
     "initial_loss", "first_step_loss", "final_train_loss", "eval_mse",
     "step_ms_median", "step_ms_p20", "step_ms_p80", "step_ms_mean", "tokens_per_s", "tflops",
     "peak_mem_allocated_mb", "peak_mem_reserved_mb", "mem_floor_mb", "teacher_ms_median", "steps_run",
-    "compiled", "graphed", "compile_ms", "capture_ms", "notes",
+    "compiled", "graphed", "compile_ms", "capture_ms", "train_wall_s", "student_wall_s", "notes",
 ]
 ENV_STAMP = ["gpu_name", "compute_capability", "torch", "torch_cuda", "te_version", "git_sha"]
 # '<metric>_step0': a language-model student's held-out <metric> before its first training step, in its own

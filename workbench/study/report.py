@@ -319,7 +319,8 @@ def readme(study: Study, head: dict, arms: pd.DataFrame, gaps: pd.DataFrame | No
                       "figures do not depend on them."]
     if head.get("arms_not_flattened"):
         parts += ["", f"Held-out curves still moving by more than {qs.FLAT_THRESHOLD_PCT}% over their last interval: "
-                      f"{', '.join(head['arms_not_flattened'])} (train longer: train.steps)."]
+                      f"{', '.join(head['arms_not_flattened'])} (train longer: train.steps"
+                      + ("" if _schedule(study) else "; or let the rate decay: train.lr_schedule") + ")."]
     if gaps is not None:
         g = gaps[gaps["metric"].isin(["kl_teacher_student_t1_nats", "heldout_ppl"])]
         parts += ["", f"## Gaps to `{REFERENCE_ARM}` in % (gaps.csv: paired by seed)", "",
@@ -336,7 +337,9 @@ def readme(study: Study, head: dict, arms: pd.DataFrame, gaps: pd.DataFrame | No
          "teacher's held-out perplexity, and the study does not refuse; the KL is to the original model, `*_step0` "
          "before the first step in the student's own precision." if study.student_is_teacher else
          "- The study refuses an answer when a KD student ends with a lower held-out perplexity than its teacher."),
-        f"- A curve has flattened when its last interval moved its mean by less than {qs.FLAT_THRESHOLD_PCT}%.",
+        f"- A curve has flattened when its last interval moved its mean by less than {qs.FLAT_THRESHOLD_PCT}%."
+        + (f" The learning rate decays to zero at the last step ({_schedule(study)}): a flat curve is where this "
+           "step budget ends, not a model trained to convergence." if _schedule(study) else ""),
         "",
         "Figures: `heldout_curves.png`"
         + (", `gap_vs_noise.png`" if gaps is not None else "")
@@ -361,3 +364,11 @@ def run_report_notebook(study_dir: Path, progress: bool = False) -> Path:
         pm.execute_notebook(str(source), str(executed), parameters={"study_dir": str(study_dir)},
                             kernel_name="python3", language="python", progress_bar=progress, cwd=str(study_dir))
     return executed
+
+
+def _schedule(study: Study) -> str:
+    """'train.lr_schedule=cosine after 50 warm-up steps' for a study whose rate decays, '' for a constant rate."""
+    sched, warm = study.fixed.get("lr_schedule", "constant"), study.fixed.get("lr_warmup_steps", 0)
+    if sched == "constant":
+        return ""
+    return f"train.lr_schedule={sched}" + (f" after {warm} warm-up steps" if warm else "")

@@ -78,13 +78,17 @@ GPU_ARMS = [Arm("torch_bf16", "torch_bf16"), Arm("te_bf16", "te_bf16"), Arm("te_
 # the KD students passed the teacher (10.5-10.7 against 11.32; the no-KD students 12.28), which on the 12 MB of the
 # standard library had learnt its text by heart (training loss 0.99 against 2.43 nats held out): so 64 MB of
 # text (the built-in corpus goes on into the installed packages' sources), which keeps its 4,000 steps under
-# two passes over the text. Not yet run at 64 MB. Fastest correct path: torch and torchao students compiled with
+# two passes over the text. With a constant rate no step budget flattens a curve that falls as a power law (it
+# falls by the same fraction over every last eighth), so the students' rate now decays (cosine to zero after a
+# warm-up, train.lr_schedule; workbench/train/optim.py) and 1,600 steps end where the curves have stopped. The
+# teacher keeps its constant rate (and its cache). Fastest correct path: torch and torchao students compiled with
 # their whole step in one CUDA graph, TE students' whole step in one graph (options.te_graph=step).
 PRESETS: dict[str, dict[str, Any]] = {
     "distill-quality": {
         "preset": "lm-distill", "arms": GPU_ARMS, "seeds": [1, 2, 3],
         "set": {"vocab": 4096, "hidden": 256, "intermediate": 1024, "layers": 4, "heads": 4, "seq_len": 256,
-                "batch": 32, "steps": 3200, "lr": 1e-3, "eval_every": 200, "eval_batches": 8,
+                "batch": 32, "steps": 1600, "lr": 1e-3, "lr_schedule": "cosine", "lr_warmup_steps": 80,
+                "eval_every": 200, "eval_batches": 8,
                 "warmup": 3, "iters": 10, "compile": True, "graphs": True, "te_graph": "step",
                 "corpus_mb": 64.0, "teacher_hidden": 768, "teacher_layers": 6, "teacher_steps": 4000,
                 "teacher_lr": 6e-4, "teacher_seed": 0, "temperature": 1.0},
@@ -109,9 +113,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     # most of a student's ~75 s is outside its own steps; the online teacher's 30-layer forward, once per step
     # per student, is the one cost top-k pays once per point instead. The full logits (600 GiB) fit nowhere.
     # compile off: a quality study compares numerics, not speed (torchao's float8 compiles regardless).
+    # The rate: cosine to zero after 40 warm-up steps (a constant rate never lets the curves flatten, see above); a
+    # pruned student heals at 4e-4, a random one learns from scratch at a higher rate (`scripts/gpu.sh quality-real`
+    # gives it --set lr=1e-3: study.json keeps what ran).
     "distill-quality-real": {
         "preset": "lm-distill", "arms": GPU_ARMS, "seeds": [1, 2, 3], "needs": ("lm.teacher", "lm.student"),
-        "set": {"kind": "llama", "seq_len": 512, "batch": 16, "steps": 800, "lr": 2e-4, "eval_every": 100,
+        "set": {"kind": "llama", "seq_len": 512, "batch": 16, "steps": 800, "lr": 4e-4, "lr_schedule": "cosine",
+                "lr_warmup_steps": 40, "eval_every": 100,
                 "eval_batches": 8, "warmup": 3, "iters": 10, "compile": False, "graphs": True, "te_graph": "step",
                 "corpus_mb": 64.0, "teacher_seed": 0, "temperature": 1.0, "teacher_mode": "topk"},
     },
@@ -121,7 +129,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "finetune-fp8": {
         "preset": "lm-distill", "arms": GPU_ARMS, "seeds": [1, 2, 3], "needs": ("lm.teacher",),
         "student_is_teacher": True,
-        "set": {"kind": "llama", "seq_len": 512, "batch": 16, "steps": 300, "lr": 1e-5, "eval_every": 50,
+        "set": {"kind": "llama", "seq_len": 512, "batch": 16, "steps": 320, "lr": 1e-5, "lr_schedule": "cosine",
+                "lr_warmup_steps": 20, "eval_every": 40,
                 "eval_batches": 8, "warmup": 3, "iters": 10, "compile": False, "graphs": True, "te_graph": "step",
                 "corpus_mb": 64.0, "teacher_seed": 0, "temperature": 1.0, "teacher_mode": "topk"},
     },

@@ -199,6 +199,7 @@ def run_student(student: Student, cfg, task, data: Data, device: torch.device,
     record, per-kernel detail included, for the student's own profile file.
     Raises Diverged (with the losses so far in .losses) on a non-finite loss.
     """
+    t0 = time.monotonic()
     model = student.model
     model.train()
     step, metrics = prepare_step(student, cfg, task, data, device)
@@ -218,13 +219,18 @@ def run_student(student: Student, cfg, task, data: Data, device: torch.device,
         if on_step:
             on_step(i, loss)
 
+    t_train = time.monotonic()
     losses = train(step, data, metrics, after_step)
+    metrics["train_wall_s"] = round(time.monotonic() - t_train, 2)  # the training steps and the curve's evaluations
     final = held_out(student, task, data)
     metrics.update(final, **student.describe())
     if cfg.train.eval_every:
         curve.append({"step": len(losses), **final})
     train_flops = flops.tokens_per_step(cfg.model) * task.reference.train_flops_per_token()
     metrics.update(time_steps(step, cfg, data, device, train_flops))
+    # where a student's wall time goes (a study's point is its students one after another): all of this function,
+    # from compilation and capture to the timed steps, beside train_wall_s
+    metrics["student_wall_s"] = round(time.monotonic() - t0, 2)
     return metrics, losses
 
 

@@ -207,7 +207,7 @@ def test_a_study_whose_points_shared_a_gpu_says_its_step_times_are_no_speed_evid
     study.points_per_gpu = 3
     results.write_json(folder / spec.STUDY_FILE, study.to_dict())
     report(folder)
-    assert "up to 3 points shared each GPU" in (folder / "README.md").read_text()
+    assert "up to 3 points of this study shared each GPU" in (folder / "README.md").read_text()
     study.points_per_gpu = 0  # a hand edit: refused naming the field
     results.write_json(folder / spec.STUDY_FILE, study.to_dict())
     with pytest.raises(ConfigError, match="points_per_gpu has the wrong type"):

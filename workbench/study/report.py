@@ -314,9 +314,9 @@ def readme(study: Study, head: dict, arms: pd.DataFrame, gaps: pd.DataFrame | No
         _md(arms.reindex(columns=cols)),
     ]
     if study.points_per_gpu > 1:
-        parts += ["", f"Step times (`step_ms_median_mean`): up to {study.points_per_gpu} points shared each GPU "
-                      "(`--workers K/gpu`), so they timed each other and are no speed evidence; the quality "
-                      "figures do not depend on them."]
+        parts += ["", f"Step times (`step_ms_median_mean`): up to {study.points_per_gpu} points of this study shared "
+                      "each GPU (`--workers K/gpu`), beside whatever else ran there, so they timed each other and are "
+                      "no speed evidence; the quality figures do not depend on them."]
     if head.get("arms_not_flattened"):
         parts += ["", f"Held-out curves still moving by more than {qs.FLAT_THRESHOLD_PCT}% over their last interval: "
                       f"{', '.join(head['arms_not_flattened'])} (train longer: train.steps"

@@ -1,0 +1,32 @@
+"""scripts/gpu/topk_janitor.py frees the top-k store of a done point only: studies side by side on one GPU
+machine would fill its disk, and a store of a point still running (or failed, to be rerun) must stay."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pandas as pd
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu" / "topk_janitor.py"
+
+
+def _janitor():
+    spec = importlib.util.spec_from_file_location("topk_janitor", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_only_a_done_points_store_is_freed(tmp_path):
+    study = tmp_path / "real-pruned"
+    for seed in (1, 1001, 2):
+        store = study / "cache" / f"topk-{seed:012d}"
+        store.mkdir(parents=True)
+        (store / "values.bin").write_bytes(b"x" * 16)
+        (store / "meta.json").write_text(json.dumps({"format": 1, "recipe": {"seed": seed}}))
+    (study / "cache" / "topk-building.tmp").mkdir()  # a build in progress: no meta.json yet
+    pd.DataFrame({"point": ["a", "b", "c"], "status": ["done", "running", "failed"],
+                  "grid_seed": [1, 1001, 2]}).to_csv(study / "index.csv", index=False)
+    freed = _janitor().sweep([study, tmp_path / "not-started-yet"])
+    assert freed == [f"real-pruned: topk-{1:012d} (seed 1)"]
+    left = sorted(p.name for p in (study / "cache").iterdir())
+    assert left == ["topk-000000000002", "topk-000000001001", "topk-building.tmp"]

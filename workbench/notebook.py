@@ -267,6 +267,27 @@ def peak_memory(run_dir: str | Path):
 # start and the "KeyboardInterrupt caught in kernel" that jupyter_client's shutdown (an interrupt first) makes it
 # log at the end. A failing cell still fails the run (papermill raises). Every notebook the workbench runs.
 QUIET_KERNEL = ["--IPKernelApp.log_level=CRITICAL"]
+KERNEL_START_TRIES = 3
+"""A kernel that dies before its first reply is started again, up to this many times in all: jupyter_client picks
+free TCP ports and the kernel binds them a moment later, so two kernels starting at once (a sweep's workers) can
+pick the same port, and the loser exits with 'Address already in use' before any cell ran."""
+
+
+def papermill_execute(source: str, executed: str, **kwargs: Any) -> None:
+    """papermill.execute_notebook with the workbench's kernel (python3, quiet), started again when it died before
+    running anything (`KERNEL_START_TRIES`); any other failure is raised at once."""
+    import papermill as pm
+
+    for attempt in range(1, KERNEL_START_TRIES + 1):
+        try:
+            pm.execute_notebook(source, executed, kernel_name="python3", language="python",
+                                extra_arguments=QUIET_KERNEL, **kwargs)
+            return
+        except RuntimeError as e:  # jupyter_client's wait_for_ready: the kernel process exited during start-up
+            if "before replying to kernel_info" not in str(e) or attempt == KERNEL_START_TRIES:
+                raise
+            print(f"workbench: the notebook kernel died while starting ({e}); starting it again "
+                  f"({attempt + 1}/{KERNEL_START_TRIES})", file=sys.stderr)
 
 
 def execute(preset: str = "auto", overrides: dict[str, Any] | None = None, out: str | Path = "results",
@@ -283,8 +304,6 @@ def execute(preset: str = "auto", overrides: dict[str, Any] | None = None, out: 
     Raises papermill.PapermillExecutionError if a cell fails, nbclient's CellTimeoutError when a cell runs
     past `cell_timeout`.
     """
-    import papermill as pm
-
     from workbench import results
     from workbench.run import runner
     if importlib.util.find_spec("ipykernel") is None:  # else papermill's "No such kernel named python3"
@@ -301,13 +320,12 @@ def execute(preset: str = "auto", overrides: dict[str, Any] | None = None, out: 
     os.environ[results.HANDOVER_ENV] = str(run_dir)  # the kernel inherits the environment at its start
     with resources.as_file(notebook) as source:
         try:
-            pm.execute_notebook(
+            papermill_execute(
                 str(source), str(partial),
                 parameters={"preset": cfg.preset, "out": str(run_dir.parent), "run_id": run_dir.name, **typed},
-                kernel_name="python3", language="python", progress_bar=progress,
-                log_output=log_output, stdout_file=sys.stdout if log_output else None,
+                progress_bar=progress, log_output=log_output, stdout_file=sys.stdout if log_output else None,
                 stderr_file=sys.stderr if log_output else None, execution_timeout=cell_timeout,
-                cwd=str(checkout_root() or Path.cwd()), extra_arguments=QUIET_KERNEL,
+                cwd=str(checkout_root() or Path.cwd()),
             )
         finally:
             os.environ.pop(results.HANDOVER_ENV, None)

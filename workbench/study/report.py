@@ -351,9 +351,7 @@ def readme(study: Study, head: dict, arms: pd.DataFrame, gaps: pd.DataFrame | No
 
 def run_report_notebook(study_dir: Path, progress: bool = False) -> Path:
     """Execute the quality_report notebook on the study (it writes the files above); returns the executed copy."""
-    import papermill as pm
-
-    from workbench.notebook import NOTEBOOKS, kernel_uses_this_python
+    from workbench.notebook import NOTEBOOKS, kernel_uses_this_python, papermill_execute
 
     study_dir = Path(study_dir).resolve()
     kernel_uses_this_python()
@@ -361,8 +359,8 @@ def run_report_notebook(study_dir: Path, progress: bool = False) -> Path:
     from importlib import resources
 
     with resources.as_file(NOTEBOOKS / REPORT_NOTEBOOK_NAME) as source:
-        pm.execute_notebook(str(source), str(executed), parameters={"study_dir": str(study_dir)},
-                            kernel_name="python3", language="python", progress_bar=progress, cwd=str(study_dir))
+        papermill_execute(str(source), str(executed), parameters={"study_dir": str(study_dir)},
+                          progress_bar=progress, cwd=str(study_dir))
     return executed
 
 

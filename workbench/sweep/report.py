@@ -216,14 +216,12 @@ def to_html(executed: str | Path, html_path: str | Path, title: str | None = Non
 def run(sweep_dir: str | Path, reference: str = REFERENCE, out_dir: str | Path | None = None,
         progress: bool = False) -> Path:
     """Execute the report notebook on a sweep, then write report.html; returns the report folder."""
-    import papermill as pm
-
     sweep_dir = Path(sweep_dir).resolve()
     if not point_dirs(sweep_dir):  # say so here rather than as a traceback from inside the kernel
         raise FileNotFoundError(f"no complete sweep point (students.csv + done.json) in {sweep_dir}")
     out_dir = Path(out_dir).resolve() if out_dir else default_out(sweep_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    from workbench.notebook import QUIET_KERNEL, kernel_uses_this_python
+    from workbench.notebook import kernel_uses_this_python, papermill_execute
 
     kernel_uses_this_python()
     # The executed notebook is executed outside the report folder: it is report.html's source, with this run's
@@ -231,10 +229,8 @@ def run(sweep_dir: str | Path, reference: str = REFERENCE, out_dir: str | Path |
     # byte there and adds no file. Kept as the report only where there is no nbconvert to make report.html.
     with tempfile.TemporaryDirectory(prefix="sweep_report_") as tmp:
         executed = Path(tmp) / REPORT_NOTEBOOK.name
-        pm.execute_notebook(str(REPORT_NOTEBOOK), str(executed),
-                            parameters={"sweep_dir": str(sweep_dir), "reference": reference, "out_dir": str(out_dir)},
-                            kernel_name="python3", language="python", progress_bar=progress,
-                            cwd=str(out_dir), extra_arguments=QUIET_KERNEL)
+        papermill_execute(str(REPORT_NOTEBOOK), str(executed), progress_bar=progress, cwd=str(out_dir),
+                          parameters={"sweep_dir": str(sweep_dir), "reference": reference, "out_dir": str(out_dir)})
         if importlib.util.find_spec("nbconvert") is None:  # the report stands without its HTML page
             results.write_bytes(out_dir / executed.name, executed.read_bytes())
             print(f"workbench report: report.html not written: it needs nbconvert ({NO_NBCONVERT}); the CSVs, "

@@ -292,3 +292,49 @@ def test_the_quality_report_shows_its_csv_tables_readable():
     nb = nbformat.read(ROOT / "notebooks" / "quality_report.ipynb", as_version=4)
     shown = [c.source for c in nb.cells if c.cell_type == "code" and "read_csv(" in c.source]
     assert len(shown) == 3 and all("readable(pd.read_csv(" in s for s in shown), shown
+
+
+DYING_KERNEL = '''import os, sys
+if "-f" in sys.argv:  # a kernel (python -m ipykernel_launcher -f CONNECTION_FILE), not another interpreter
+    log = os.environ["KERNEL_STARTS_LOG"]
+    with open(log, "a") as f:
+        f.write("start\\n")
+    if len(open(log).read().split()) <= int(os.environ["KERNEL_DEATHS"]):
+        os._exit(3)  # dies before replying to kernel_info, as a kernel that lost its port race does
+'''
+
+
+def dying_kernels(tmp_path, monkeypatch, deaths: int, cell: str) -> Path:
+    """A one-cell notebook in tmp_path, and kernels of which the first `deaths` exit while starting; returns the
+    file where each kernel start leaves a line."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(DYING_KERNEL)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    monkeypatch.setenv("KERNEL_STARTS_LOG", str(tmp_path / "starts.log"))
+    monkeypatch.setenv("KERNEL_DEATHS", str(deaths))
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell)]), tmp_path / "in.ipynb")
+    notebook.kernel_uses_this_python()
+    return tmp_path / "starts.log"
+
+
+@pytest.mark.parametrize("deaths", [1, notebook.KERNEL_START_TRIES])
+def test_a_kernel_that_dies_while_starting_is_started_again(tmp_path, monkeypatch, capfd, deaths):
+    # Real kernels that really exit during start-up (a sitecustomize on the kernel's PYTHONPATH makes the first
+    # `deaths` of them exit): the first death is retried, and a kernel that never starts is an error after the tries.
+    log = dying_kernels(tmp_path, monkeypatch, deaths, "x = 6 * 7")
+    if deaths < notebook.KERNEL_START_TRIES:
+        notebook.papermill_execute(str(tmp_path / "in.ipynb"), str(tmp_path / "out.ipynb"))
+        assert log.read_text().split() == ["start"] * (deaths + 1)
+        assert "starting it again (2/3)" in capfd.readouterr().err
+        assert nbformat.read(tmp_path / "out.ipynb", as_version=4).cells[0].execution_count == 1
+    else:
+        with pytest.raises(RuntimeError, match="kernel_info"):
+            notebook.papermill_execute(str(tmp_path / "in.ipynb"), str(tmp_path / "out.ipynb"))
+        assert log.read_text().split() == ["start"] * notebook.KERNEL_START_TRIES
+
+
+def test_a_failing_cell_is_not_mistaken_for_a_kernel_that_failed_to_start(tmp_path, monkeypatch):
+    log = dying_kernels(tmp_path, monkeypatch, 0, "raise RuntimeError('before replying to kernel_info')")
+    with pytest.raises(pm.PapermillExecutionError):
+        notebook.papermill_execute(str(tmp_path / "in.ipynb"), str(tmp_path / "out.ipynb"))
+    assert log.read_text().split() == ["start"]  # one kernel: a cell's error is the notebook's, never retried

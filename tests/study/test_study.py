@@ -133,6 +133,7 @@ def test_report_gaps_noise_floor_and_headline(tmp_path):
     assert head["sentence"] in (folder / "README.md").read_text()
     arms = pd.read_csv(folder / "arms.csv").set_index("arm")
     assert arms.loc["torch_bf16", "heldout_ppl_mean"] == pytest.approx(62.0)
+    assert "time went" not in (folder / "README.md").read_text()  # rows without the *_wall_s cells: no table
     assert arms.loc["torch_bf16", "heldout_ppl_sd"] == pytest.approx(2.0)
     assert arms.loc["torch_bf16", "flattened"] == True  # noqa: E712 - last interval moved 0.1%
     assert len(pd.read_csv(folder / "study.csv")) == 7 * 3
@@ -297,6 +298,12 @@ def test_cpu_study_end_to_end_resumes_after_a_kill(tmp_path):
     head = json.loads((folder / "headline.json").read_text())
     assert head["sentence"] == summary["headline"] and "noise floor" in head["sentence"]
     assert (folder / "quality_report.ipynb").exists() and (folder / "heldout_curves.png").exists()
+    # where the students' time went, per arm, from their rows: the next study's device time is planned from it
+    arms = pd.read_csv(folder / "arms.csv").set_index("arm")
+    walls = arms.loc[["torch_bf16", "torch_bf16_b"], [f"{w}_mean" for w in results.WALL_CELLS]]
+    assert (walls > 0).all().all() and (walls["student_wall_s_mean"] >= walls["train_wall_s_mean"]).all()
+    assert pd.isna(arms.loc["te_fp8_delayed", "student_wall_s_mean"])  # it did not run
+    assert "## Where a student's time went" in (folder / "README.md").read_text()
 
 
 @pytest.mark.slow

@@ -303,3 +303,16 @@ def test_a_hugging_face_models_vocabulary_sets_model_vocab(tmp_path):
     run_dir = runner.run(cfg, out=tmp_path, run_id="hf", progress=False)
     assert results.read_json(run_dir / "config.json")["config"]["model"]["vocab"] == 320
     assert results.load(run_dir)["cfg_vocab"].tolist() == [320]
+
+
+def test_a_students_wall_time_is_split_into_its_phases(gpt_run):
+    # setup (build, compile, capture), training steps, held-out evaluations (step 0, the curve's, the last) and the
+    # timed region add up to the student's wall time, less the few untimed lines between them
+    _, run_dir = gpt_run
+    df = results.load(run_dir)
+    ran = df[df["status"].isin(results.RAN)]
+    assert not ran.empty
+    phases = ran[["setup_wall_s", "train_wall_s", "eval_wall_s", "bench_wall_s"]]
+    assert (phases > 0).all().all()
+    total = phases.sum(axis=1)
+    assert (total <= ran["student_wall_s"] + 0.05).all() and (total >= 0.9 * ran["student_wall_s"] - 0.1).all()

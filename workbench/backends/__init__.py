@@ -108,6 +108,7 @@ class Student:
     converted: tuple[str, ...] = ()  # the modules its conversion swapped, by name (TE's report)
     sharded: bool = False  # already spread over the ranks by its backend (TE's FSDP2 recipe for FP8 weights)
     mem_floor_mb: float | None = None  # allocated before it existed (teacher, data, targets): the run's floor
+    prepare_s: float = 0.0  # seconds its backend took to build and convert it (part of its row's setup_wall_s)
 
 
 class Backend:

@@ -50,8 +50,12 @@ STUDENT_COLUMNS = [  # the first columns of students.csv, in order; config and e
     "initial_loss", "first_step_loss", "final_train_loss", "eval_mse",
     "step_ms_median", "step_ms_p20", "step_ms_p80", "step_ms_mean", "tokens_per_s", "tflops",
     "peak_mem_allocated_mb", "peak_mem_reserved_mb", "mem_floor_mb", "teacher_ms_median", "steps_run",
-    "compiled", "graphed", "compile_ms", "capture_ms", "train_wall_s", "student_wall_s", "notes",
+    "compiled", "graphed", "compile_ms", "capture_ms", "setup_wall_s", "train_wall_s", "eval_wall_s", "bench_wall_s",
+    "student_wall_s", "notes",
 ]
+# where a student's wall time went (workbench.train.loop.run_student): setup (build, convert, compile, capture),
+# its training steps, its held-out evaluations, the timed region; student_wall_s is all of them
+WALL_CELLS = ("setup_wall_s", "train_wall_s", "eval_wall_s", "bench_wall_s", "student_wall_s")
 ENV_STAMP = ["gpu_name", "compute_capability", "torch", "torch_cuda", "te_version", "git_sha"]
 # '<metric>_step0': a language-model student's held-out <metric> before its first training step, in its own
 # precision (workbench.train.loop.step0_metrics); the file puts it right after '<metric>', its after-training value

@@ -29,8 +29,10 @@ from workbench.study.spec import (
     sweep_spec,
 )
 
-
 # ---- collecting the points -----------------------------------------------------------------------
+WALLS = results.WALL_CELLS
+
+
 def collect(study: Study, study_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(study rows: one per arm x seed, curves): from every planned point; an arm x seed whose point is not
     complete is a row with status 'missing' and the point's state as its reason."""
@@ -65,7 +67,8 @@ def collect(study: Study, study_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
                          **{m: r.get(m) for m in (*METRICS, *STEP0)},
                          "teacher_heldout_ppl": r.get("teacher_heldout_ppl"),
                          "step_ms_median": r.get("step_ms_median"), "compiled": r.get("compiled"),
-                         "graph_scope": r.get("graph_scope"), "train_seed": point_seed})
+                         "graph_scope": r.get("graph_scope"), "train_seed": point_seed,
+                         **{w: r.get(w) for w in WALLS}})
         curve_file = folder / "eval_curve.csv"
         if curve_file.exists():
             for r in pd.read_csv(curve_file).to_dict("records"):
@@ -105,7 +108,8 @@ def arms_table(study: Study, df: pd.DataFrame, curves: pd.DataFrame) -> pd.DataF
         for m in (*METRICS, *STEP0):
             s = qs.summary(ran[m] if len(ran) and m in ran else [])
             row.update({f"{m}_{k}": s[k] for k in ("mean", "sd", "ci_low", "ci_high")})
-        row["step_ms_median_mean"] = qs.summary(ran["step_ms_median"] if len(ran) else [])["mean"]
+        for m in ("step_ms_median", *WALLS):
+            row[f"{m}_mean"] = qs.summary(ran[m] if len(ran) and m in ran else [])["mean"]
         row["path"] = ", ".join(sorted({_path(r) for r in ran.to_dict("records")})) or None
         c = curves[curves["arm"] == a.name] if len(curves) else curves
         flat = []
@@ -317,6 +321,12 @@ def readme(study: Study, head: dict, arms: pd.DataFrame, gaps: pd.DataFrame | No
         parts += ["", f"Step times (`step_ms_median_mean`): up to {study.points_per_gpu} points of this study shared "
                       "each GPU (`--workers K/gpu`), beside whatever else ran there, so they timed each other and are "
                       "no speed evidence; the quality figures do not depend on them."]
+    if arms.reindex(columns=["student_wall_s_mean"]).notna().any().iloc[0]:  # rows from before the split lack it
+        parts += ["", "## Where a student's time went (seconds, mean over seeds; students.csv's *_wall_s)", "",
+                  _md(arms.reindex(columns=["arm", *(f"{w}_mean" for w in WALLS)])),
+                  "", "setup: building, converting, compiling and capturing it; eval: its held-out evaluations (step "
+                      "0, the curve's, the last); bench: the timed region. A point also builds its task (teacher, "
+                      "top-k targets) before its students: done.json's wall_s is the whole point."]
     if head.get("arms_not_flattened"):
         parts += ["", f"Held-out curves still moving by more than {qs.FLAT_THRESHOLD_PCT}% over their last interval: "
                       f"{', '.join(head['arms_not_flattened'])} (train longer: train.steps"

@@ -19,10 +19,11 @@ def test_the_gpu_marker_names_the_gpu_test_script():
 def test_the_tracked_tree_leaves_room_for_the_gpu_wheelhouse():
     """A device call carries the tree and .gpu/ under one 64 MiB cap: the wheelhouse measured 48.1 MiB (+ 0.6 MiB
     of .whl for the real-model calls) on 2026-12-02, so the committed files (mostly reference plots and
-    screenshots, palette PNGs) must stay under 13 MiB, which keeps 2.3 MiB spare for untracked files a call
-    carries. Reference folders keep small files: no .svg twins of kept PNGs, no rendered HTML of kept CSVs."""
+    screenshots, palette PNGs, and the archives a study resumes from, results/reference/h200/quality/carry) must
+    stay under 14 MiB, which keeps 1.3 MiB spare for untracked files a call carries. Reference folders keep small
+    files: no .svg twins of kept PNGs, no rendered HTML of kept CSVs."""
     import subprocess
 
     files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout.split(b"\0")
     total = sum((ROOT / f.decode()).stat().st_size for f in files if f and (ROOT / f.decode()).is_file())
-    assert total < 13 * 2**20, f"{total / 2**20:.1f} MiB tracked"
+    assert total < 14 * 2**20, f"{total / 2**20:.1f} MiB tracked"

@@ -2,9 +2,11 @@
 ones in the slow end-to-end test, which also kills a study and resumes it)."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -259,9 +261,12 @@ def _run(args, **kw):
 
 
 @pytest.mark.slow
-def test_cpu_study_end_to_end_resumes_after_a_kill(tmp_path):
-    """The tiny study through the command and the report notebook; killed after its first point, rerun: the
-    finished points are not run again (their done.json untouched), the others are, and the report is written."""
+def test_cpu_study_end_to_end_resumes_after_a_kill_from_its_archive_on_a_fresh_machine(tmp_path):
+    """The tiny study through the command and the report notebook; killed after its first point, its small files
+    archived (scripts/gpu/study_archive.sh, as `quality-real` returns them), the folder and its caches gone (a GPU
+    machine given back), the archive unpacked and the study rerun: the finished points are not run again (their
+    done.json untouched), the others are, the teacher is trained again (the same one: a CPU is deterministic) and
+    the report is written."""
     pytest.importorskip("distributed")
     # two Dask workers: the six points run two at a time (the suite runs on two cores; a CPU study defaults to one)
     args = ["--preset", "distill-quality-cpu", "--out", str(tmp_path), "--workers", "2"]
@@ -277,6 +282,17 @@ def test_cpu_study_end_to_end_resumes_after_a_kill(tmp_path):
     assert first.wait(timeout=120) == 130
     done = {d.name: (d / "done.json").read_text() for d in folder.glob("*") if (d / "done.json").exists()}
     assert 0 < len(done) < 6
+    archive = tmp_path / "carry" / "distill-quality-cpu.tar.gz"
+    archive.parent.mkdir()
+    subprocess.run(["bash", str(ROOT / "scripts" / "gpu" / "study_archive.sh"), str(folder), str(archive)], check=True)
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+    assert not [n for n in names if n.startswith("./cache") or n.startswith("cache")] and "study.json" in names
+    assert {f"./{p}/done.json" for p in done} <= set(names)
+    shutil.rmtree(folder)
+    folder.mkdir()
+    with tarfile.open(archive) as tar:
+        tar.extractall(folder, filter="data")
     second = _run(args)
     out, _ = second.communicate(timeout=1200)
     assert second.returncode == 0, out
@@ -434,3 +450,23 @@ def test_a_real_teacher_study_with_a_pruned_student_runs_end_to_end(tmp_path, mo
     else:
         assert {"diff_mean", "diff_ci_low", "noise_floor_abs"} <= set(pd.read_csv(folder / "gaps.csv").columns)
     assert (folder / "study.csv").exists() and len(pd.read_csv(folder / "study.csv")) == 7 * 2
+
+
+def test_a_study_resumed_with_another_teacher_or_code_says_so(tmp_path):
+    folder = _fake_study(tmp_path, BASE)
+    head = report(folder)
+    assert head["teachers"] == [] and head["code_versions"] == []  # rows without either: nothing to tell apart
+    readme = (folder / "README.md").read_text()
+    assert "teachers**" not in readme and "versions of the code" not in readme
+    points = sorted(d for d in folder.iterdir() if (d / "done.json").exists())
+    for n, d in enumerate(points):  # the last point resumed elsewhere: its teacher trained again, newer code
+        results.write_json(d / "task.json", {"teacher_weights_sha256": "b" * 64 if n == len(points) - 1 else "a" * 64})
+        df = pd.read_csv(d / "students.csv").assign(git_sha="def5678" if n == len(points) - 1 else "abc1234")
+        results.write_csv(d / "students.csv", df)
+        results.mark_complete(d)
+    head = report(folder)
+    assert head["teachers"] == ["a" * 64, "b" * 64] and head["code_versions"] == ["abc1234", "def5678"]
+    readme = (folder / "README.md").read_text()
+    assert "**2 teachers**" in readme and "2 versions of the code (git_sha): abc1234, def5678" in readme
+    study_rows = pd.read_csv(folder / "study.csv")
+    assert study_rows["teacher_sha"].nunique() == 2

@@ -1,6 +1,8 @@
 """The language-model path end to end on a CPU: a GPT student distilled from a trained GPT teacher on the
 offline corpus, the no-KD student beside it, the held-out metrics in the rows; a Hugging Face model as
 teacher and as student."""
+import json
+
 import pandas as pd
 import pytest
 from hf_fixtures import tiny_llama
@@ -316,3 +318,11 @@ def test_a_students_wall_time_is_split_into_its_phases(gpt_run):
     assert (phases > 0).all().all()
     total = phases.sum(axis=1)
     assert (total <= ran["student_wall_s"] + 0.05).all() and (total >= 0.9 * ran["student_wall_s"] - 0.1).all()
+
+
+def test_a_teacher_trained_here_is_fingerprinted_in_task_json(gpt_run):
+    # a study resumed on another machine trains its teacher again: the report tells the two apart by this hash
+    cfg, run_dir = gpt_run
+    assert cfg.lm.teacher == "train"
+    task = json.loads((run_dir / "task.json").read_text())
+    assert len(task["teacher_weights_sha256"]) == 64

@@ -3,7 +3,6 @@ README.md and the figures, all from the result files; and the execution of the r
 writes them. The file list is in `workbench.study`."""
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from workbench import results
 from workbench.config import ConfigError
 from workbench.study import figures
 from workbench.study import stats as qs
+from workbench.study.readme import readme
 from workbench.study.spec import (
     METRIC_NAMES,
     METRICS,
@@ -57,6 +57,7 @@ def collect(study: Study, study_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
                       "status": "missing", "reason": why} for a in expected]
             continue
         df = results.read_students(folder)
+        task = results.read_json(folder / "task.json") if (folder / "task.json").exists() else {}
         for r in df.to_dict("records"):
             found = arm_of(study, r["student"], point_seed)
             if found is None:
@@ -68,7 +69,8 @@ def collect(study: Study, study_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
                          "teacher_heldout_ppl": r.get("teacher_heldout_ppl"),
                          "step_ms_median": r.get("step_ms_median"), "compiled": r.get("compiled"),
                          "graph_scope": r.get("graph_scope"), "train_seed": point_seed,
-                         **{w: r.get(w) for w in WALLS}})
+                         **{w: r.get(w) for w in WALLS},
+                         "teacher_sha": task.get("teacher_weights_sha256"), "git_sha": r.get("git_sha")})
         curve_file = folder / "eval_curve.csv"
         if curve_file.exists():
             for r in pd.read_csv(curve_file).to_dict("records"):
@@ -272,6 +274,8 @@ def report(
                                    if len(ran) and ran["teacher_heldout_ppl"].notna().any() else None)
     head["teacher_cached_at"] = teacher.get("teacher_checkpoint")
     head["arms_not_flattened"] = [r["arm"] for r in arms.to_dict("records") if r["flattened"] is False]
+    for key, col in (("teachers", "teacher_sha"), ("code_versions", "git_sha")):  # one each, unless resumed elsewhere
+        head[key] = sorted({str(v) for v in ran[col].dropna()}) if len(ran) and col in ran else []
     results.write_json(study_dir / "headline.json", head)
     from workbench.results import plots
 
@@ -284,79 +288,6 @@ def report(
         plots.plt.close(fig)
     (study_dir / "README.md").write_text(readme(study, head, arms, gaps), encoding="utf-8")
     return head
-
-
-def _md(df: pd.DataFrame) -> str:
-    def cell(v):
-        if v is None or (isinstance(v, float) and math.isnan(v)):
-            return ""
-        return f"{v:.4g}" if isinstance(v, float) else str(v).replace("|", "/")
-    cols = list(df.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in df.itertuples(index=False)]
-    return "\n".join(lines)
-
-
-def readme(study: Study, head: dict, arms: pd.DataFrame, gaps: pd.DataFrame | None) -> str:
-    """README.md: the headline, the teacher, the arms and the gaps, every number from the files beside it."""
-    cols = ["arm", "seeds_run", "heldout_ppl_mean", "heldout_ppl_sd", "kl_teacher_student_t1_nats_mean",
-            "kl_teacher_student_t1_nats_sd", "top1_agreement_mean", "final_train_loss_mean", "step_ms_median_mean",
-            "path", "kl_last_change_pct", "flattened", "not_run"]
-    if study.student_is_teacher:  # fine-tuning: where each precision started, beside where it ended
-        cols[1:1] = ["heldout_ppl_step0_mean", "kl_teacher_student_t1_nats_step0_mean"]
-    parts = [
-        f"# Distillation-quality study `{study.name}`",
-        "",
-        f"**{head['sentence']}**",
-        "",
-        f"Teacher held-out perplexity: {head.get('teacher_heldout_ppl') or 'unknown'} (one teacher, "
-        f"lm.teacher_seed, reused by every seed); seeds {study.seeds}; config preset `{study.preset}` with "
-        f"`{json.dumps(study.fixed, sort_keys=True)}`.",
-        "",
-        "## Arms (arms.csv: mean, sd, 95% interval over seeds)",
-        "",
-        _md(arms.reindex(columns=cols)),
-    ]
-    if study.points_per_gpu > 1:
-        parts += ["", f"Step times (`step_ms_median_mean`): up to {study.points_per_gpu} points of this study shared "
-                      "each GPU (`--workers K/gpu`), beside whatever else ran there, so they timed each other and are "
-                      "no speed evidence; the quality figures do not depend on them."]
-    if arms.reindex(columns=["student_wall_s_mean"]).notna().any().iloc[0]:  # rows from before the split lack it
-        parts += ["", "## Where a student's time went (seconds, mean over seeds; students.csv's *_wall_s)", "",
-                  _md(arms.reindex(columns=["arm", *(f"{w}_mean" for w in WALLS)])),
-                  "", "setup: building, converting, compiling and capturing it; eval: its held-out evaluations (step "
-                      "0, the curve's, the last); bench: the timed region. A point also builds its task (teacher, "
-                      "top-k targets) before its students: done.json's wall_s is the whole point."]
-    if head.get("arms_not_flattened"):
-        parts += ["", f"Held-out curves still moving by more than {qs.FLAT_THRESHOLD_PCT}% over their last interval: "
-                      f"{', '.join(head['arms_not_flattened'])} (train longer: train.steps"
-                      + ("" if _schedule(study) else "; or let the rate decay: train.lr_schedule") + ")."]
-    if gaps is not None:
-        g = gaps[gaps["metric"].isin(["kl_teacher_student_t1_nats", "heldout_ppl"])]
-        parts += ["", f"## Gaps to `{REFERENCE_ARM}` in % (gaps.csv: paired by seed)", "",
-                  _md(g.drop(columns=["gap_pct_by_seed"]))]
-    parts += [
-        "",
-        "## Rules",
-        "",
-        f"- Noise floor of a metric: the root mean square over seeds of 100 (b_s - r_s) / r_s, r = `{REFERENCE_ARM}`, "
-        f"b = `{NOISE_ARM}` (the same student from another init and batch order, train.seed + {NOISE_SEED_OFFSET}).",
-        "- A gap (100 (arm_s - r_s) / r_s, paired by seed: same init, batches and teacher) is within noise when its "
-        "95% Student-t interval contains 0 or |mean gap| is below the noise floor.",
-        ("- Every student starts as the teacher's own checkpoint (fine-tuning): a student may end below the "
-         "teacher's held-out perplexity, and the study does not refuse; the KL is to the original model, `*_step0` "
-         "before the first step in the student's own precision." if study.student_is_teacher else
-         "- The study refuses an answer when a KD student ends with a lower held-out perplexity than its teacher."),
-        f"- A curve has flattened when its last interval moved its mean by less than {qs.FLAT_THRESHOLD_PCT}%."
-        + (f" The learning rate decays to zero at the last step ({_schedule(study)}): a flat curve is where this "
-           "step budget ends, not a model trained to convergence." if _schedule(study) else ""),
-        "",
-        "Figures: `heldout_curves.png`"
-        + (", `gap_vs_noise.png`" if gaps is not None else "")
-        + "; rows: `study.csv`; curves: `curves.csv`.",
-        "",
-    ]
-    return "\n".join(parts)
 
 
 def run_report_notebook(study_dir: Path, progress: bool = False) -> Path:
@@ -372,11 +303,3 @@ def run_report_notebook(study_dir: Path, progress: bool = False) -> Path:
         papermill_execute(str(source), str(executed), parameters={"study_dir": str(study_dir)},
                           progress_bar=progress, cwd=str(study_dir))
     return executed
-
-
-def _schedule(study: Study) -> str:
-    """'train.lr_schedule=cosine after 50 warm-up steps' for a study whose rate decays, '' for a constant rate."""
-    sched, warm = study.fixed.get("lr_schedule", "constant"), study.fixed.get("lr_warmup_steps", 0)
-    if sched == "constant":
-        return ""
-    return f"train.lr_schedule={sched}" + (f" after {warm} warm-up steps" if warm else "")

@@ -77,7 +77,9 @@ class LMTask:
                      "loss_impl": self.loss_impl, "loss_impl_requested": d.loss_impl}
         torch.manual_seed(teacher_seed(cfg))
         self.teacher = self._teacher().to(device).eval().requires_grad_(False)
-        if with_batches and mode.stores_targets:  # the store's key: the teacher's content, before any FP8 copy
+        # the top-k store's key: the teacher's content, before any FP8 copy; a teacher trained here is hashed too
+        # (small, and a study resumed on another machine trains it again: its report tells the teachers apart)
+        if with_batches and (mode.stores_targets or cfg.lm.teacher == "train"):
             self.info["teacher_weights_sha256"] = lm_teacher.fingerprint(self.teacher)
         torch.manual_seed(cfg.train.seed)  # the students' init does not depend on how the teacher came to be
         self.reference = self._student()

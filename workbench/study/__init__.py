@@ -21,7 +21,8 @@ contains 0 or |mean gap| is below that floor (stats.within_noise).
 
 spec.py: the arms, seeds and presets, the study as a sweep;  run.py: the `workbench study` command (the
 teacher once, then the points, resumable);  report.py: the tables, headline and the report
-notebook;  readme.py: README.md;  figures.py: the held-out curves and the gaps beside the noise;  stats.py: the statistics.
+notebook;  readme.py: README.md;  figures.py: the held-out curves and the gaps beside the noise;
+stats.py: the statistics.
 
 <out>/<name>/   (default out: results/studies)
   study.json    the study (preset, arms, seeds, --set): a bare --name resumes it

@@ -21,6 +21,8 @@ def heldout_curves(study: Study, curves: pd.DataFrame, teacher_ppl: float | None
     """Held-out KL to the teacher and perplexity against the training step: per arm the mean over seeds,
     the band its min and max; the teacher's own held-out perplexity as a line (a distillation study refuses
     students below it; a fine-tuning one does not)."""
+    from matplotlib.ticker import MaxNLocator
+
     from workbench.results import plots
 
     fig, axes = plots.plt.subplots(1, 2, figsize=(11, 4.8))
@@ -37,6 +39,8 @@ def heldout_curves(study: Study, curves: pd.DataFrame, teacher_ppl: float | None
             ax.fill_between(mean.index, lo.values, hi.values, color=style["color"], alpha=0.15, lw=0)
     axes[0].set(xlabel="training step", ylabel="nats per token", title="KL(teacher ‖ student), T=1, held out")
     axes[1].set(xlabel="training step", ylabel="perplexity", title="held-out perplexity")
+    for ax in axes:  # steps are whole numbers: no 12.5 on a short study's axis
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
     if teacher_ppl:
         axes[1].axhline(teacher_ppl, color="black", ls=":", lw=1.2, label=f"teacher ({teacher_ppl:.2f})")
     axes[1].set_yscale("log")

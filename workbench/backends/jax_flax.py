@@ -1,5 +1,6 @@
-"""The tutorial's MLP student in JAX/Flax (`jax:fp32`, `jax:bf16`, and TE-JAX FP8 `jax:fp8_current`): a comparator
-row beside the torch students, `framework: jax`. It trains on the same batches and teacher targets from the same
+"""The JAX/Flax student (`jax:fp32`, `jax:bf16`, and TE-JAX FP8 `jax:fp8_current`): the tutorial's MLP, or at an LM
+shape (model.kind gpt / llama) the causal LM (workbench.jax_side.lm_student); a comparator row beside the torch
+students, `framework: jax`. It trains on the same batches and teacher targets from the same
 starting weights (the reference model's, converted) and is timed the JAX way (a compiled step, block_until_ready,
 compile apart). Its framework trains it: the runner asks a student's `framework` and hands a 'jax' one to
 workbench.jax_side (a layer above this one). Where jax, flax or optax is missing (for FP8: TE-JAX, a GPU), or jax
@@ -24,9 +25,13 @@ class JaxFlax(Backend):
         self.gemm_precision = self.recipe.split("_")[0]
 
     def availability(self, ctx) -> tuple[bool, str]:
-        if config.kind_task(ctx.cfg.model.kind) != "mlp":
-            return False, (f"the JAX student is the tutorial's MLP (model.kind {config.REGRESSION_KIND!r}), not "
-                           f"model.kind {ctx.cfg.model.kind!r}")
+        cfg = ctx.cfg
+        if config.kind_task(cfg.model.kind) == "lm" and cfg.lm.student:
+            return False, ("the JAX LM student is workbench's own CausalLM (model.kind gpt / llama); a Hugging Face "
+                           f"student (lm.student {cfg.lm.student!r}) has no Flax counterpart here")
+        if config.kind_task(cfg.model.kind) == "lm" and cfg.distill.teacher_mode == "topk":
+            return False, ("the JAX LM student trains on the teacher's full logits, not top-k targets "
+                           "(distill.teacher_mode 'topk'): run it with teacher_mode 'precomputed' or 'online'")
         if ctx.cfg.parallel.nproc > 1:
             return False, "the JAX student runs on one process (parallel.nproc 1): it has no data-parallel wrapper"
         avail = jax_env.availability()

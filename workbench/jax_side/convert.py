@@ -65,3 +65,50 @@ def to_torch(params: dict[str, Any]) -> dict[str, np.ndarray]:
     state["head.weight"] = np.ascontiguousarray(_numpy(params["head"]["kernel"]).T)
     state["head.bias"] = _numpy(params["head"]["bias"])
     return state
+
+
+# ---- the causal LM (workbench.models.lm.CausalLM <-> lm_student.FlaxCausalLM) ----------------------------------
+# A module's Flax name is its torch path with '.' as '_' (blocks.0.attn.qkv -> blocks_0_attn_qkv); its parameters:
+# an Embedding's weight is `embedding`, a Linear's [out, in] weight the [in, out] `kernel`, a norm's weight `scale`,
+# every bias `bias`. Which is which follows from the name and the rank, so one rule serves gpt and llama.
+LM_EMBEDDINGS = ("embed", "pos")
+
+
+def _lm_param(module: str, param: str, rank: int) -> str:
+    if param == "bias":
+        return "bias"
+    if module in LM_EMBEDDINGS:
+        return "embedding"
+    return "kernel" if rank == 2 else "scale"
+
+
+def lm_to_flax(state: dict[str, Any]) -> dict[str, dict[str, np.ndarray]]:
+    """A CausalLM's reference state (torch names) -> FlaxCausalLM's params."""
+    params: dict[str, dict[str, np.ndarray]] = {}
+    for name, value in state.items():
+        module, _, param = name.rpartition(".")
+        array = _numpy(value)
+        flax_param = _lm_param(module, param, array.ndim)
+        params.setdefault(module.replace(".", "_"), {})[flax_param] = (
+            np.ascontiguousarray(array.T) if flax_param == "kernel" else array)
+    return params
+
+
+def lm_to_torch(params: dict[str, Any], names: list[str]) -> dict[str, np.ndarray]:
+    """FlaxCausalLM's params -> the CausalLM state of the torch `names` (its state_dict's keys), as numpy arrays;
+    fails on a name the params lack or a parameter no name takes."""
+    state, used = {}, set()
+    for name in names:
+        module, _, param = name.rpartition(".")
+        flax_module = module.replace(".", "_")
+        kernel_or_other = [p for p in params.get(flax_module, {}) if p != "bias"]
+        flax_param = "bias" if param == "bias" else (kernel_or_other[0] if len(kernel_or_other) == 1 else None)
+        if flax_param is None or flax_param not in params.get(flax_module, {}):
+            raise KeyError(f"the Flax params have no place for torch's {name!r}")
+        array = _numpy(params[flax_module][flax_param])
+        state[name] = np.ascontiguousarray(array.T) if flax_param == "kernel" else array
+        used.add((flax_module, flax_param))
+    unused = [f"{m}/{p}" for m, ps in params.items() for p in ps if (m, p) not in used]
+    if unused:
+        raise ValueError(f"Flax params with no torch name: {unused[:5]}")
+    return state

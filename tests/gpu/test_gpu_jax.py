@@ -66,3 +66,26 @@ def test_the_te_students_step_computes_in_fp8(tmp_path):
     params = jax.device_put(convert.to_flax(reference_state(task.reference)))
     text = loss.lower(params, *jax.device_put(jax_runner._batch(*data.train[0]))).as_text().lower()
     assert "f8e4m3" in text
+
+
+def test_the_jax_lm_student_on_the_gpu_starts_with_the_torch_ones_and_fp8_tracks_bf16(tmp_path):
+    """At an LM shape: the Flax causal LM from the torch students' weights (equal initial losses), its teacher
+    logits through DLPack, cuDNN's fused attention in bf16, and TE-JAX FP8 (where built) within 10% of bf16's
+    final loss; the held-out metrics are the torch rows' own."""
+    if why := _jax_ready(fp8=False):
+        pytest.skip(why)
+    fp8 = not _jax_ready(fp8=True)
+    backends = "torch_bf16,jax:bf16" + (",jax:fp8_current" if fp8 else "")
+    cfg = config.from_preset("gpt-cpu", backends=backends.split(","), steps=40, hidden=256, intermediate=1024,
+                             heads=4, seq_len=256, batch=8, vocab=4096, corpus_mb=1.0, teacher="random",
+                             no_kd_student=False, teacher_mode="precomputed")
+    run_dir = runner.run(cfg, out=tmp_path, run_id="jaxlm", progress=False)
+    rows, summary = results.load(run_dir).set_index("student"), results.read_json(run_dir / "summary.json")
+    assert (rows["status"] == "ok").all(), rows["reason"].to_dict()
+    assert summary["initial_losses_equal"] is True
+    bf16 = rows.loc["jax:bf16"]
+    assert bf16["attention_backend"] == "jax cudnn", bf16.get("attention_warning")
+    assert bf16["heldout_ppl"] < bf16["heldout_ppl_step0"]
+    assert bf16["final_train_loss"] == pytest.approx(rows.loc["torch_bf16", "final_train_loss"], rel=0.05)
+    if fp8:
+        assert rows.loc["jax:fp8_current", "final_train_loss"] == pytest.approx(bf16["final_train_loss"], rel=0.1)

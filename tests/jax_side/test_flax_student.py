@@ -185,3 +185,48 @@ def test_the_te_student_keeps_the_flax_names_and_traces_under_te_autocast(mlp, m
     batch = runner._batch(tokens, targets)
     assert math.isfinite(float(loss(params, *batch))) and math.isfinite(float(loss(params, *batch)))
     assert entered == [(True, "Float8CurrentScaling")]  # once: at the trace, not at every call
+
+
+# ---- the causal LM -----------------------------------------------------------------------------------------------
+from workbench.jax_side import lm_student  # noqa: E402
+
+
+@pytest.mark.parametrize("kind", ["gpt", "llama"])
+def test_the_flax_lm_forward_is_the_torch_forward(kind):
+    from workbench.models import CausalLM, kinds
+
+    torch.manual_seed(0)
+    shape = kinds.get(kind).lm_shape(vocab=64, hidden=32, intermediate=64, layers=2, heads=4, seq_len=16)
+    model = CausalLM(shape)
+    tokens = torch.randint(0, 64, (2, 16))
+    with torch.no_grad():
+        ref = model(tokens)
+    out = lm_student.FlaxCausalLM(shape).apply({"params": convert.lm_to_flax(reference_state(model))},
+                                               tokens.numpy().astype(np.int32))
+    np.testing.assert_allclose(np.asarray(out), ref.numpy(), atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("loss,ce_weight", [("forward_kl", 0.5), ("reverse_kl", 0.3), ("jsd", 0.0), ("jsd", 1.0)])
+def test_the_jax_lm_loss_is_the_torch_lm_loss(loss, ce_weight):
+    """lm_objective against lm_objectives.lm_loss (checkpointed: the reference maths), padding tokens left out."""
+    from workbench.config import DistillConfig
+    from workbench.train.objectives import lm_objectives
+
+    d = DistillConfig(loss=loss, ce_weight=ce_weight, temperature=2.0, loss_impl="checkpointed")
+    torch.manual_seed(1)
+    s, t = torch.randn(2, 5, 11), torch.randn(2, 5, 11)
+    y = torch.randint(0, 11, (2, 5))
+    y[0, :2] = lm_objectives.IGNORE_INDEX
+    want = float(lm_objectives.lm_loss(s, t, y, d))
+    got = float(lm_student.lm_objective(d, s.numpy(), t.numpy(), y.numpy().astype(np.int32)))
+    assert got == pytest.approx(want, rel=1e-5)
+
+
+def test_the_te_lm_student_needs_its_recipe():
+    from workbench.config import DistillConfig
+    from workbench.models import kinds
+
+    shape = kinds.get("gpt").lm_shape(vocab=64, hidden=32, intermediate=64, layers=1, heads=4, seq_len=16)
+    with pytest.raises(ValueError, match="needs its recipe"):
+        lm_student.make_fns(lm_student.FlaxCausalLM(shape, te=True), DistillConfig(loss="forward_kl"),
+                            student.adamw(config.from_preset("gpt-cpu").train))

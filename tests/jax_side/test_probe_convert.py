@@ -87,3 +87,53 @@ def test_the_machine_probe_names_the_jax_side_without_importing_it(monkeypatch):
         assert facts["jax_version"] == md.version("jax")
     except md.PackageNotFoundError:
         assert facts["jax_version"] is None
+
+
+def _random_lm(kind: str):
+    from workbench.models import CausalLM, kinds
+
+    torch.manual_seed(0)
+    model = CausalLM(kinds.get(kind).lm_shape(vocab=64, hidden=16, intermediate=32, layers=2, heads=2, seq_len=8))
+    for p in model.parameters():  # not the init's zeros and ones: every value must survive the trip
+        torch.nn.init.normal_(p)
+    return model
+
+
+@pytest.mark.parametrize("kind", ["gpt", "llama"])
+def test_lm_conversion_round_trip_is_bit_exact(kind):
+    model = _random_lm(kind)
+    state = reference_state(model)
+    params = convert.lm_to_flax(state)
+    assert params["blocks_0_attn_qkv"]["kernel"].shape == (16, 48)  # torch [out, in] -> Flax [in, out]
+    assert params["embed"]["embedding"].shape == (64, 16) and params["head"]["kernel"].shape == (16, 64)
+    assert set(params["blocks_1_norm2"]) == ({"scale", "bias"} if kind == "gpt" else {"scale"})
+    assert ("pos" in params) == (kind == "gpt")  # learned positions: GPT's alone
+    back = convert.lm_to_torch(params, list(state))
+    for k, v in state.items():
+        assert back[k].dtype == np.float32 and np.array_equal(back[k], v.numpy()), k
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in back.items()})
+
+
+def test_lm_params_without_a_torch_name_are_refused():
+    state = reference_state(_random_lm("llama"))
+    params = convert.lm_to_flax(state)
+    with pytest.raises(ValueError, match="no torch name"):
+        convert.lm_to_torch({**params, "extra": {"kernel": np.zeros((2, 2))}}, list(state))
+    with pytest.raises(KeyError, match="no place"):
+        convert.lm_to_torch(params, [*state, "blocks.9.attn.qkv.weight"])
+
+
+def test_the_jax_lm_row_is_refused_up_front_for_a_hugging_face_student_or_top_k_targets():
+    """What the JAX LM student cannot take is a skipped row naming the field, before anything trains."""
+    from types import SimpleNamespace
+
+    from workbench.backends.jax_flax import JaxFlax
+
+    def reason(**sets):
+        cfg = config.from_preset("gpt-cpu", **sets)
+        ok, why = JaxFlax("bf16").availability(SimpleNamespace(cfg=cfg, device=torch.device("cpu")))
+        assert not ok
+        return why
+
+    assert "lm.student" in reason(student="/some/hf/folder") and "no Flax counterpart" in reason(student="/x")
+    assert "teacher_mode 'topk'" in reason(teacher_mode="topk")

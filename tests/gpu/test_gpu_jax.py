@@ -78,7 +78,7 @@ def test_the_jax_lm_student_on_the_gpu_starts_with_the_torch_ones_and_fp8_tracks
     backends = "torch_bf16,jax:bf16" + (",jax:fp8_current" if fp8 else "")
     cfg = config.from_preset("gpt-cpu", backends=backends.split(","), steps=40, hidden=256, intermediate=1024,
                              heads=4, seq_len=256, batch=8, vocab=4096, corpus_mb=1.0, teacher="random",
-                             no_kd_student=False, teacher_mode="precomputed")
+                             no_kd_student=False, teacher_mode="precomputed", baseline="torch_bf16")
     run_dir = runner.run(cfg, out=tmp_path, run_id="jaxlm", progress=False)
     rows, summary = results.load(run_dir).set_index("student"), results.read_json(run_dir / "summary.json")
     assert (rows["status"] == "ok").all(), rows["reason"].to_dict()

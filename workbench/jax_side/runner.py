@@ -15,6 +15,7 @@ training too (`*_step0`). Top-k teacher targets are not taken (a row saying so).
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import time
@@ -59,13 +60,24 @@ def run(cfg, init_state: dict[str, Any], data, compute: str = "fp32", train_flop
         return skipped_row(reason, compute)
     row = {**new_row(compute), **{f"{k}_version": v for k, v in avail.versions.items()}}
     try:
-        row.update(_train_and_time_lm(cfg, shape, init_state, data, compute) if lm
-                   else _train_and_time(cfg, init_state, data, compute))
+        with _matmul_precision(compute):
+            row.update(_train_and_time_lm(cfg, shape, init_state, data, compute) if lm
+                       else _train_and_time(cfg, init_state, data, compute))
         if train_flops and row.get("step_ms_median"):
             row.update(tflops=flops.tflops(train_flops, row["step_ms_median"]), train_gflop_per_step=train_flops / 1e9)
     except Exception as err:  # a failed student is a row saying why, never the end of the run
         row.update(status="error", reason=f"{type(err).__name__}: {err}".strip()[:2000])
     return row
+
+
+def _matmul_precision(compute: str):
+    """jax:fp32 computes its GEMMs in fp32, as torch_fp32 does: JAX's default on a GPU rounds fp32 GEMM inputs to
+    TF32, torch's default does not, and the row would be a faster, less exact student under the same name."""
+    if compute != "fp32":
+        return contextlib.nullcontext()
+    import jax
+
+    return jax.default_matmul_precision("highest")
 
 
 NOT_IN_ROW = ("student", "backend", "recipe")  # the run's row already names the student (`jax:fp32`)
@@ -108,8 +120,10 @@ def _train_and_time(cfg, init_state: dict[str, Any], data, compute: str) -> dict
     bench = [jax.device_put(_batch(*b)) for b in data.bench]
     held_out = [jax.device_put(_batch(*b)) for b in data.eval]
     # the fp32 loss of the converted starting weights on the first held-out batch: where the torch rows measure
-    # their initial_loss, so the two agree when the weights are the same
-    initial = float(fp32_loss(params, *held_out[0]))
+    # their initial_loss, so the two agree when the weights are the same; fp32 GEMMs at full precision (JAX's
+    # default on a GPU rounds fp32 inputs to TF32, torch's does not)
+    with jax.default_matmul_precision("highest"):
+        initial = float(fp32_loss(params, *held_out[0]))
     first = next(train, None)
     if first is None:
         return {"status": "error", "reason": "no training batch (train.steps 0)"}

@@ -1,4 +1,5 @@
-"""The JAX/Flax side of the bench: the tutorial's MLP student in Flax as a measured comparator of the torch rows.
+"""The JAX/Flax side of the bench: the tutorial's MLP student (student.py) and the causal LM (lm_student.py) in Flax,
+measured comparators of the torch rows.
 
 Not a second workbench: the same teacher targets, the same batches, the same starting weights (converted from the
 torch students' shared init, `convert`; checked by an equal initial loss), the same loss and AdamW settings, and

@@ -131,24 +131,12 @@ def lm_objective(d, logits: jax.Array, teacher: jax.Array, next_tokens: jax.Arra
 def make_fns(model: FlaxCausalLM, d, tx: optax.GradientTransformation, recipe: Any = None):
     """(step, loss, logits): jitted `step(params, opt_state, tokens, teacher_logits, next_tokens) -> (params,
     opt_state, loss)`, `loss(params, tokens, teacher_logits, next_tokens)` and `logits(params, tokens)`.
-    `recipe`: the TE recipe the forward is traced under (its GEMMs pick their precision then)."""
-    if model.te and recipe is None:  # TE's layers without a recipe would quietly compute in bf16
-        raise ValueError("a TE student (FlaxCausalLM.te) needs its recipe: student.te_recipe(compute)")
+    `recipe`: the TE recipe the forward is traced under (student.traced_apply)."""
+    from workbench.jax_side.student import jitted_step, traced_apply
 
-    def apply(params, tokens):
-        if recipe is None:
-            return model.apply({"params": params}, tokens)
-        from transformer_engine.jax import autocast
-
-        with autocast(enabled=True, recipe=recipe):
-            return model.apply({"params": params}, tokens)
+    apply = traced_apply(model, recipe)
 
     def loss_fn(params, tokens, teacher, next_tokens):
         return lm_objective(d, apply(params, tokens), teacher, next_tokens)
 
-    def step(params, opt_state, tokens, teacher, next_tokens):
-        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, teacher, next_tokens)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    return jax.jit(step), jax.jit(loss_fn), jax.jit(apply)
+    return jitted_step(loss_fn, tx), jax.jit(loss_fn), jax.jit(apply)

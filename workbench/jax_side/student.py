@@ -112,12 +112,11 @@ def adamw(t) -> optax.GradientTransformation:
     return optax.adamw(learning_rate=lr, b1=0.9, b2=0.999, eps=1e-8, weight_decay=t.weight_decay)
 
 
-def make_fns(model: FlaxStudent, kind: str, tx: optax.GradientTransformation, recipe: Any = None):
-    """(step, loss): jitted `step(params, opt_state, tokens, target, target_hidden) -> (params, opt_state, loss)`
-    and `loss(params, tokens, target, target_hidden)`. `recipe`: a TE recipe (`te_recipe`) the forward runs under
-    (TE-JAX's autocast, entered while jax traces it: that is when its GEMMs pick their precision)."""
+def traced_apply(model: nn.Module, recipe: Any = None):
+    """`apply(params, tokens)`: the model's forward, under TE-JAX's autocast of `recipe` (a `te_recipe`), entered
+    while jax traces it: that is when its GEMMs pick their precision. A TE model (`model.te`) must have one."""
     if model.te and recipe is None:  # TE's layers without a recipe would quietly compute in bf16
-        raise ValueError("a TE student (FlaxStudent.te) needs its recipe: student.te_recipe(compute)")
+        raise ValueError(f"a TE student ({type(model).__name__}.te) needs its recipe: student.te_recipe(compute)")
 
     def apply(params, tokens):
         if recipe is None:
@@ -127,13 +126,26 @@ def make_fns(model: FlaxStudent, kind: str, tx: optax.GradientTransformation, re
         with autocast(enabled=True, recipe=recipe):
             return model.apply({"params": params}, tokens)
 
+    return apply
+
+
+def jitted_step(loss_fn, tx: optax.GradientTransformation):
+    """jit(step(params, opt_state, *batch) -> (params, opt_state, loss)): an AdamW step on loss_fn(params, *batch)."""
+    def step(params, opt_state, *batch):
+        loss, grads = jax.value_and_grad(loss_fn)(params, *batch)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return jax.jit(step)
+
+
+def make_fns(model: FlaxStudent, kind: str, tx: optax.GradientTransformation, recipe: Any = None):
+    """(step, loss): jitted `step(params, opt_state, tokens, target, target_hidden) -> (params, opt_state, loss)`
+    and `loss(params, tokens, target, target_hidden)`. `recipe`: a TE recipe (`te_recipe`) the forward runs under."""
+    apply = traced_apply(model, recipe)
+
     def loss_fn(params, tokens, target, target_hidden):
         out, hidden = apply(params, tokens)
         return objective(kind, out, hidden, target, target_hidden)
 
-    def step(params, opt_state, tokens, target, target_hidden):
-        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, target, target_hidden)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    return jax.jit(step), jax.jit(loss_fn)
+    return jitted_step(loss_fn, tx), jax.jit(loss_fn)

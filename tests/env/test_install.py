@@ -413,3 +413,56 @@ def test_the_fp8_smoke_test_runs_as_a_module_and_says_why_without_te(tmp_path):
     found = install.fp8_smoke(sys.executable, log=io.StringIO())
     assert found["ok"] is False and why and why.splitlines()[-1].strip() in found["error"]
     assert "No module named workbench.env.smoke" not in found["error"]
+
+
+# ------------------------------------------------------------------------ TE's JAX extension (install-te --jax)
+JAX_GPU = machine(jax_version="0.11.2", jax_cuda13_plugin_version="0.11.2")
+HEALTHY_TE = dict(te_available=True, te_consistent=True, te_version="2.20.2",
+                  te_packages={"transformer-engine": "2.20.2", "transformer-engine-cu12": "2.20.2",
+                               "transformer-engine-torch": "2.20.2"})
+
+
+def test_jax_builds_the_extension_after_cudnn_frontend_pinned_to_the_installed_te():
+    """Beside a healthy PyTorch side the plan is the JAX steps alone: the frontend first (the build reads its
+    headers from the installed distribution), then the extension compiled against the installed jax."""
+    p = install_plan.plan(machine(**HEALTHY_TE, jax_version="0.11.2", jax_cuda12_plugin_version="0.11.2"), jax=True)
+    assert p.ok and [s.name for s in p.steps] == ["cudnn-frontend", "transformer-engine-jax"]
+    assert step(p, "cudnn-frontend").argv[-1] == "nvidia-cudnn-frontend"
+    build = step(p, "transformer-engine-jax")
+    assert build.argv[-1] == "transformer_engine_jax==2.20.2" and "--no-build-isolation" in build.argv
+    assert build.env["NVTE_FRAMEWORK"] == "jax" and build.env["NVTE_CUDA_ARCHS"] == "90"
+    assert "CUDNN_PATH" in build.env and "NVTE_PYTORCH_FORCE_BUILD" not in build.env
+    assert not any(n.startswith("nothing to do") for n in p.notes)
+    assert [s.name for s in install_plan.plan(machine(**HEALTHY_TE)).steps] == []  # without --jax: nothing to do
+
+
+def test_jax_follows_the_pytorch_install_from_the_same_offline_wheelhouse(tmp_path):
+    tag = H100["python_tag"]
+    house = _touch(tmp_path / "wh", "transformer_engine-2.20.2-py3-none-any.whl",
+                   "transformer_engine_cu12-2.20.2-py3-none-manylinux_2_28_x86_64.whl",
+                   f"transformer_engine_torch-2.20.2-{tag}-{tag}-linux_x86_64.whl",
+                   "transformer_engine_jax-2.20.2.tar.gz")
+    p = install_plan.plan(JAX_GPU, find_links=str(house), no_index=True, jax=True)
+    assert p.ok and [s.name for s in p.steps][-3:] == ["transformer-engine", "cudnn-frontend", "transformer-engine-jax"]
+    build = step(p, "transformer-engine-jax")
+    assert build.argv[-1] == "transformer_engine_jax==2.20.2"
+    assert build.argv[build.argv.index("--find-links") + 1] == str(house) and "--no-index" in build.argv
+
+
+@pytest.mark.parametrize("changes,words", [
+    ({}, "jax is not installed"),
+    ({"jax_version": "0.11.2"}, "has no CUDA plugin"),
+    ({"jax_version": "0.11.2", "jax_cuda12_plugin_version": "0.11.2", "nvcc_path": None, "nvcc_version": None},
+     "nvcc not found"),
+])
+def test_jax_refuses_what_its_build_cannot_have(changes, words):
+    p = install_plan.plan(machine(**HEALTHY_TE, **changes), jax=True)
+    assert not p.ok and p.steps == [] and any(r.startswith("--jax:") and words in r for r in p.refusals), p.refusals
+    assert install_plan.plan(machine(**HEALTHY_TE, **changes), jax=True, force=True).ok  # --force runs anyway
+
+
+def test_the_cli_passes_jax_to_the_plan(capsys, probed_as):
+    probed_as(JAX_GPU)
+    assert cli.main(["install-te", "--jax", "--dry-run", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert "transformer_engine_jax" in printed["commands"][-1] and "NVTE_FRAMEWORK=jax" in printed["commands"][-1]

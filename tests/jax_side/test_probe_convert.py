@@ -80,8 +80,8 @@ def test_the_machine_probe_names_the_jax_side_without_importing_it(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "jax", None)  # an import of jax would raise
     facts = env_probe._jax_facts()
-    assert set(facts) == {"jax_version", "jaxlib_version", "flax_version", "optax_version",
-                          "transformer_engine_jax_version"}
+    assert set(facts) == {"jax_version", "jaxlib_version", "jax_cuda12_plugin_version", "jax_cuda13_plugin_version",
+                          "flax_version", "optax_version", "transformer_engine_jax_version"}
     try:
         import importlib.metadata as md
         assert facts["jax_version"] == md.version("jax")

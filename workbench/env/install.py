@@ -4,6 +4,7 @@
     python -m workbench install-te                                        # PyPI, the documented route
     python -m workbench install-te --find-links WHEELHOUSE --no-index     # offline (clusters without internet)
     python -m workbench install-te --build-from-source                    # compile the torch extension here
+    python -m workbench install-te --jax                                  # + TE's JAX extension, built for your jax
 
 From Python (the notebook): `install_plan.plan(probe_dict, ...)` -> Plan, `install_te(...)` -> Outcome.
 
@@ -51,6 +52,8 @@ class Outcome:
     run_dir: str | None = None
     log: str | None = None
     log_tail: list[str] = field(default_factory=list)
+    te_jax: dict[str, Any] | None = None
+    """With --jax: whether transformer_engine.jax imports in a fresh process ({'ok', 'error'})."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -106,6 +109,16 @@ def fp8_smoke(python: str, target: str | None = None, log=None) -> dict[str, Any
     return {"ok": False, "error": " | ".join((out.stderr or out.stdout).strip().splitlines()[-15:])}
 
 
+def te_jax_import(python: str, target: str | None = None, log=None) -> dict[str, Any]:
+    """Does TE's JAX extension import in a fresh process (the JAX FP8 students' precondition)? {'ok', 'error'}."""
+    out = subprocess.run([python, "-c", "import transformer_engine.jax"], capture_output=True, text=True,
+                         env=_subprocess_env({}, target), errors="replace")
+    if log:
+        log.write(f"\n$ import transformer_engine.jax\n{out.stdout}{out.stderr}[exit {out.returncode}]\n")
+    err = " | ".join((out.stderr or out.stdout).strip().splitlines()[-10:])
+    return {"ok": out.returncode == 0, "error": "" if out.returncode == 0 else err}
+
+
 def _new_run_dir(out: str | Path) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for n in range(1000):
@@ -148,7 +161,23 @@ def install_te(env: dict[str, Any] | None = None, *, out: str | Path = "results/
         after, smoke = _verify(p, run_dir, log_path)
         outcome = _step_failed(env, after, smoke, results, failed, log_path) if failed else \
             _after_pip(p, after, smoke, results, log_path)
+        if not failed and any(st.name == "transformer-engine-jax" for st in p.steps):
+            _with_te_jax(outcome, p, after, log_path)
     return _record(outcome, t0, run_dir, log_path, progress)
+
+
+def _with_te_jax(o: Outcome, p: Plan, after: dict[str, Any], log_path: Path) -> None:
+    """--jax: the outcome says whether transformer_engine.jax imports now; where it does not, the run failed and
+    the doctor reads the import error (its JAX entries: a missing .so, the FFI registration order)."""
+    with open(log_path, "a", encoding="utf-8") as log:
+        o.te_jax = te_jax_import(p.python, p.target, log)
+    if o.te_jax["ok"]:
+        o.reason += "; TE's JAX extension built and transformer_engine.jax imports"
+        return
+    o.ok = False
+    o.reason += f"; TE's JAX extension does not import: {o.te_jax['error'][:300]}"
+    found = doctor.diagnose(o.te_jax["error"], after) or [doctor.unknown(log_path, o.te_jax["error"])]
+    o.diagnosis += [d.to_dict() for d in found]
 
 
 def _without_steps(p: Plan, env: dict[str, Any], log_path: Path) -> Outcome | None:
@@ -279,6 +308,8 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--max-jobs", type=int, default=None, help="parallel compile jobs (default: sized to memory and cores)"
     )
+    p.add_argument("--jax", action="store_true", help="also compile TE's JAX extension against the installed jax "
+                   "(the jax:fp8_current students; needs jax with its CUDA plugin, nvcc and cuDNN headers)")
     p.add_argument("--target", default=None, help="install into this folder (pip --target) instead of the environment")
     p.add_argument("--out", default="results/install", help="parent folder of the install record")
     p.add_argument("--quiet", action="store_true", help="do not stream pip's output (it is still logged)")
@@ -291,7 +322,7 @@ def main(args) -> int:
 
     kwargs = dict(version=args.version, find_links=args.find_links, no_index=args.no_index,
                   build_from_source=args.build_from_source, reinstall=args.reinstall, force=args.force,
-                  max_jobs=args.max_jobs, target=args.target)
+                  max_jobs=args.max_jobs, target=args.target, jax=args.jax)
     env = probe.probe()
     if args.dry_run:
         p = plan(env, **kwargs)

@@ -158,10 +158,11 @@ def _version(text: str) -> Version:
 
 def plan(env: dict[str, Any], *, version: str | None = None, find_links: str | None = None, no_index: bool = False,
          build_from_source: bool = False, reinstall: bool = False, force: bool = False, max_jobs: int | None = None,
-         target: str | None = None) -> Plan:
+         target: str | None = None, jax: bool = False) -> Plan:
     """The install for the probed machine `env` (a `workbench.probe.probe()` dict, real or simulated), decided
     in order: what an offline wheelhouse offers, whether the extension compiles here (and its build
-    environment), the preflight, the already-installed short cut, then the pip steps."""
+    environment), the preflight, the already-installed short cut, then the pip steps; with `jax`, then TE's JAX
+    extension compiled against the installed jax (`_jax_steps`), also beside a PyTorch side already installed."""
     refusals, warnings = _capability_refusals(env)
     major = env.get("torch_cuda_major")
     core = core_name(major) if major else None
@@ -174,13 +175,54 @@ def plan(env: dict[str, Any], *, version: str | None = None, find_links: str | N
              f"core_cu{major}" if major else None, build, build_reason,
              build_env(env, max_jobs, force_build=build == "yes") if build != "no" else {}, [],
              refusals + offline_refusals, warnings, [], find_links, no_index, target)
+    if jax:
+        p.refusals += _jax_refusals(env)
     _preflight(p, env, core, force)
     if not p.ok:
         return p
     if (installed := _already_installed(p, env, again=reinstall or build_from_source)) is not None:
-        return installed
+        return _jax_steps(installed, env, max_jobs) if jax else installed
     p.steps = _pip_steps(p, env, core, picked, house, build_from_source)
-    return p
+    return _jax_steps(p, env, max_jobs) if jax else p
+
+
+JAX_EXTENSION = "transformer_engine_jax"
+CUDNN_FRONTEND = "nvidia-cudnn-frontend"  # the JAX build reads its C++ headers from the installed distribution
+
+
+def _jax_refusals(env: dict[str, Any]) -> list[str]:
+    """What TE's JAX build needs beyond the PyTorch side's: jax with its CUDA plugin installed (the build imports
+    both: "This package needs Jax to build", "GPU backend is required to build TE jax extensions"), nvcc and
+    cuDNN's headers (a compile, always: PyPI has only the sdist)."""
+    major = env.get("torch_cuda_major") or 12
+    out = []
+    if not env.get("jax_version"):
+        out.append(f"--jax: jax is not installed: install jax with its CUDA plugin first (pip install "
+                   f"'jax[cuda{major}]'), then TE's JAX extension builds against it")
+    elif not (env.get("jax_cuda12_plugin_version") or env.get("jax_cuda13_plugin_version")):
+        out.append(f"--jax: jax {env['jax_version']} has no CUDA plugin (jax-cuda12-plugin / jax-cuda13-plugin), "
+                   f"and TE's JAX build needs jax's GPU backend: pip install 'jax[cuda{major}]'")
+    return out + [f"--jax: {r}" for r in _build_refusals(env, build_env(env))]
+
+
+def _jax_steps(p: Plan, env: dict[str, Any], max_jobs: int | None) -> Plan:
+    """The plan with TE's JAX extension added: cudnn-frontend first (the build asks the installed distribution for
+    its headers, so it cannot arrive in the same pip call), then transformer_engine_jax compiled here against the
+    installed jax (--no-build-isolation; no prebuilt wheel exists), pinned to the TE version of the plan or of the
+    TE installed, from the same index or wheelhouse."""
+    version = p.version or env.get("te_version")
+    pip = [p.python, "-m", "pip", "install", *(["--no-index"] if p.no_index else []),
+           *(["--find-links", p.find_links] if p.find_links else []), *(["--target", p.target] if p.target else [])]
+    benv = {**build_env(env, max_jobs), "NVTE_FRAMEWORK": "jax"}
+    spec = f"{JAX_EXTENSION}=={version}" if version else JAX_EXTENSION
+    steps = [Step("cudnn-frontend", pip + [CUDNN_FRONTEND], dict(PIP_ENV),
+                  "TE's JAX build takes the cuDNN frontend's C++ headers from this installed distribution"),
+             Step("transformer-engine-jax", pip + ["--no-build-isolation", "--no-deps", "-v", spec],
+                  {**PIP_ENV, **benv}, "TE's JAX extension, compiled against the installed jax and its CUDA plugin "
+                  "(the build imports them), the same version as TE's core")]
+    notes = [n for n in p.notes if not n.startswith("nothing to do")]  # the PyTorch side's short cut, if taken
+    return replace(p, steps=p.steps + steps, notes=notes + ["--jax: TE's JAX extension is compiled here"],
+                   build_env=p.build_env or benv)
 
 
 def _wheelhouse_pick(

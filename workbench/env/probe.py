@@ -307,7 +307,9 @@ def _host_facts() -> dict[str, Any]:
     }
 
 
-JAX_DISTRIBUTIONS = ("jax", "jaxlib", "flax", "optax", "transformer_engine_jax")
+# the CUDA plugins say whether jax has a GPU backend without importing it (install-te --jax needs one to build)
+JAX_DISTRIBUTIONS = ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda13-plugin", "flax", "optax",
+                     "transformer_engine_jax")
 
 
 def _jax_facts() -> dict[str, Any]:

@@ -123,17 +123,26 @@ def test_lm_params_without_a_torch_name_are_refused():
         convert.lm_to_torch(params, [*state, "blocks.9.attn.qkv.weight"])
 
 
-def test_the_jax_lm_row_is_refused_up_front_for_a_hugging_face_student_or_top_k_targets():
-    """What the JAX LM student cannot take is a skipped row naming the field, before anything trains."""
+def test_the_jax_lm_row_is_refused_up_front_for_a_hugging_face_student():
     from types import SimpleNamespace
 
     from workbench.backends.jax_flax import JaxFlax
 
-    def reason(**sets):
-        cfg = config.from_preset("gpt-cpu", **sets)
-        ok, why = JaxFlax("bf16").availability(SimpleNamespace(cfg=cfg, device=torch.device("cpu")))
-        assert not ok
-        return why
+    cfg = config.from_preset("gpt-cpu", student="/some/hf/folder")
+    ok, why = JaxFlax("bf16").availability(SimpleNamespace(cfg=cfg, device=torch.device("cpu")))
+    assert not ok and "lm.student '/some/hf/folder'" in why and "no Flax counterpart" in why
 
-    assert "lm.student" in reason(student="/some/hf/folder") and "no Flax counterpart" in reason(student="/x")
-    assert "teacher_mode 'topk'" in reason(teacher_mode="topk")
+
+def test_the_jax_lm_row_is_skipped_on_top_k_teacher_targets(monkeypatch):
+    """Top-k targets (distill.teacher_mode topk, or chosen by the run) are a skipped row saying what to run
+    instead, before any weight is converted (jax itself stood in for: its availability only)."""
+    from types import SimpleNamespace
+
+    from workbench.train.objectives import Targets
+
+    monkeypatch.setattr(probe, "availability", lambda: probe.Availability("", "", "", "", gpu=False))
+    topk = Targets(torch.zeros(1, 4, 8), next_tokens=torch.zeros(1, 4, dtype=torch.long),
+                   indices=torch.zeros(1, 4, 8, dtype=torch.int32), rest_lse=torch.zeros(1, 4))
+    row = runner.run(config.from_preset("gpt-cpu"), init_state={}, data=SimpleNamespace(bench=[(None, topk)]),
+                     compute="bf16", shape=object())
+    assert row["status"] == "skipped" and "teacher_mode 'precomputed' or 'online'" in row["reason"]

@@ -29,9 +29,6 @@ class JaxFlax(Backend):
         if config.kind_task(cfg.model.kind) == "lm" and cfg.lm.student:
             return False, ("the JAX LM student is workbench's own CausalLM (model.kind gpt / llama); a Hugging Face "
                            f"student (lm.student {cfg.lm.student!r}) has no Flax counterpart here")
-        if config.kind_task(cfg.model.kind) == "lm" and cfg.distill.teacher_mode == "topk":
-            return False, ("the JAX LM student trains on the teacher's full logits, not top-k targets "
-                           "(distill.teacher_mode 'topk'): run it with teacher_mode 'precomputed' or 'online'")
         if ctx.cfg.parallel.nproc > 1:
             return False, "the JAX student runs on one process (parallel.nproc 1): it has no data-parallel wrapper"
         avail = jax_env.availability()

@@ -215,7 +215,9 @@ def _jax_steps(p: Plan, env: dict[str, Any], max_jobs: int | None) -> Plan:
            *(["--find-links", p.find_links] if p.find_links else []), *(["--target", p.target] if p.target else [])]
     benv = {**build_env(env, max_jobs), "NVTE_FRAMEWORK": "jax"}
     spec = f"{JAX_EXTENSION}=={version}" if version else JAX_EXTENSION
-    steps = [Step("cudnn-frontend", pip + [CUDNN_FRONTEND], dict(PIP_ENV),
+    # --no-deps: the build needs the frontend's headers only; its own Python kernels' requirements
+    # (nvidia-cutlass-dsl, ...) are no wheelhouse's, and offline pip refused the step over them (H200, 2a36645)
+    steps = [Step("cudnn-frontend", pip + ["--no-deps", CUDNN_FRONTEND], dict(PIP_ENV),
                   "TE's JAX build takes the cuDNN frontend's C++ headers from this installed distribution"),
              Step("transformer-engine-jax", pip + ["--no-build-isolation", "--no-deps", "-v", spec],
                   {**PIP_ENV, **benv}, "TE's JAX extension, compiled against the installed jax and its CUDA plugin "

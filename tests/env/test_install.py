@@ -466,3 +466,17 @@ def test_the_cli_passes_jax_to_the_plan(capsys, probed_as):
     assert cli.main(["install-te", "--jax", "--dry-run", "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert "transformer_engine_jax" in printed["commands"][-1] and "NVTE_FRAMEWORK=jax" in printed["commands"][-1]
+
+
+def test_a_failed_step_is_diagnosed_from_its_own_output_not_what_followed(tmp_path):
+    """The verification after a failed step writes to the same log (TE's warning about a missing JAX .so, on the
+    H200): the doctor must read the failed step's lines alone, or it names the wrong cause."""
+    log = tmp_path / "install.log"
+    step_text = "$ pip install\nERROR: No matching distribution found for transformer-engine-torch==9.9.9\n[exit 1]\n"
+    log.write_text("plan\n" + step_text + "$ fp8 smoke test\nRuntimeWarning: Detected a Jax installation but could "
+                   "not find the shared object file for the Transformer Engine Jax extension library.\n")
+    start = len("plan\n")
+    failed = (install_plan.Step("transformer-engine", ["pip"]), start, start + len(step_text))
+    o = install._step_failed(H100, {"te_available": False}, None, [{"name": "transformer-engine", "returncode": 1}],
+                             failed, log)
+    assert [d["id"] for d in o.diagnosis] == ["package_not_in_index"], o.diagnosis

@@ -194,10 +194,10 @@ def _without_steps(p: Plan, env: dict[str, Any], log_path: Path) -> Outcome | No
     return None
 
 
-def _run_steps(p: Plan, log_path: Path, progress: bool) -> tuple[list[dict[str, Any]], tuple[Step, int] | None]:
+def _run_steps(p: Plan, log_path: Path, progress: bool) -> tuple[list[dict[str, Any]], tuple[Step, int, int] | None]:
     """Run the steps in order, their output appended to the log (and streamed with `progress`), stopping at
     the first failure: (each step's name, returncode and duration_s; the failed step and where its output
-    starts in the log, so the doctor reads that step alone, or None)."""
+    starts and ends in the log, so the doctor reads that step alone, or None)."""
     echo = (lambda line: print(line, end="", flush=True)) if progress else None
     results = []
     with open(log_path, "a", encoding="utf-8") as log:
@@ -209,7 +209,7 @@ def _run_steps(p: Plan, log_path: Path, progress: bool) -> tuple[list[dict[str, 
             rc = _stream(step.argv, _subprocess_env(step.env, p.target), log, echo)
             results.append({"name": step.name, "returncode": rc, "duration_s": round(time.perf_counter() - s0, 2)})
             if rc != 0:
-                return results, (step, start)
+                return results, (step, start, log.tell())
     return results, None
 
 
@@ -225,15 +225,16 @@ def _verify(p: Plan, run_dir: Path, log_path: Path) -> tuple[dict[str, Any], dic
 
 
 def _step_failed(env: dict[str, Any], after: dict[str, Any], smoke: dict[str, Any] | None,
-                 results: list[dict[str, Any]], failed: tuple[Step, int], log_path: Path) -> Outcome:
-    """A pip step failed: the doctor reads that step's output alone (its first error names the cause), and
-    the reason says when a TE installed before still imports."""
-    step, start = failed
+                 results: list[dict[str, Any]], failed: tuple[Step, int, int], log_path: Path) -> Outcome:
+    """A pip step failed: the doctor reads that step's output alone (its first error names the cause; not the
+    verification written after it, whose TE warnings once named another failure), and the reason says when a
+    TE installed before still imports."""
+    step, start, end = failed
     te_mode = "transformer_engine" if after.get("te_available") else "fallback"
     version = after.get("te_version")
     with open(log_path, encoding="utf-8", errors="replace") as f:
         f.seek(start)
-        step_log = f.read()
+        step_log = f.read(end - start)
     found = doctor.diagnose(step_log, env) or [doctor.unknown(log_path, step_log)]
     reason = f"step '{step.name}' failed (exit {results[-1]['returncode']}): {found[0].cause}"
     if te_mode == "transformer_engine":

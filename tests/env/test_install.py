@@ -431,6 +431,7 @@ def test_jax_builds_the_extension_after_cudnn_frontend_pinned_to_the_installed_t
     build = step(p, "transformer-engine-jax")
     assert build.argv[-1] == "transformer_engine_jax==2.20.2" and "--no-build-isolation" in build.argv
     assert build.env["NVTE_FRAMEWORK"] == "jax" and build.env["NVTE_CUDA_ARCHS"] == "90"
+    assert build.env["PYTHONPATH"] == install_plan.PARALLEL_BUILD  # its sources compile on MAX_JOBS threads
     assert "CUDNN_PATH" in build.env and "NVTE_PYTORCH_FORCE_BUILD" not in build.env
     assert not any(n.startswith("nothing to do") for n in p.notes)
     assert [s.name for s in install_plan.plan(machine(**HEALTHY_TE)).steps] == []  # without --jax: nothing to do

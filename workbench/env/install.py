@@ -62,8 +62,10 @@ class Outcome:
 def _subprocess_env(step_env: dict[str, str], target: str | None) -> dict[str, str]:
     env = {**os.environ, **step_env}
     env.pop("NVTE_RELEASE_BUILD", None)  # set, it builds TE without the PyTorch extension (TE #2505)
-    paths = [p for p in (target, REPO_ROOT, os.environ.get("PYTHONPATH")) if p]
-    env["PYTHONPATH"] = os.pathsep.join(paths)  # the target's packages and this workbench, for verification
+    # a step's own folder first (TE-JAX's parallel compile, install_plan.PARALLEL_BUILD), then the target's
+    # packages and this workbench, for verification
+    paths = [p for p in (step_env.get("PYTHONPATH"), target, REPO_ROOT, os.environ.get("PYTHONPATH")) if p]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
     return env
 
 

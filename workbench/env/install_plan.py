@@ -187,6 +187,8 @@ def plan(env: dict[str, Any], *, version: str | None = None, find_links: str | N
 
 
 JAX_EXTENSION = "transformer_engine_jax"
+# on PYTHONPATH for TE-JAX's build: its sitecustomize compiles the extension's sources on MAX_JOBS threads
+PARALLEL_BUILD = str(Path(__file__).resolve().parent / "parallel_build")
 CUDNN_FRONTEND = "nvidia-cudnn-frontend"  # the JAX build reads its C++ headers from the installed distribution
 
 
@@ -214,6 +216,8 @@ def _jax_steps(p: Plan, env: dict[str, Any], max_jobs: int | None) -> Plan:
     pip = [p.python, "-m", "pip", "install", *(["--no-index"] if p.no_index else []),
            *(["--find-links", p.find_links] if p.find_links else []), *(["--target", p.target] if p.target else [])]
     benv = {**build_env(env, max_jobs), "NVTE_FRAMEWORK": "jax"}
+    # setuptools compiles a pybind11 extension's sources one at a time: parallel_build/sitecustomize.py
+    benv["PYTHONPATH"] = PARALLEL_BUILD
     spec = f"{JAX_EXTENSION}=={version}" if version else JAX_EXTENSION
     # --no-deps: the build needs the frontend's headers only; its own Python kernels' requirements
     # (nvidia-cutlass-dsl, ...) are no wheelhouse's, and offline pip refused the step over them (H200, 2a36645)

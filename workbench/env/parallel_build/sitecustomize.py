@@ -6,14 +6,13 @@ them on MAX_JOBS threads, the same count the PyTorch build takes. Anything that 
 serial, as it was: a slower build, never a broken one."""
 
 
-def install() -> bool:
-    """Patch distutils' compile to run its sources on MAX_JOBS threads; False where pybind11 is missing."""
+def install() -> None:
+    """Patch distutils' compile to run its sources on MAX_JOBS threads; nothing where pybind11 is missing."""
     try:
         from pybind11.setup_helpers import ParallelCompile
     except Exception:  # noqa: BLE001 - no pybind11, an old one, a broken setuptools: the serial build stays
-        return False
+        return
     ParallelCompile("MAX_JOBS").install()
-    return True
 
 
 install()

@@ -62,6 +62,12 @@ def synced_notebook(ipynb: Path, repo: str):
     return nb
 
 
+def _unstamped(text: str) -> str:
+    """The text without jupytext's own version stamp: a new jupytext release (1.19.6 -> 1.19.7 on a fresh CI
+    install) rewrites only that line, which says nothing about whether the notebook is in sync."""
+    return re.sub(r"(?m)^#\s+jupytext_version: .*$", "", text)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a file is out of date")
@@ -72,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         nb = synced_notebook(ipynb, repo)
         wanted[ipynb] = jupytext.writes(nb, fmt="ipynb") + "\n"  # as Jupyter saves it
         wanted[ipynb.with_suffix(".py")] = jupytext.writes(nb, fmt="py:percent")
-    stale = [path for path, text in wanted.items() if path.read_text() != text]
+    stale = [path for path, text in wanted.items() if _unstamped(path.read_text()) != _unstamped(text)]
     if not check:
         for path in stale:
             path.write_text(wanted[path])

@@ -77,16 +77,14 @@ def test_derived_files_are_up_to_date():
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_sync_check_ignores_only_jupytext_version_stamp(tmp_path):
-    """A newer jupytext rewrites only its version stamp: not drift. Any other changed line still is."""
-    nb = ROOT / "notebooks" / "verdict.py"
-    text = nb.read_text()
-    assert re.search(r"(?m)^#\s+jupytext_version: ", text)  # the stamp this check skips is there to skip
-    restamped = re.sub(r"(?m)^(#\s+jupytext_version: ).*$", r"\g<1>99.0.0", text)
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import sync_notebooks
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
-    assert sync_notebooks._unstamped(restamped) == sync_notebooks._unstamped(text)
-    assert sync_notebooks._unstamped(text + "# drift\n") != sync_notebooks._unstamped(text)
+def test_no_jupytext_release_rewrites_a_notebook_half(monkeypatch):
+    """jupytext stamped its version into each .py half, so a new release (1.19.7 on a fresh CI install) made
+    every half out of date. The notebooks' metadata filter keeps the stamp out: another version writes the same."""
+    import jupytext
+    import jupytext.header
+
+    monkeypatch.setattr(jupytext.header, "__version__", "99.0.0")
+    for ipynb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        half = ipynb.with_suffix(".py").read_text()
+        assert "jupytext_version" not in half.replace("-jupytext.text_representation.jupytext_version", "")
+        assert jupytext.writes(jupytext.read(ipynb), fmt="py:percent") == half, ipynb.name

@@ -3,6 +3,8 @@
     scripts/gpu.sh list                                 every run: device kind, budget, folders it fills, knobs
     scripts/gpu.sh [--dry-run] NAME [KNOB=VALUE ...] [ARG ...]
     scripts/gpu.sh show FILE [COL,COL,...]              a result CSV's columns (those present) or a JSON's keys
+    scripts/gpu.sh carry [PATH ...]                     what a device call would carry (the tree and the PATHs
+                                                        named in its carry) against its 64 MiB; exit 1 if over
 
 A run is bash: `set -uo pipefail`, scripts/gpu_env.sh sourced, every knob set (KNOB=VALUE here, else the
 environment, else the table's default), then the table's `run` text with the ARGs as "$@". --dry-run prints that
@@ -27,6 +29,7 @@ TABLE = ROOT / "scripts" / "gpu_runs.toml"
 KINDS = ("nvidia-h200", "nvidia-h200-x2", "nvidia-h200-x4", "nvidia-h200-x8")
 FIELDS = {"about", "kind", "budget_s", "fills", "knobs", "run"}
 KNOB = re.compile(r"[A-Z][A-Z0-9_]*")
+CARRY_CAP = 64 * 2**20  # one device call copies the tree and its carried paths, at most this much
 
 
 def load(path: Path | None = None) -> dict[str, dict]:
@@ -93,6 +96,29 @@ def show(path: str, cols: str = "") -> None:
         print(f"no {path}: {type(e).__name__}: {e}")
 
 
+def tree_bytes(untracked: bool = True) -> int:
+    """Bytes of the tree as a device call copies it: tracked files, and (`untracked`) those git does not ignore."""
+    cmd = ["git", "ls-files", "-z", *(["--cached", "--others", "--exclude-standard"] if untracked else [])]
+    names = subprocess.run(cmd, cwd=ROOT, capture_output=True, check=True).stdout.split(b"\0")
+    return sum(p.stat().st_size for n in names if n and (p := ROOT / n.decode()).is_file())
+
+
+def carry(paths: list[str]) -> int:
+    """Print the tree's and each carried path's MiB against the cap (a missing path is said: the call removes
+    it there); 1 when the call would be refused for size. The wheelhouse beside a growing tree is what nears it."""
+    sizes = {"the tree (tracked + untracked, not ignored)": tree_bytes()}
+    for name in paths:
+        path = ROOT / name
+        files = [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]
+        sizes[name if path.exists() else f"{name} (missing here)"] = sum(f.stat().st_size for f in files)
+    total = sum(sizes.values())
+    for name, size in sizes.items():
+        print(f"{size / 2**20:6.1f} MiB  {name}")
+    over = total > CARRY_CAP
+    print(f"{total / 2**20:6.1f} MiB of {CARRY_CAP / 2**20:.0f} MiB" + (": over, carry less" if over else ""))
+    return int(over)
+
+
 def main(argv: list[str]) -> int:
     dry = "--dry-run" in argv
     argv = [a for a in argv if a != "--dry-run"]
@@ -102,6 +128,8 @@ def main(argv: list[str]) -> int:
     if argv[0] == "show":
         show(*argv[1:3])
         return 0
+    if argv[0] == "carry":
+        return carry(argv[1:])
     runs = load()
     if argv[0] == "list":
         print(listing(runs))

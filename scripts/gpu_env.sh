@@ -2,12 +2,12 @@
 # The copy sent to the GPU machine has no .git: start the command with
 #   WORKBENCH_GIT_SHA=<git rev-parse --short HEAD, run here> bash scripts/gpu.sh NAME
 # so every env.json / result row names the code that produced it.
-# What travels to the GPU machine is capped at 64 MiB: this tree (~8 MiB: reference evidence is committed
-# as palette PNGs only (results.write_figure), .gitignore keeps its SVGs out; tests/repo/test_repo_refs.py keeps it
-# under 14 MiB) plus carried paths. The whole .gpu/ wheelhouse (~49 MiB) fits beside it: carry [".gpu"] and
-# start with `bash .gpu/install.sh`; a call that needs fewer wheels may carry
-# a smaller folder instead (e.g. .gpu-run with cp .gpu/wheelhouse/{te,torchao}/*.whl, then
-# python3 -m pip install -q --no-index --no-deps --no-compile .gpu-run/*.whl).
+# What travels to the GPU machine is capped at 64 MiB: this tree (12.9 MiB at 6c8fd97: reference evidence is
+# committed as palette PNGs only (results.write_figure), .gitignore keeps its SVGs out; tests/repo/test_repo_refs.py
+# keeps it under 14 MiB) plus carried paths. `scripts/gpu.sh carry .gpu ...` adds them up before a call (.gpu/ with
+# the dask wheels removed 45.4 MiB, + .gpujax 2.4 MiB: 60.7 MiB). Carry [".gpu"] and start with
+# `bash .gpu/install.sh`; a call that needs fewer wheels may carry a smaller folder instead (e.g. .gpu-run with
+# cp .gpu/wheelhouse/{te,torchao}/*.whl, then python3 -m pip install -q --no-index --no-deps --no-compile .gpu-run/*.whl).
 # No LD_LIBRARY_PATH / CUDNN_PATH here: the workbench loads torch's cuDNN itself before TE
 # (workbench/env/te.py), and these runs must see what a user sees.
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1

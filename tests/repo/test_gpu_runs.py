@@ -78,3 +78,30 @@ def test_list_dry_run_and_a_run_on_the_cpu(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("C", "c-env")
     assert gpu.main(["echo", "C=c-cli", "x y"]) == 0
     assert (tmp_path / "echo.txt").read_text() == "a0 b-env c-cli 1 x y\n"
+
+
+def test_carry_counts_the_tree_and_each_path_against_the_cap(tmp_path, monkeypatch, capsys):
+    (tmp_path / "wheels").mkdir()
+    (tmp_path / "wheels" / "a.whl").write_bytes(b"x" * 3 * 2**20)
+    (tmp_path / "one.tar.gz").write_bytes(b"x" * 2**20)
+    monkeypatch.setattr(gpu, "ROOT", tmp_path)
+    monkeypatch.setattr(gpu, "tree_bytes", lambda untracked=True: 2 * 2**20)
+    assert gpu.main(["carry", "wheels", "one.tar.gz", "gone"]) == 0
+    out = capsys.readouterr().out
+    assert "3.0 MiB  wheels" in out and "1.0 MiB  one.tar.gz" in out and "gone (missing here)" in out
+    assert "6.0 MiB of 64 MiB" in out and "over" not in out
+    monkeypatch.setattr(gpu, "CARRY_CAP", 5 * 2**20)
+    assert gpu.main(["carry", "wheels", "one.tar.gz"]) == 1
+    assert "over, carry less" in capsys.readouterr().out
+
+
+def test_the_tree_measure_counts_untracked_files_git_does_not_ignore(tmp_path, monkeypatch):
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("/big/\n")
+    (tmp_path / "kept.txt").write_bytes(b"k" * 100)
+    (tmp_path / "big").mkdir()
+    (tmp_path / "big" / "w.whl").write_bytes(b"w" * 1000)
+    subprocess.run(["git", "add", ".gitignore"], cwd=tmp_path, check=True)
+    monkeypatch.setattr(gpu, "ROOT", tmp_path)
+    assert gpu.tree_bytes(untracked=False) == len("/big/\n")
+    assert gpu.tree_bytes() == len("/big/\n") + 100  # kept.txt travels, the ignored wheel does not

@@ -96,24 +96,32 @@ def show(path: str, cols: str = "") -> None:
         print(f"no {path}: {type(e).__name__}: {e}")
 
 
-def tree_bytes(untracked: bool = True) -> int:
+def _size(path: Path, on_disk: bool) -> int:
+    """A file's bytes, or (`on_disk`) the blocks it takes: the device tool's 64 MiB counts the latter. Measured:
+    a carry of 62.8 MiB in bytes (66.3 MiB on disk, the tree's ~1,600 small files each rounded up to a block) was
+    refused, one of 59.6 MiB (63.1 on disk) went through."""
+    st = path.stat()
+    return st.st_blocks * 512 if on_disk else st.st_size
+
+
+def tree_bytes(untracked: bool = True, on_disk: bool = False) -> int:
     """Bytes of the tree as a device call copies it: tracked files, and (`untracked`) those git does not ignore."""
     cmd = ["git", "ls-files", "-z", *(["--cached", "--others", "--exclude-standard"] if untracked else [])]
     names = subprocess.run(cmd, cwd=ROOT, capture_output=True, check=True).stdout.split(b"\0")
-    return sum(p.stat().st_size for n in names if n and (p := ROOT / n.decode()).is_file())
+    return sum(_size(p, on_disk) for n in names if n and (p := ROOT / n.decode()).is_file())
 
 
 def carry(paths: list[str]) -> int:
     """Print the tree's and each carried path's MiB against the cap (a missing path is said: the call removes
     it there); 1 when the call would be refused for size. The wheelhouse beside a growing tree is what nears it."""
-    sizes = {"the tree (tracked + untracked, not ignored)": tree_bytes()}
+    sizes = {"the tree (tracked + untracked, not ignored)": tree_bytes(on_disk=True)}
     for name in paths:
         path = ROOT / name
         files = [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]
-        sizes[name if path.exists() else f"{name} (missing here)"] = sum(f.stat().st_size for f in files)
+        sizes[name if path.exists() else f"{name} (missing here)"] = sum(_size(f, True) for f in files)
     total = sum(sizes.values())
     for name, size in sizes.items():
-        print(f"{size / 2**20:6.1f} MiB  {name}")
+        print(f"{size / 2**20:6.1f} MiB  {name} (on disk)")
     over = total > CARRY_CAP
     print(f"{total / 2**20:6.1f} MiB of {CARRY_CAP / 2**20:.0f} MiB" + (": over, carry less" if over else ""))
     return int(over)

@@ -2,12 +2,14 @@
 # The copy sent to the GPU machine has no .git: start the command with
 #   WORKBENCH_GIT_SHA=<git rev-parse --short HEAD, run here> bash scripts/gpu.sh NAME
 # so every env.json / result row names the code that produced it.
-# What travels to the GPU machine is capped at 64 MiB: this tree (12.9 MiB at 6c8fd97: reference evidence is
-# committed as palette PNGs only (results.write_figure), .gitignore keeps its SVGs out; tests/repo/test_repo_refs.py
-# keeps it under 14 MiB) plus carried paths. `scripts/gpu.sh carry .gpu ...` adds them up before a call (.gpu/ with
-# the dask wheels removed 45.4 MiB, + .gpujax 2.4 MiB: 60.7 MiB). Carry [".gpu"] and start with
-# `bash .gpu/install.sh`; a call that needs fewer wheels may carry a smaller folder instead (e.g. .gpu-run with
-# cp .gpu/wheelhouse/{te,torchao}/*.whl, then python3 -m pip install -q --no-index --no-deps --no-compile .gpu-run/*.whl).
+# What travels to the GPU machine is capped at 64 MiB, counted as blocks on disk (a call of 62.8 MiB in bytes,
+# 66.3 on disk, was refused): this tree (16.2 MiB on disk at ba9bc5f, 12.9 in bytes; reference evidence is committed
+# as palette PNGs only (results.write_figure), .gitignore keeps its SVGs out; tests/repo/test_repo_refs.py keeps the
+# bytes under 14 MiB) plus carried paths. `scripts/gpu.sh carry .gpu ...` adds them up that way before a call.
+# The shared wheelhouse whole is 48.2 MiB on disk, so tree + all of it (64.4) no longer fits: carry a .gpu holding
+# what the call installs (te/ always, without transformer_engine_torch's sdist; torchao/, notebook/, dask/ as the
+# call needs) and install it directly (python3 -m pip install -q --no-index --no-deps --no-compile
+# .gpu/wheelhouse/{te,torchao}/*.whl) instead of `bash .gpu/install.sh`, which wants every folder.
 # No LD_LIBRARY_PATH / CUDNN_PATH here: the workbench loads torch's cuDNN itself before TE
 # (workbench/env/te.py), and these runs must see what a user sees.
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1

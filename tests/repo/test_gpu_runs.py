@@ -85,7 +85,7 @@ def test_carry_counts_the_tree_and_each_path_against_the_cap(tmp_path, monkeypat
     (tmp_path / "wheels" / "a.whl").write_bytes(b"x" * 3 * 2**20)
     (tmp_path / "one.tar.gz").write_bytes(b"x" * 2**20)
     monkeypatch.setattr(gpu, "ROOT", tmp_path)
-    monkeypatch.setattr(gpu, "tree_bytes", lambda untracked=True: 2 * 2**20)
+    monkeypatch.setattr(gpu, "tree_bytes", lambda untracked=True, on_disk=False: 2 * 2**20)
     assert gpu.main(["carry", "wheels", "one.tar.gz", "gone"]) == 0
     out = capsys.readouterr().out
     assert "3.0 MiB  wheels" in out and "1.0 MiB  one.tar.gz" in out and "gone (missing here)" in out
@@ -105,3 +105,6 @@ def test_the_tree_measure_counts_untracked_files_git_does_not_ignore(tmp_path, m
     monkeypatch.setattr(gpu, "ROOT", tmp_path)
     assert gpu.tree_bytes(untracked=False) == len("/big/\n")
     assert gpu.tree_bytes() == len("/big/\n") + 100  # kept.txt travels, the ignored wheel does not
+    # the device tool counts blocks on disk: each small file takes at least one (a 62.8 MiB carry in bytes was
+    # refused for being 66.3 MiB on disk)
+    assert gpu.tree_bytes(on_disk=True) >= 2 * 512 > gpu.tree_bytes()

@@ -389,3 +389,15 @@ def test_the_pytorch_reference_opens_the_report_and_a_missing_jax_reference_is_n
     assert report.headline(analysis.crossover(alone), "FakeGPU") == (
         "On FakeGPU, no JAX (bf16) row ran beside its FP8 students, so there is no crossover with it to report.")
 
+
+
+def test_a_long_title_stays_inside_a_one_panel_figure():
+    """Seen on an H100 sweep: two references and the GPU's full name ran past a one-panel figure's edge."""
+    rows = _with_jax_rows()
+    rows = rows[rows["cfg_seq_len"] == 1024].assign(gpu_name="NVIDIA H100 80GB HBM3")
+    fig = figures.speedup_vs_size(analysis.add_derived(rows))
+    fig.canvas.draw()
+    box, edge = fig._suptitle.get_window_extent(), fig.bbox
+    assert edge.x0 <= box.x0 and box.x1 <= edge.x1, (box, edge)
+    assert "NVIDIA H100 80GB HBM3" in fig._suptitle.get_text()
+    plt.close(fig)

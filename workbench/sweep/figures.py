@@ -24,7 +24,10 @@ def _panels(df: pd.DataFrame, what: str, timings: bool = False):
     tokens = sorted(df["tokens"].dropna().unique()) or [None]
     fig, axes = plt.subplots(1, len(tokens), figsize=(5.2 * len(tokens) + 1, 4.6), squeeze=False, sharey=True)
     gpu = _gpu(df)
-    fig.suptitle(f"{what} — {gpu}" + (f"\n{plots.CPU_TIMINGS}" if timings and gpu == "CPU" else ""), fontsize=11)
+    # one panel is ~6 inches, ~11 characters an inch at this size: a longer title (two references and a GPU's
+    # full name) puts the GPU on its own line rather than past the figure's edge
+    title = f"{what} — {gpu}" if len(what) + len(gpu) + 3 <= 11 * fig.get_figwidth() else f"{what}\n{gpu}"
+    fig.suptitle(title + (f"\n{plots.CPU_TIMINGS}" if timings and gpu == "CPU" else ""), fontsize=11)
     return fig, list(zip(axes[0], tokens))
 
 

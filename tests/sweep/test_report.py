@@ -401,3 +401,11 @@ def test_a_long_title_stays_inside_a_one_panel_figure():
     assert edge.x0 <= box.x0 and box.x1 <= edge.x1, (box, edge)
     assert "NVIDIA H100 80GB HBM3" in fig._suptitle.get_text()
     plt.close(fig)
+
+
+def test_a_sweep_resumed_on_another_gpu_names_both_in_its_figures():
+    rows = _rows()
+    rows.loc[rows["cfg_hidden"] == 4096, "gpu_name"] = "OtherGPU"
+    fig = figures.step_time_vs_size(analysis.add_derived(rows))
+    assert "FakeGPU + OtherGPU" in fig._suptitle.get_text()
+    plt.close(fig)

@@ -16,7 +16,9 @@ from workbench.sweep.analysis import FRAMEWORK_REFERENCES, RAN_OK, crossover, lo
 
 
 def _gpu(df: pd.DataFrame) -> str:
-    return df["gpu_name"].dropna().iloc[0] if "gpu_name" in df and df["gpu_name"].notna().any() else "CPU"
+    """Every GPU the rows ran on (a sweep resumed on another kind names both, as the report's environment does)."""
+    names = sorted(df["gpu_name"].dropna().astype(str).unique()) if "gpu_name" in df else []
+    return " + ".join(names) or "CPU"
 
 
 def _panels(df: pd.DataFrame, what: str, timings: bool = False):

@@ -1,5 +1,6 @@
 """workbench.sweep: grid parsing, point ids, and a real 4-point cpu-smoke sweep with a failing point,
 a simulated kill, and a resume that runs only what is missing (then the report notebook)."""
+import contextlib
 import json
 import os
 import shutil
@@ -371,6 +372,49 @@ def test_sigterm_marks_the_running_point_interrupted_and_progress_names_its_grid
     row = index.read_index(tmp_path / "term").iloc[0]
     assert row["status"] == "interrupted" and not (tmp_path / "term" / row["point"] / index.DONE_FILE).exists()
     assert f"point 1/1 hidden=16 [{row['point']}] started" in err
+
+
+@pytest.mark.slow
+def test_sigterm_as_timeout_sends_it_stops_with_one_line_and_the_same_command_resumes(tmp_path):
+    """`timeout -s TERM` signals the driver, then its whole process group (the Dask workers too), and a person
+    may press Ctrl-C again while the sweep stops. A handler that raised KeyboardInterrupt wherever the driver
+    was could raise inside Queue.get while it re-took its lock: "RuntimeError: release unlocked lock" and a
+    traceback instead of a stop. The signals keep coming here while the driver stops, so that such a spot is hit."""
+    command = [sys.executable, "-m", "workbench", "sweep", "--name", "stop", "--preset", "cpu-smoke",
+               "--grid", "hidden=16", "--out", str(tmp_path), "--no-report", "--cache", "none"]
+    command += [a for k, v in TINY.items() for a in ("--set", f"{k}={v}")]
+    index_csv = tmp_path / "stop" / index.INDEX_FILE
+    with open(tmp_path / "err.txt", "w") as err_file:  # a file, not a pipe nobody reads while the signals go
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err_file,
+                                start_new_session=True)  # its own process group, as under `timeout`
+        try:
+            while proc.poll() is None and not (index_csv.exists() and "running" in index_csv.read_text()):
+                time.sleep(0.05)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)  # what `timeout` does: the driver, then its group
+                os.killpg(proc.pid, signal.SIGTERM)
+            for _ in range(3000):  # and again while it stops, a few seconds' worth
+                if proc.poll() is not None:
+                    break
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGTERM)
+                time.sleep(0.001)
+            proc.wait(timeout=120)  # a driver hung by the signals fails here rather than hanging the tests
+        finally:
+            proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # any worker left behind
+    err = (tmp_path / "err.txt").read_text()
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert err.count("workbench sweep: stopped by SIGTERM; run the same command (or --name stop) to resume") == 1, err
+    row = index.read_index(tmp_path / "stop").iloc[0]
+    assert row["status"] == "interrupted" and not (tmp_path / "stop" / row["point"] / index.DONE_FILE).exists()
+
+    rerun = subprocess.run(command, capture_output=True, text=True, timeout=600)  # the same command resumes
+    assert rerun.returncode == 0, rerun.stderr
+    after = index.read_index(tmp_path / "stop").iloc[0]
+    assert (after["point"], after["status"]) == (row["point"], "done")
+    assert json.loads(rerun.stdout.strip().splitlines()[-1])["done"] == 1
 
 
 @pytest.mark.slow

@@ -110,7 +110,7 @@ def main(args) -> int:
         return 0 if not head["refused"] else 1
     spec = sweep_spec(study)
     study_dir.mkdir(parents=True, exist_ok=True)
-    signal.signal(signal.SIGTERM, sweep.interrupt)  # a kill stops the study like Ctrl-C: a rerun resumes
+    sweep.stop_on_signals()  # a kill stops the study like Ctrl-C: a rerun resumes
     try:
         # the sweep's lock before any write: a second study refused here must not rewrite the running one's
         # study.json / teacher.json (its report would then list the finished points as not run)
@@ -123,7 +123,7 @@ def main(args) -> int:
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        print(f"workbench study: interrupted; run the same command (or --name {study.name}) to resume", file=sys.stderr)
+        print(sweep.stopped_line("study", study.name), file=sys.stderr)
         return 130
     summary["study_dir"] = summary.pop("sweep_dir")
     rc = 1 if summary["failed"] else 0

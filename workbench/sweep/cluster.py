@@ -226,6 +226,40 @@ def slow_close_is_no_error(resource):
                   f"not an error, going on", file=sys.stderr)
 
 
+class Stop:
+    """A stop asked for by a signal (SIGTERM from `timeout`, a scheduler or `kill`; Ctrl-C): `handle` is the
+    handler the CLI installs (run.stop_on_signals), and the driver stops where it can do so cleanly.
+
+    Why not raise KeyboardInterrupt in the handler, as Python's own Ctrl-C does: the driver waits for the
+    points in Queue.get, and a KeyboardInterrupt raised there while the queue's Condition re-takes its lock
+    leaves its `with` releasing a lock it no longer holds, "RuntimeError: release unlocked lock": a traceback
+    instead of a stop (`timeout` signals twice, the driver and then its process group, which makes that
+    likely). So while the points run (`deferring`, set by _execute) the handler only records the stop and
+    _execute raises KeyboardInterrupt itself between two waits (of 0.2 s); before that (starting the
+    cluster, a study's teacher) it raises at once, as before. Only the first signal counts: a later one
+    (timeout's second, Ctrl-C pressed again) would interrupt the stopping itself (the cancel, the interrupted
+    rows, the cluster's close). Plain attributes, no threading.Event: a signal handler takes no lock."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None  # the signal that asked for the stop; None: no stop asked for
+        self.deferring = False
+
+    def handle(self, signum, frame) -> None:
+        if self.signum is not None:
+            return  # stopping already
+        self.signum = signum
+        if not self.deferring:
+            raise KeyboardInterrupt(f"signal {signum}")
+
+    def check(self) -> None:
+        """KeyboardInterrupt when a stop was asked for: called where raising is safe."""
+        if self.signum is not None:
+            raise KeyboardInterrupt(f"signal {self.signum}")
+
+
+STOP = Stop()
+
+
 def _execute(client, points: list[Point], gpus_per_worker: int, sweep_dir: Path, preset: str,
              cell_timeout: int | None, cache: str | None = None) -> Iterator[tuple[str, str, dict[str, Any]]]:
     """Submit the points; yield ('start'|'end', point id, fields) as they run on the workers. A point
@@ -239,6 +273,7 @@ def _execute(client, points: list[Point], gpus_per_worker: int, sweep_dir: Path,
     topic = f"workbench-sweep-{uuid.uuid4().hex[:12]}"
     client.subscribe_topic(topic, lambda event: events.put(("start", event[1]["point"], event[1])))
     futures, running = [], {}
+    STOP.deferring = True  # a signal from here on is a flag the loop below checks (Stop says why)
     try:
         for p in points:
             if gpus_per_worker and p.nproc > gpus_per_worker:
@@ -254,8 +289,11 @@ def _execute(client, points: list[Point], gpus_per_worker: int, sweep_dir: Path,
             futures.append(future)
         ended: set[str] = set()
         while len(ended) < len(futures):
+            STOP.check()  # before the wait and after the caller handled the last event
             try:
-                kind, pid, payload = events.get(timeout=1)
+                # short waits: a stop is seen at once, before Dask, whose workers `timeout` signals too,
+                # restarts them and reruns the point on the new one
+                kind, pid, payload = events.get(timeout=0.2)
             except queue.Empty:
                 continue
             if kind == "start" and pid not in ended:
@@ -265,7 +303,9 @@ def _execute(client, points: list[Point], gpus_per_worker: int, sweep_dir: Path,
                 ended.add(pid)
                 running.pop(pid, None)
                 yield kind, pid, _future_fields(payload)
+        STOP.check()  # a stop asked for while the caller handled the last point's end is still a stop
     finally:
+        STOP.deferring = False
         client.unsubscribe_topic(topic)
         client.cancel(futures)
         if running and client.cluster is None:

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 from workbench import config, results
 from workbench.config import ConfigError
-from workbench.sweep.cluster import SchedulerError, check_workers, point_events, probe_scheduler
+from workbench.sweep.cluster import STOP, SchedulerError, check_workers, point_events, probe_scheduler
 from workbench.sweep.index import Index, cell, damaged_points, point_folders
 from workbench.sweep.plan import (
     DEFAULT_ROOT,
@@ -209,9 +209,19 @@ def spec_from_args(args) -> Spec:
 NO_DASK = "sweeps run on Dask, which is not installed here: pip install 'te-workbench[sweep]'"
 
 
-def interrupt(signum, frame):
-    """A signal handler that stops the sweep as Ctrl-C does (SIGTERM from `timeout`, a scheduler, `kill`)."""
-    raise KeyboardInterrupt(f"signal {signum}")
+def stop_on_signals() -> None:
+    """SIGTERM (`timeout`, a scheduler, `kill`) and Ctrl-C stop the sweep: the running points become
+    `interrupted`, the cluster closes, the lock goes, and the same command resumes. The handler raises
+    nothing while the points run (cluster.Stop says why); the driver stops at its next check."""
+    STOP.signum = None
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, STOP.handle)
+
+
+def stopped_line(command: str, name: str) -> str:
+    """The line a stopped driver ends with: what stopped it and how to go on."""
+    how = signal.Signals(STOP.signum).name if STOP.signum else "an interrupt"
+    return f"workbench {command}: stopped by {how}; run the same command (or --name {name}) to resume"
 
 
 def _report_only_main(args) -> int:
@@ -251,13 +261,21 @@ def main(args) -> int:
     if importlib.util.find_spec("distributed") is None:
         print(f"workbench sweep: {NO_DASK}", file=sys.stderr)
         return 2
-    # `timeout`, a scheduler or `kill` stop the sweep like Ctrl-C does: the running kernel is shut down,
-    # the lock released, and the interrupted point (no done.json) reruns on the next start.
-    signal.signal(signal.SIGTERM, interrupt)
+    # `timeout`, a scheduler, `kill` or Ctrl-C stop the sweep: the running kernel is shut down, the lock
+    # released, and the interrupted point (no done.json) reruns on the next start.
+    stop_on_signals()
     cache = None if args.cache.lower() == "none" else args.cache
     try:
         summary = run_sweep(spec, root=args.out, workers=args.workers, scheduler=args.scheduler, cache=cache,
                             wait_workers=args.wait_workers)
+        rc = 1 if summary["failed"] else 0
+        # stopped during the report: every point is complete, so the rerun skips them all and writes it
+        if not args.no_report and summary["complete"]:
+            try:
+                summary["report_dir"] = str(report.run(summary["sweep_dir"], reference=args.reference))
+            except Exception as e:  # noqa: BLE001 - the sweep's results stand; say why the report did not
+                print(f"workbench sweep: the report failed: {type(e).__name__}: {e}", file=sys.stderr)
+                rc = 1
     except SchedulerError as e:
         print(f"workbench sweep: {e}", file=sys.stderr)
         return 2
@@ -266,16 +284,8 @@ def main(args) -> int:
         # may be ours) must not turn exit status 130 into death by signal halfway through the exit.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        print(f"workbench sweep: interrupted; run the same command (or --name {spec.name}) to resume",
-              file=sys.stderr)
+        print(stopped_line("sweep", spec.name), file=sys.stderr)
         return 130
-    rc = 1 if summary["failed"] else 0
-    if not args.no_report and summary["complete"]:
-        try:
-            summary["report_dir"] = str(report.run(summary["sweep_dir"], reference=args.reference))
-        except Exception as e:  # noqa: BLE001 - the sweep's results stand; say why the report did not
-            print(f"workbench sweep: the report failed: {type(e).__name__}: {e}", file=sys.stderr)
-            rc = 1
     print(json.dumps(summary), flush=True)  # last stdout line: machine-readable
     print(done_line(summary["sweep_dir"], summary.get("report_dir")), file=sys.stderr)  # and the last a person reads
     return rc

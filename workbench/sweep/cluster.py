@@ -275,7 +275,7 @@ def _execute(client, points: list[Point], gpus_per_worker: int, sweep_dir: Path,
     futures, running = [], {}
     STOP.deferring = True  # a signal from here on is a flag the loop below checks (Stop says why)
     try:
-        for p in points:
+        for i, p in enumerate(points):
             if gpus_per_worker and p.nproc > gpus_per_worker:
                 yield "end", p.id, {"status": "failed", "error_kind": "resources", "finished_at": now(),
                                     "error": f"the point asks for {p.nproc} GPUs (parallel.nproc) but the "
@@ -284,7 +284,10 @@ def _execute(client, points: list[Point], gpus_per_worker: int, sweep_dir: Path,
             gpus = p.nproc if gpus_per_worker else 0
             future = client.submit(run_on_worker, str(sweep_dir.resolve()), preset, p.id, p.overrides, cell_timeout,
                                    gpus, topic, cache, key=f"point-{p.id}-{topic}", pure=False,
-                                   resources={"GPU": gpus} if gpus else None)
+                                   resources={"GPU": gpus} if gpus else None,
+                                   # grid order: Dask runs GPU-restricted tasks submitted together in no set
+                                   # order (an H100 sweep ran 512, 8192, 4096 and its budget cut 2048, 1024)
+                                   priority=len(points) - i)
             future.add_done_callback(lambda f, pid=p.id: events.put(("end", pid, f)))
             futures.append(future)
         ended: set[str] = set()

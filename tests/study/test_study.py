@@ -470,3 +470,24 @@ def test_a_study_resumed_with_another_teacher_or_code_says_so(tmp_path):
     assert "**2 teachers**" in readme and "2 versions of the code (git_sha): abc1234, def5678" in readme
     study_rows = pd.read_csv(folder / "study.csv")
     assert study_rows["teacher_sha"].nunique() == 2
+
+
+def test_a_point_whose_student_ran_out_of_memory_is_set_aside_and_runs_again(tmp_path):
+    """A done point with an OOM'd student (index: done, error_kind oom) is moved under <study>/oom/ and is
+    no longer complete where the sweep looks; a clean point and a failed one stay where they are."""
+    from workbench.study.run import set_aside_oom_points
+    from workbench.sweep.index import INDEX_COLUMNS, point_folders
+
+    rows = [{"point": "aaa", "status": "done", "error_kind": "oom"}, {"point": "bbb", "status": "done"},
+            {"point": "ccc", "status": "failed", "error_kind": "oom"}]
+    pd.DataFrame(rows, columns=INDEX_COLUMNS).to_csv(tmp_path / "index.csv", index=False)
+    for pid in ("aaa", "bbb"):
+        (tmp_path / pid).mkdir()
+        (tmp_path / pid / "students.csv").write_text("student\nx\n")
+        results.write_json(tmp_path / pid / results.DONE_FILE, {"files": {}})
+    assert set_aside_oom_points(tmp_path) == ["aaa"]
+    assert (tmp_path / "oom" / "aaa-1" / "students.csv").exists() and not (tmp_path / "aaa").exists()
+    assert results.is_complete(tmp_path / "bbb")
+    found = point_folders(tmp_path, {"aaa", "bbb"})
+    assert not results.is_complete(found["aaa"]) and found["bbb"] == tmp_path / "bbb"
+    assert set_aside_oom_points(tmp_path) == []  # its folder is gone: nothing moves twice

@@ -51,6 +51,34 @@ def ensure_teacher(study: Study, study_dir: Path) -> dict[str, Any] | None:
     return info
 
 
+def set_aside_oom_points(study_dir: Path) -> list[str]:
+    """Move each complete point whose index row says a student ran out of GPU memory (`done`, error_kind `oom`)
+    to <study>/oom/<id>-<n>/, so that the sweep runs it again; the ids moved. In a study every arm has the same
+    shape, so an OOM is the machine's state (other points beside it held the memory), not a result, and a seed
+    missing from one arm would narrow its interval for nothing. Moved, not deleted: the folder is kept."""
+    from workbench.sweep.index import read_index
+
+    try:
+        index = read_index(study_dir)
+    except results.DamagedResults:
+        return []  # the sweep rebuilds a damaged index from the folders
+    moved = []
+    for pid in index.loc[(index["status"] == "done") & (index["error_kind"] == "oom"), "point"]:
+        src = study_dir / pid
+        if not results.is_complete(src):
+            continue
+        n = 1
+        while (study_dir / "oom" / f"{pid}-{n}").exists():
+            n += 1
+        (study_dir / "oom").mkdir(exist_ok=True)
+        src.rename(study_dir / "oom" / f"{pid}-{n}")
+        moved.append(pid)
+    if moved:
+        print(f"workbench study: {len(moved)} point(s) had a student run out of GPU memory, running again: "
+              f"{', '.join(moved)} (kept under {study_dir / 'oom'})", file=sys.stderr)
+    return moved
+
+
 def _cli_value(v: Any) -> str:
     return json.dumps(v) if isinstance(v, (list, dict)) else str(v)
 
@@ -117,6 +145,7 @@ def main(args) -> int:
         with sweep.sweep_lock(study_dir):
             results.write_json(study_dir / STUDY_FILE, study.to_dict())
             ensure_teacher(study, study_dir)
+            set_aside_oom_points(study_dir)
             # cache=None: the points' caches are <study>/cache, where ensure_teacher put the teacher (the sweep's
             # default, results/cache under the working folder, had every study train its teacher a second time)
             summary = sweep.run_sweep(spec, root=args.out, workers=args.workers, cache=None)

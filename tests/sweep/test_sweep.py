@@ -649,3 +649,54 @@ def test_points_run_in_grid_order_on_one_worker(tmp_path, monkeypatch):
                       **cluster.NO_DASHBOARD_KW) as local, Client(local) as client:
         events = list(cluster._execute(client, points, 1, tmp_path, "cpu-smoke", None))
     assert [pid for kind, pid, _ in events if kind == "end"] == [p.id for p in points]
+
+
+def _index_with_a_done_point(sweep_dir, overrides, wall_s):
+    row = {"point": "donepoint", "status": "done", "wall_s": wall_s, "overrides": json.dumps(overrides)}
+    pd.DataFrame([row], columns=index.INDEX_COLUMNS).to_csv(sweep_dir / index.INDEX_FILE, index=False)
+
+
+def test_a_points_expected_time_is_that_of_its_other_seeds(tmp_path):
+    _index_with_a_done_point(tmp_path, {"backends": ["a", "b"], "seed": 1}, 120.0)
+    assert index.expected_wall_s(tmp_path, {"backends": ["a", "b"], "seed": 2}) == 120.0
+    assert index.expected_wall_s(tmp_path, {"backends": ["a"], "seed": 2}) is None  # another shape
+    assert index.expected_wall_s(tmp_path / "nothing-here", {"seed": 2}) is None
+    now = time.time()
+    assert index.budget_skip(tmp_path, {"backends": ["a", "b"], "seed": 2}, None) is None  # no budget
+    assert index.budget_skip(tmp_path, {"backends": ["a", "b"], "seed": 2}, now + 600) is None  # fits
+    skip = index.budget_skip(tmp_path, {"backends": ["a", "b"], "seed": 2}, now + 60)
+    assert skip["status"] == "interrupted" and skip["error_kind"] == "budget" and "took 120 s" in skip["error"]
+    assert index.budget_skip(tmp_path, {"backends": ["a"], "seed": 2}, now + 60) is None  # unknown: it starts
+    assert index.budget_skip(tmp_path, {"backends": ["a"], "seed": 2}, now - 1)["error_kind"] == "budget"
+
+
+def test_a_sweep_starts_no_point_that_would_outlast_its_budget(tmp_path, monkeypatch):
+    """On a one-worker cluster, the real run_on_worker: the point whose other seed took 120 s is not started with
+    60 s left, the one of unknown length is (its run is a named fake); both end at once past the deadline."""
+    from distributed import Client, LocalCluster
+
+    ran = []
+
+    def fake_run_point(sweep_dir, preset, pid, *args, **kwargs):  # a named fake: no notebook, just done
+        ran.append(pid)
+        return {"status": "done", "finished_at": "now"}
+
+    monkeypatch.setattr(point, "run_point", fake_run_point)
+    _index_with_a_done_point(tmp_path, {"backends": ["a", "b"], "seed": 1}, 120.0)
+    points = [plan.Point(id="longpoint", grid={"seed": 2}, overrides={"backends": ["a", "b"], "seed": 2}),
+              plan.Point(id="newshape", grid={"seed": 2}, overrides={"backends": ["a"], "seed": 2})]
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, **cluster.NO_DASHBOARD_KW) as local, \
+            Client(local) as client:
+        ends = {pid: f for kind, pid, f in cluster._execute(client, points, 0, tmp_path, "cpu-smoke", None,
+                                                            deadline=time.time() + 60) if kind == "end"}
+        assert ends["longpoint"]["error_kind"] == "budget" and ends["newshape"]["status"] == "done"
+        assert ran == ["newshape"]
+        ends = [f for kind, _, f in cluster._execute(client, points, 0, tmp_path, "cpu-smoke", None,
+                                                     deadline=time.time() - 1) if kind == "end"]
+        assert [f["error_kind"] for f in ends] == ["budget", "budget"] and ran == ["newshape"]
+
+
+def test_a_budget_that_is_not_positive_is_refused_by_name():
+    with pytest.raises(ConfigError, match="--budget-s"):
+        run.budget_deadline(0)
+    assert run.budget_deadline(None) is None and run.budget_deadline(10) > time.time()

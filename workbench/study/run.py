@@ -103,6 +103,9 @@ def add_arguments(p) -> None:
     p.add_argument("--seeds", default=None, help="the students' seeds, e.g. 1,2,3 (default: the preset's)")
     p.add_argument("--out", default=str(DEFAULT_ROOT), help="parent folder of the study folder")
     p.add_argument("--workers", default="auto", help="workers of the sweep's Dask cluster (see `sweep --help`)")
+    p.add_argument("--budget-s", type=float, default=None, metavar="SECONDS",
+                   help="start no point that would not end within this many seconds of the study's start (the "
+                        "teacher's training counted), by its seeds' earlier points; see `sweep --help`")
     p.add_argument("--no-report", action="store_true", help="run the points, skip the report")
     p.add_argument("--report-only", action="store_true", help="only (re)write the report of an existing study")
 
@@ -126,6 +129,7 @@ def main(args) -> int:
     from workbench.sweep import run as sweep
 
     study = study_from_args(args)
+    deadline = sweep.budget_deadline(getattr(args, "budget_s", None))  # from the start: the teacher counts
     study_dir = sweep.sweep_folder(results.output_root(args.out), study.name)
     if not args.report_only:
         study.points_per_gpu = points_per_gpu(study, study_dir / STUDY_FILE, args.workers)
@@ -148,7 +152,7 @@ def main(args) -> int:
             set_aside_oom_points(study_dir)
             # cache=None: the points' caches are <study>/cache, where ensure_teacher put the teacher (the sweep's
             # default, results/cache under the working folder, had every study train its teacher a second time)
-            summary = sweep.run_sweep(spec, root=args.out, workers=args.workers, cache=None)
+            summary = sweep.run_sweep(spec, root=args.out, workers=args.workers, cache=None, deadline=deadline)
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -35,6 +35,10 @@ any moment and restarted skips exactly the complete points and reruns the others
 from an empty folder: nothing lost, nothing duplicated. A point whose notebook fails (cell error, cell
 timeout, out of memory, dead kernel) is recorded in index.csv with its error and the sweep goes on; a
 restart retries it. Points running when the driver is stopped (Ctrl-C, SIGTERM) become `interrupted`.
+`--budget-s S` (also `study --budget-s`) starts no point that would not end within S seconds, judged on
+the worker when its turn comes by the median wall time of the done points that differ from it in their
+seed alone (index.budget_skip; one of unknown length starts): a point cut by a hard limit loses all its
+work, and the time left may still fit a smaller point. Those not started are `interrupted` (`budget`).
 Students that error or diverge inside a finished point are rows of its students.csv (status/reason)
 and are summarised in the index's `problems` column. index.csv can always be rebuilt from the points'
 folders, and is, with a line saying so, when it is found damaged.

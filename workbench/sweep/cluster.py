@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from workbench.config import ConfigError
+from workbench.sweep.index import budget_skip
 from workbench.sweep.plan import Point
 from workbench.sweep.point import describe_failure, now, run_on_worker
 
@@ -261,7 +262,8 @@ STOP = Stop()
 
 
 def _execute(client, points: list[Point], gpus_per_worker: int, sweep_dir: Path, preset: str,
-             cell_timeout: int | None, cache: str | None = None) -> Iterator[tuple[str, str, dict[str, Any]]]:
+             cell_timeout: int | None, cache: str | None = None,
+             deadline: float | None = None) -> Iterator[tuple[str, str, dict[str, Any]]]:
     """Submit the points; yield ('start'|'end', point id, fields) as they run on the workers. A point
     asking for more GPUs than a worker has ends at once as failed. Pending points are cancelled when the
     caller stops; on a running cluster, the workers still running one of ours are restarted (their
@@ -282,8 +284,8 @@ def _execute(client, points: list[Point], gpus_per_worker: int, sweep_dir: Path,
                                              f"largest Dask worker has {gpus_per_worker}"}
                 continue
             gpus = p.nproc if gpus_per_worker else 0
-            future = client.submit(run_on_worker, str(sweep_dir.resolve()), preset, p.id, p.overrides, cell_timeout,
-                                   gpus, topic, cache, key=f"point-{p.id}-{topic}", pure=False,
+            future = client.submit(_run_in_budget, str(sweep_dir.resolve()), preset, p.id, p.overrides, cell_timeout,
+                                   gpus, topic, cache, deadline, key=f"point-{p.id}-{topic}", pure=False,
                                    resources={"GPU": gpus} if gpus else None,
                                    # grid order: Dask runs GPU-restricted tasks submitted together in no set
                                    # order (an H100 sweep ran 512, 8192, 4096 and its budget cut 2048, 1024)
@@ -315,13 +317,21 @@ def _execute(client, points: list[Point], gpus_per_worker: int, sweep_dir: Path,
             client.restart_workers(sorted(set(running.values())), raise_for_error=False)
 
 
+def _run_in_budget(sweep_dir: str, preset: str, point_id: str, overrides: dict[str, Any], cell_timeout: int | None,
+                   gpus: int, topic: str, cache: str | None, deadline: float | None) -> dict[str, Any]:
+    """run_on_worker, unless the point would not end before `deadline` (index.budget_skip: decided on the worker,
+    when the point's turn comes, from the index as it is then)."""
+    return (budget_skip(Path(sweep_dir), overrides, deadline)
+            or run_on_worker(sweep_dir, preset, point_id, overrides, cell_timeout, gpus, topic, cache))
+
+
 def point_events(scheduler: str | None, workers: str | int, points: list[Point], sweep_dir: Path, preset: str,
                  cell_timeout: int | None, cache: str | None = None,
-                 wait_workers: float = 120) -> Iterator[tuple[str, str, dict[str, Any]]]:
+                 wait_workers: float = 120, deadline: float | None = None) -> Iterator[tuple[str, str, dict[str, Any]]]:
     """_execute's events on the sweep's cluster; no cluster at all when every point is complete."""
     if points:
         with dask_client(scheduler, workers, [p.nproc for p in points], wait_workers) as (client, gpus_per_worker):
-            yield from _execute(client, points, gpus_per_worker, sweep_dir, preset, cell_timeout, cache)
+            yield from _execute(client, points, gpus_per_worker, sweep_dir, preset, cell_timeout, cache, deadline)
 
 
 def _future_fields(future) -> dict[str, Any]:

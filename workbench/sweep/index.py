@@ -4,7 +4,9 @@ copy, rewritten atomically on every change; everything else here only reads."""
 from __future__ import annotations
 
 import json
+import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -133,3 +135,40 @@ def cell(v: Any) -> Any:
     return ",".join(map(str, v)) if isinstance(v, (list, tuple)) else v
 
 
+# ---- a budget ---------------------------------------------------------------------------------------
+SEED_FIELDS = ("seed", "train.seed")
+
+
+def _shape(overrides: dict[str, Any]) -> str:
+    """A point's overrides less its seed: points of one shape take about as long (a study's seeds)."""
+    return json.dumps({k: v for k, v in overrides.items() if k not in SEED_FIELDS}, sort_keys=True, default=str)
+
+
+def expected_wall_s(sweep_dir: Path, overrides: dict[str, Any]) -> float | None:
+    """The median wall time of the sweep's done points that differ from this one in their seed alone, from
+    index.csv as the driver last wrote it (so also the points done earlier in this run); None where none has."""
+    try:
+        df = read_index(sweep_dir)
+    except DamagedIndex:
+        return None
+    if df.empty or not {"overrides", "wall_s"} <= set(df.columns):
+        return None
+    want = _shape(overrides)
+    walls = [float(r.wall_s) for r in df[(df["status"] == "done") & df["wall_s"].notna()].itertuples()
+             if isinstance(r.overrides, str) and _shape(json.loads(r.overrides)) == want]
+    return statistics.median(walls) if walls else None
+
+
+def budget_skip(sweep_dir: Path, overrides: dict[str, Any], deadline: float | None) -> dict[str, Any] | None:
+    """The index fields of a point not started because it would not end before `deadline` (time.time(); None:
+    no budget), else None. A point cut by a hard limit loses all its work: on a lent GPU that is device time
+    spent for nothing, and the time left may still fit a smaller point. Unknown duration: started."""
+    if deadline is None:
+        return None
+    left, expected = deadline - time.time(), expected_wall_s(sweep_dir, overrides)
+    if left > 0 and (expected is None or expected < left):
+        return None
+    why = (f"points like it took {expected:.0f} s and {max(left, 0):.0f} s of the budget were left" if expected
+           else "the budget was spent")
+    return {"status": "interrupted", "error_kind": "budget", "finished_at": now(),
+            "error": f"not started: {why} (--budget-s); a restart runs it"}

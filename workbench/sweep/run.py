@@ -8,6 +8,7 @@ import importlib.util
 import json
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -72,6 +73,15 @@ def check_no_driver(sweep_dir: Path) -> None:
             pass
 
 
+def budget_deadline(budget_s: float | None) -> float | None:
+    """--budget-s as a deadline (time.time()), from now; ConfigError for a budget that is not positive."""
+    if budget_s is None:
+        return None
+    if not budget_s > 0:
+        raise ConfigError(f"--budget-s: {budget_s} is not a positive number of seconds")
+    return time.time() + budget_s
+
+
 def describe_point(p: Point, n: int, total: int) -> str:
     """'point 3/10 hidden=2048 seq_len=1024 [a1b2c3d4e5]': what a progress line says is running."""
     return " ".join([f"point {n}/{total}", *(f"{k}={cell(v)}" for k, v in p.grid.items()), f"[{p.id}]"])
@@ -79,11 +89,12 @@ def describe_point(p: Point, n: int, total: int) -> str:
 
 def run_sweep(spec: Spec, root: str | Path = DEFAULT_ROOT, workers: str | int = "auto",
               progress: bool = True, scheduler: str | None = None, cache: str | Path | None = DEFAULT_CACHE,
-              wait_workers: float = 120) -> dict[str, Any]:
+              wait_workers: float = 120, deadline: float | None = None) -> dict[str, Any]:
     """Run every incomplete point of `spec` into <root>/<name>/; return counts and the folder. The points
     run on a Dask cluster: the one at `scheduler`, else one started here (`workers`: cluster_plan).
     `cache`: the text, tokenizer and teacher caches every point shares (None: each run's <out>/cache,
-    here <sweep>/cache); a complete point whose result files were damaged since is rerun."""
+    here <sweep>/cache); a complete point whose result files were damaged since is rerun. `deadline`
+    (time.time(), budget_deadline): a point that would not end by then is not started (point.budget_skip)."""
     from tqdm.auto import tqdm
 
     points = plan(spec)  # validates every point before any kernel starts
@@ -103,7 +114,8 @@ def run_sweep(spec: Spec, root: str | Path = DEFAULT_ROOT, workers: str | int = 
         counts = {"points": len(points), "skipped": len(points) - len(todo), "done": 0, "failed": 0, "interrupted": 0}
         bar = tqdm(total=len(points), initial=counts["skipped"], desc=f"sweep {spec.name}", unit="point",
                    disable=not progress, file=sys.stderr)
-        events = point_events(scheduler, workers, todo, sweep_dir, spec.preset, spec.cell_timeout, cache, wait_workers)
+        events = point_events(scheduler, workers, todo, sweep_dir, spec.preset, spec.cell_timeout, cache, wait_workers,
+                              deadline)
         _follow(events, points, index, counts, bar, spec.name, progress)
     folders = point_folders(sweep_dir, {p.id for p in points})
     counts["complete"] = sum(results.is_complete(d) and results.check_complete(d) is None for d in folders.values())
@@ -184,6 +196,10 @@ def add_arguments(p) -> None:
     p.add_argument("--cache", default=str(DEFAULT_CACHE), metavar="DIR",
                    help="folder of the text, tokenizer and teacher caches, shared by every point and sweep "
                         "(default results/cache, as `workbench run`); 'none': each sweep's own <sweep>/cache")
+    p.add_argument("--budget-s", type=float, default=None, metavar="SECONDS",
+                   help="start no point that would not end within this many seconds from now, by the wall time "
+                        "of the done points that differ from it in their seed alone (one of unknown length "
+                        "starts); those not started are 'interrupted' (budget) and run on the next start")
     p.add_argument("--reference", default="torch_bf16", help="student the report compares with")
     p.add_argument("--no-report", action="store_true", help="skip the report notebook at the end")
     p.add_argument("--report-only", action="store_true", help="only (re)write the report of an existing sweep")
@@ -265,9 +281,10 @@ def main(args) -> int:
     # released, and the interrupted point (no done.json) reruns on the next start.
     stop_on_signals()
     cache = None if args.cache.lower() == "none" else args.cache
+    deadline = budget_deadline(args.budget_s)
     try:
         summary = run_sweep(spec, root=args.out, workers=args.workers, scheduler=args.scheduler, cache=cache,
-                            wait_workers=args.wait_workers)
+                            wait_workers=args.wait_workers, deadline=deadline)
         rc = 1 if summary["failed"] else 0
         # stopped during the report: every point is complete, so the rerun skips them all and writes it
         if not args.no_report and summary["complete"]:

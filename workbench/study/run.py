@@ -129,7 +129,7 @@ def main(args) -> int:
     from workbench.sweep import run as sweep
 
     study = study_from_args(args)
-    deadline = sweep.budget_deadline(getattr(args, "budget_s", None))  # from the start: the teacher counts
+    deadline = sweep.budget_deadline(args.budget_s)  # from the start: the teacher counts
     study_dir = sweep.sweep_folder(results.output_root(args.out), study.name)
     if not args.report_only:
         study.points_per_gpu = points_per_gpu(study, study_dir / STUDY_FILE, args.workers)

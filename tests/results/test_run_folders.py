@@ -150,3 +150,19 @@ def test_bench_ids_are_created_exclusively(tmp_path):
 def test_sweep_names_from_spec_files_are_checked_too():
     with pytest.raises(results.OutputError, match="sweep name '../x'"):
         plan.Spec.from_dict({"name": "../x", "preset": "cpu-smoke", "grid": {"hidden": [32]}})
+
+
+def test_loading_wide_runs_with_their_completeness_does_not_warn(tmp_path):
+    """A GPU point's students.csv has ~150 columns: read_csv keeps them in one block each, and adding the
+    `complete` column to that warned of a fragmented frame on every load (the study driver's logs filled)."""
+    import tarfile
+    import warnings
+
+    import pandas as pd
+
+    with tarfile.open("results/reference/h200/quality/carry/real-finetune.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pd.errors.PerformanceWarning)
+        df = results.load(tmp_path, include_incomplete=True)
+    assert len(df.columns) > 100 and df["complete"].all()

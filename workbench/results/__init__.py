@@ -351,7 +351,9 @@ def load(path: str | Path, include_incomplete: bool = False) -> pd.DataFrame:
         raise FileNotFoundError(f"no complete run in or below {path}{why}")
     frames = [read_students(d) for d in dirs]
     if include_incomplete:
-        frames = [f.assign(complete=is_complete(d)) for f, d in zip(frames, dirs)]
+        # copy() first: read_csv leaves a wide students.csv in one block per column, and a column added to that
+        # makes pandas warn of a fragmented frame on every call (the study driver's logs filled with it)
+        frames = [f.copy().assign(complete=is_complete(d)) for f, d in zip(frames, dirs)]
     return pd.concat(frames, ignore_index=True)
 
 

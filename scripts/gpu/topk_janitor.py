@@ -1,7 +1,8 @@
 """Frees the top-k teacher stores of study points that are done, while their studies go on (`quality-real`).
 
-A store (<study>/cache/topk-<key>/, ~2.4 GiB per point at 800 steps of SmolLM2-135M) belongs to one point: its
-recipe's seed is that point's train.seed, and no other point of the study reads it. Studies that run side by side
+A store (<study>/cache/topk-<key>/, ~2.4 GiB per seed at 800 steps of SmolLM2-135M) belongs to one seed: its
+recipe's seed is the points' train.seed, and it is freed once every point of that seed in the study's grid
+(sweep.json; several where the study splits a seed's arms, `arms_per_point`) is done. Studies that run side by side
 would otherwise fill the GPU machine's disk before they end. Usage: topk_janitor.py STUDY_DIR ... (runs until
 killed, a pass every 15 s; a pass also on its own with --once). A rerun of a done point rebuilds its store.
 """
@@ -9,19 +10,24 @@ import json
 import shutil
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
 
 
 def done_seeds(study: Path) -> set[int]:
+    """The seeds whose every point in the grid is done (none while sweep.json or index.csv is unreadable)."""
     try:
         index = pd.read_csv(study / "index.csv")
-    except (OSError, ValueError):  # not written yet, or mid-rewrite (it is replaced atomically, so rarely)
+        grid = json.loads((study / "sweep.json").read_text())["grid"]["point"]
+    except (OSError, ValueError, KeyError):  # not written yet, or mid-rewrite (both are replaced atomically)
         return set()
     if "grid_seed" not in index.columns:
         return set()
-    return {int(s) for s in index.loc[index["status"] == "done", "grid_seed"].dropna()}
+    wanted = Counter(int(p["seed"]) for p in grid)
+    done = Counter(int(s) for s in index.loc[index["status"] == "done", "grid_seed"].dropna())
+    return {seed for seed, n in wanted.items() if done[seed] >= n}
 
 
 def sweep(studies: list[Path]) -> list[str]:

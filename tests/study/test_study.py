@@ -43,6 +43,33 @@ def test_points_pair_arms_by_seed_and_shift_the_noise_arm():
     assert spec.arm_of(s, "torch_bf16", 2) == (s.arm("torch_bf16"), 2)
 
 
+def test_arms_per_point_splits_a_seed_and_keeps_the_no_kd_student_with_its_backend(tmp_path):
+    """The real-teacher presets run three students a point, so a GPU call's limit never loses six at once;
+    every arm still runs once per seed, the noise point is unchanged (its id: done points stay done)."""
+    s = spec.from_preset("finetune-fp8", {"lm.teacher": "/models/t"})
+    assert s.arms_per_point == 3
+    grid = spec.point_overrides(s)
+    assert [g["seed"] for g in grid] == [1, 1, 1001, 2, 2, 1002, 3, 3, 1003]
+    assert grid[0] == {"seed": 1, "backends": ["torch_bf16", "te_bf16"], "baseline": "torch_bf16",
+                       "no_kd_student": True}  # two KD students and the no-KD one: three
+    assert grid[1] == {"seed": 1, "backends": ["te_fp8:delayed", "te_fp8:current", "torchao_float8:tensorwise"],
+                       "baseline": "te_fp8:delayed", "no_kd_student": False}
+    whole = spec.point_overrides(spec.from_preset("distill-quality"))
+    assert grid[2] == whole[1]  # the noise point as before
+    for n in (1, 2, 4, 6, 7):
+        s.arms_per_point = n
+        grid = spec.point_overrides(s)
+        per_seed = [g for g in grid if g["seed"] == 2]
+        assert sorted(b for g in per_seed for b in g["backends"]) == sorted(whole[2]["backends"])
+        assert sum(g["no_kd_student"] for g in per_seed) == 1
+        assert all(len(g["backends"]) + g["no_kd_student"] <= max(n, 2) for g in per_seed)
+        assert all(g["baseline"] in g["backends"] for g in grid)
+    s.arms_per_point = -1  # a hand edit of study.json: refused naming the field
+    results.write_json(tmp_path / spec.STUDY_FILE, s.to_dict())
+    with pytest.raises(ConfigError, match="arms_per_point has the wrong type"):
+        spec.read_study(tmp_path / spec.STUDY_FILE)
+
+
 def test_every_point_shares_one_teacher_and_held_out_set():
     """The teacher's cache key and the held-out batches follow lm.teacher_seed, never the students' seed."""
     from workbench.train import task_setup
@@ -415,8 +442,9 @@ def test_the_real_teacher_presets_ask_for_their_folders():
 @pytest.mark.slow
 def test_a_real_teacher_study_with_a_pruned_student_runs_end_to_end(tmp_path, monkeypatch):
     """distill-quality-real on a tiny Hugging Face teacher and its depth-pruned student (workbench hf-prune), the
-    first seed's main and noise points run in-process: every torch arm ok, the TE / torchao arms rows with their
-    reasons (no GPU here), the student's provenance in task.json, the report's gaps in nats."""
+    points of two seeds run in-process (three students a point, arms_per_point): every torch arm ok, the TE /
+    torchao arms rows with their reasons (no GPU here), the student's provenance in task.json, the report's gaps
+    in nats."""
     from workbench.models import hf_init, hf_prune
     from workbench.results import plots
     from workbench.run import runner
@@ -440,7 +468,7 @@ def test_a_real_teacher_study_with_a_pruned_student_runs_end_to_end(tmp_path, mo
         rows = results.load(run_dir).set_index("student")
         torch_rows = rows[rows.index.str.startswith("torch_bf16")]
         assert (torch_rows["status"] == "ok").all(), torch_rows["reason"].to_dict()
-        if "te_fp8:delayed" in rows.index:  # the main point (the noise point trains the second bf16 arm only)
+        if "te_fp8:delayed" in rows.index:  # the FP8 point (the noise point trains the second bf16 arm only)
             assert rows.loc["te_fp8:delayed", "reason"]  # says why it is no TE run here
         assert results.read_json(run_dir / "task.json")["student_source"]["hf_prune"]["layers"] == [0, 2]
     head = report(folder)

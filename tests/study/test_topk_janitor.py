@@ -1,5 +1,6 @@
-"""scripts/gpu/topk_janitor.py frees the top-k store of a done point only: studies side by side on one GPU
-machine would fill its disk, and a store of a point still running (or failed, to be rerun) must stay."""
+"""scripts/gpu/topk_janitor.py frees the top-k store of a seed whose points are all done, only: studies side by
+side on one GPU machine would fill its disk, and a store of a point still running (or failed, to be rerun) must
+stay."""
 import importlib.util
 import json
 from pathlib import Path
@@ -24,9 +25,16 @@ def test_only_a_done_points_store_is_freed(tmp_path):
         (store / "values.bin").write_bytes(b"x" * 16)
         (store / "meta.json").write_text(json.dumps({"format": 1, "recipe": {"seed": seed}}))
     (study / "cache" / "topk-building.tmp").mkdir()  # a build in progress: no meta.json yet
-    pd.DataFrame({"point": ["a", "b", "c"], "status": ["done", "running", "failed"],
-                  "grid_seed": [1, 1001, 2]}).to_csv(study / "index.csv", index=False)
+    # seed 2's arms in two points (arms_per_point): one done is not enough
+    grid = [{"seed": s} for s in (1, 1001, 2, 2)]
+    (study / "sweep.json").write_text(json.dumps({"name": "real-pruned", "grid": {"point": grid}}))
+    pd.DataFrame({"point": ["a", "b", "c", "d"], "status": ["done", "running", "done", "failed"],
+                  "grid_seed": [1, 1001, 2, 2]}).to_csv(study / "index.csv", index=False)
     freed = _janitor().sweep([study, tmp_path / "not-started-yet"])
     assert freed == [f"real-pruned: topk-{1:012d} (seed 1)"]
     left = sorted(p.name for p in (study / "cache").iterdir())
     assert left == ["topk-000000000002", "topk-000000001001", "topk-building.tmp"]
+    index = pd.read_csv(study / "index.csv")
+    index.loc[index["point"] == "d", "status"] = "done"
+    index.to_csv(study / "index.csv", index=False)
+    assert _janitor().sweep([study]) == [f"real-pruned: topk-{2:012d} (seed 2)"]

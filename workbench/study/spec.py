@@ -49,6 +49,10 @@ class Study:
     """True: every student starts as the teacher's own checkpoint (finetune-fp8), so the question is drift from
     the model, not distillation from a better one: no refusal when a student ends below the teacher's held-out
     perplexity (fine-tuning on text like the held-out text should), and the report leads with step 0 -> end."""
+    arms_per_point: int = 0
+    """Students per point at a seed (0: every arm of the seed in one point). A point is the unit that a call's
+    time limit loses whole and that the budget check times: the real-teacher presets' six-student points could
+    outlast a GPU call (issue 36), three students each end well inside one and keep what a cut call ran."""
     points_per_gpu: int = 1
     """The most points that shared one GPU while the study ran (`--workers K/gpu`, over every resume): above 1,
     its step times timed each other and are no speed evidence (the quality figures do not depend on them)."""
@@ -118,6 +122,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # gives it --set lr=1e-3: study.json keeps what ran).
     "distill-quality-real": {
         "preset": "lm-distill", "arms": GPU_ARMS, "seeds": [1, 2, 3], "needs": ("lm.teacher", "lm.student"),
+        "arms_per_point": 3,
         "set": {"kind": "llama", "seq_len": 512, "batch": 16, "steps": 800, "lr": 4e-4, "lr_schedule": "cosine",
                 "lr_warmup_steps": 40, "eval_every": 100,
                 "eval_batches": 8, "warmup": 3, "iters": 10, "compile": False, "graphs": True, "te_graph": "step",
@@ -127,7 +132,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # (lm.student defaults to lm.teacher), trained on its KD loss in bf16 and in each FP8 recipe; the KL to the
     # original model and held-out perplexity at step 0 (students.csv *_step0) and at the end, against the noise.
     "finetune-fp8": {
-        "preset": "lm-distill", "arms": GPU_ARMS, "seeds": [1, 2, 3], "needs": ("lm.teacher",),
+        "preset": "lm-distill", "arms": GPU_ARMS, "seeds": [1, 2, 3], "needs": ("lm.teacher",), "arms_per_point": 3,
         "student_is_teacher": True,
         "set": {"kind": "llama", "seq_len": 512, "batch": 16, "steps": 320, "lr": 1e-5, "lr_schedule": "cosine",
                 "lr_warmup_steps": 20, "eval_every": 40,
@@ -176,7 +181,8 @@ def from_preset(name: str, overrides: dict[str, Any] | None = None, seeds: list[
                   fixed={**p["set"], **overrides}, arms=list(p["arms"]), seeds=list(seeds or p["seeds"]),
                   study_preset=name,
                   # finetune-fp8 given another student folder is a distillation again: its refusal rule holds
-                  student_is_teacher=bool(p.get("student_is_teacher")) and _same_folder(overrides))
+                  student_is_teacher=bool(p.get("student_is_teacher")) and _same_folder(overrides),
+                  arms_per_point=p.get("arms_per_point", 0))
     check(study)
     return study
 
@@ -206,6 +212,7 @@ def read_study(path: Path) -> Study:
               "fixed": isinstance(study.fixed, dict), "seeds": isinstance(study.seeds, list),
               "student_is_teacher": isinstance(study.student_is_teacher, bool),
               "points_per_gpu": type(study.points_per_gpu) is int and study.points_per_gpu >= 1,
+              "arms_per_point": type(study.arms_per_point) is int and study.arms_per_point >= 0,
               "arms": all(isinstance(a.name, str) and isinstance(a.student, str) and isinstance(a.kd, bool)
                           and isinstance(a.noise, bool) for a in study.arms)}
     wrong = [k for k, ok in fields.items() if not ok]
@@ -229,7 +236,8 @@ def parse_seeds(text: str | None) -> list[int] | None:
 
 # ---- the study as a sweep ------------------------------------------------------------------------
 def point_overrides(study: Study) -> list[dict[str, Any]]:
-    """The grid: per seed, one point with every arm that runs at that seed, then one with the noise arms."""
+    """The grid: per seed, the points with every arm that runs at that seed (one point, or `arms_per_point`
+    students each, the no-KD student with its baseline backend's), then one with the noise arms."""
     out = []
     for seed in study.seeds:
         for noise in (False, True):
@@ -241,8 +249,20 @@ def point_overrides(study: Study) -> list[dict[str, Any]]:
             baseline = no_kd[0].student if no_kd else students[0]
             if baseline not in students:
                 students.append(baseline)  # the no-KD student is the baseline backend's (runner)
-            out.append({"seed": seed + (NOISE_SEED_OFFSET if noise else 0), "backends": students,
-                        "baseline": baseline, "no_kd_student": bool(no_kd)})
+            n = study.arms_per_point or len(students) + 1
+            # the no-KD student counts as one: it trains beside its backend's KD student
+            groups, group = [], []
+            for st in students:
+                group.append(st)
+                if len(group) + (bool(no_kd) and baseline in group) >= n:
+                    groups.append(group)
+                    group = []
+            groups += [group] if group else []
+            point_seed = seed + (NOISE_SEED_OFFSET if noise else 0)
+            for g in groups:
+                kd_here = bool(no_kd) and baseline in g
+                out.append({"seed": point_seed, "backends": g, "baseline": baseline if kd_here else g[0],
+                            "no_kd_student": kd_here})
     return out
 
 

@@ -2,7 +2,7 @@
 
 A store (<study>/cache/topk-<key>/, ~2.4 GiB per seed at 800 steps of SmolLM2-135M) belongs to one seed: its
 recipe's seed is the points' train.seed, and it is freed once every point of that seed in the study's grid
-(sweep.json; several where the study splits a seed's arms, `arms_per_point`) is done. Studies that run side by side
+(sweep.json; several where the study splits a seed's arms, `point_groups`) is done. Studies that run side by side
 would otherwise fill the GPU machine's disk before they end. Usage: topk_janitor.py STUDY_DIR ... (runs until
 killed, a pass every 15 s; a pass also on its own with --once). A rerun of a done point rebuilds its store.
 """

@@ -43,31 +43,37 @@ def test_points_pair_arms_by_seed_and_shift_the_noise_arm():
     assert spec.arm_of(s, "torch_bf16", 2) == (s.arm("torch_bf16"), 2)
 
 
-def test_arms_per_point_splits_a_seed_and_keeps_the_no_kd_student_with_its_backend(tmp_path):
-    """The real-teacher presets run three students a point, so a GPU call's limit never loses six at once;
-    every arm still runs once per seed, the noise point is unchanged (its id: done points stay done)."""
+def test_point_groups_split_a_seed_and_keep_the_no_kd_student_with_its_backend(tmp_path):
+    """The real-teacher presets run a seed's arms in three points (bf16, TE FP8, torchao), so a GPU call's limit
+    never loses six students at once; every arm still runs once per seed, the noise point is unchanged (its id:
+    done points stay done)."""
     s = spec.from_preset("finetune-fp8", {"lm.teacher": "/models/t"})
-    assert s.arms_per_point == 3
+    assert s.point_groups == spec.REAL_GROUPS
     grid = spec.point_overrides(s)
-    assert [g["seed"] for g in grid] == [1, 1, 1001, 2, 2, 1002, 3, 3, 1003]
+    assert [g["seed"] for g in grid] == [1, 1, 1, 1001, 2, 2, 2, 1002, 3, 3, 3, 1003]
     assert grid[0] == {"seed": 1, "backends": ["torch_bf16", "te_bf16"], "baseline": "torch_bf16",
-                       "no_kd_student": True}  # two KD students and the no-KD one: three
-    assert grid[1] == {"seed": 1, "backends": ["te_fp8:delayed", "te_fp8:current", "torchao_float8:tensorwise"],
-                       "baseline": "te_fp8:delayed", "no_kd_student": False}
+                       "no_kd_student": True}
+    assert grid[1] == {"seed": 1, "backends": ["te_fp8:delayed", "te_fp8:current"], "baseline": "te_fp8:delayed",
+                       "no_kd_student": False}
+    assert grid[2] == {"seed": 1, "backends": ["torchao_float8:tensorwise"],
+                       "baseline": "torchao_float8:tensorwise", "no_kd_student": False}
     whole = spec.point_overrides(spec.from_preset("distill-quality"))
-    assert grid[2] == whole[1]  # the noise point as before
-    for n in (1, 2, 4, 6, 7):
-        s.arms_per_point = n
-        grid = spec.point_overrides(s)
-        per_seed = [g for g in grid if g["seed"] == 2]
-        assert sorted(b for g in per_seed for b in g["backends"]) == sorted(whole[2]["backends"])
-        assert sum(g["no_kd_student"] for g in per_seed) == 1
-        assert all(len(g["backends"]) + g["no_kd_student"] <= max(n, 2) for g in per_seed)
-        assert all(g["baseline"] in g["backends"] for g in grid)
-    s.arms_per_point = -1  # a hand edit of study.json: refused naming the field
+    assert grid[3] == whole[1]  # the noise point as before
+    assert sorted(b for g in grid[4:7] for b in g["backends"]) == sorted(whole[2]["backends"])
+    s.point_groups = [["no_kd_bf16"], ["torch_bf16", "te_bf16", "te_fp8_delayed", "te_fp8_current",
+                                       "torchao_float8"]]  # the no-KD arm without its backend's KD arm
+    with pytest.raises(ConfigError, match="no_kd_bf16 trains beside the KD arm of its backend"):
+        spec.check(s)
+    for groups in ([["torch_bf16"]], [g + ["torch_bf16"] for g in spec.REAL_GROUPS], [["nope"]]):
+        s.point_groups = groups  # an arm left out, twice, or unknown: refused naming the field
+        with pytest.raises(ConfigError, match="point_groups: every arm"):
+            spec.check(s)
+    s.point_groups = "torchao_float8"  # a hand edit of study.json: refused naming the field
     results.write_json(tmp_path / spec.STUDY_FILE, s.to_dict())
-    with pytest.raises(ConfigError, match="arms_per_point has the wrong type"):
+    with pytest.raises(ConfigError, match="point_groups has the wrong type"):
         spec.read_study(tmp_path / spec.STUDY_FILE)
+    old = {**spec.from_preset("distill-quality").to_dict(), "arms_per_point": 3}
+    assert spec.Study.from_dict(old).point_groups == []  # a study.json of the one commit with arms_per_point
 
 
 def test_every_point_shares_one_teacher_and_held_out_set():
@@ -442,7 +448,7 @@ def test_the_real_teacher_presets_ask_for_their_folders():
 @pytest.mark.slow
 def test_a_real_teacher_study_with_a_pruned_student_runs_end_to_end(tmp_path, monkeypatch):
     """distill-quality-real on a tiny Hugging Face teacher and its depth-pruned student (workbench hf-prune), the
-    points of two seeds run in-process (three students a point, arms_per_point): every torch arm ok, the TE /
+    points of two seeds run in-process (three points a seed, point_groups): every torch arm ok, the TE /
     torchao arms rows with their reasons (no GPU here), the student's provenance in task.json, the report's gaps
     in nats."""
     from workbench.models import hf_init, hf_prune

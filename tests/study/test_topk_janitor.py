@@ -25,7 +25,7 @@ def test_only_a_done_points_store_is_freed(tmp_path):
         (store / "values.bin").write_bytes(b"x" * 16)
         (store / "meta.json").write_text(json.dumps({"format": 1, "recipe": {"seed": seed}}))
     (study / "cache" / "topk-building.tmp").mkdir()  # a build in progress: no meta.json yet
-    # seed 2's arms in two points (arms_per_point): one done is not enough
+    # seed 2's arms in two points (point_groups): one done is not enough
     grid = [{"seed": s} for s in (1, 1001, 2, 2)]
     (study / "sweep.json").write_text(json.dumps({"name": "real-pruned", "grid": {"point": grid}}))
     pd.DataFrame({"point": ["a", "b", "c", "d"], "status": ["done", "running", "done", "failed"],

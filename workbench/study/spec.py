@@ -49,10 +49,11 @@ class Study:
     """True: every student starts as the teacher's own checkpoint (finetune-fp8), so the question is drift from
     the model, not distillation from a better one: no refusal when a student ends below the teacher's held-out
     perplexity (fine-tuning on text like the held-out text should), and the report leads with step 0 -> end."""
-    arms_per_point: int = 0
-    """Students per point at a seed (0: every arm of the seed in one point). A point is the unit that a call's
-    time limit loses whole and that the budget check times: the real-teacher presets' six-student points could
-    outlast a GPU call (issue 36), three students each end well inside one and keep what a cut call ran."""
+    point_groups: list[list[str]] = field(default_factory=list)
+    """The arms (by name) that train together in one point at each seed; empty: every arm of a seed in one
+    point. The noise arms keep their own point. A point is what a GPU call's time limit loses whole and what the
+    budget check times: on a real teacher a six-student point outlasted a call (its torchao student compiles for
+    minutes), so the real presets run the bf16 arms, the TE FP8 arms and torchao apart."""
     points_per_gpu: int = 1
     """The most points that shared one GPU while the study ran (`--workers K/gpu`, over every resume): above 1,
     its step times timed each other and are no speed evidence (the quality figures do not depend on them)."""
@@ -63,6 +64,7 @@ class Study:
     @staticmethod
     def from_dict(d: dict[str, Any]) -> "Study":
         d = dict(d)
+        d.pop("arms_per_point", None)  # a study.json of one commit (528e816), before point_groups
         if "student_is_teacher" not in d:  # a study.json from before the field: its preset says
             d["student_is_teacher"] = bool(PRESETS.get(d.get("study_preset"), {}).get("student_is_teacher"))
         return Study(**{**d, "arms": [Arm(**a) for a in d["arms"]]})
@@ -74,6 +76,10 @@ class Study:
 GPU_ARMS = [Arm("torch_bf16", "torch_bf16"), Arm("te_bf16", "te_bf16"), Arm("te_fp8_delayed", "te_fp8:delayed"),
             Arm("te_fp8_current", "te_fp8:current"), Arm("torchao_float8", "torchao_float8:tensorwise"),
             Arm("no_kd_bf16", "torch_bf16", kd=False), Arm(NOISE_ARM, "torch_bf16", noise=True)]
+
+# The real presets' points at each seed: the bf16 arms, the TE FP8 arms, torchao (its compile of a 30-layer model
+# took over four minutes alone on an H100: results/reference/h100/quality/), each well inside one GPU call.
+REAL_GROUPS = [["torch_bf16", "te_bf16", "no_kd_bf16"], ["te_fp8_delayed", "te_fp8_current"], ["torchao_float8"]]
 
 # distill-quality: one H200, ~16 minutes in two calls (`scripts/gpu.sh quality` resumes). The teacher is 3x wider
 # and 1.5x deeper than the student and trains 1.25x the students' steps. Measured on the H200
@@ -122,7 +128,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # gives it --set lr=1e-3: study.json keeps what ran).
     "distill-quality-real": {
         "preset": "lm-distill", "arms": GPU_ARMS, "seeds": [1, 2, 3], "needs": ("lm.teacher", "lm.student"),
-        "arms_per_point": 3,
+        "point_groups": REAL_GROUPS,
         "set": {"kind": "llama", "seq_len": 512, "batch": 16, "steps": 800, "lr": 4e-4, "lr_schedule": "cosine",
                 "lr_warmup_steps": 40, "eval_every": 100,
                 "eval_batches": 8, "warmup": 3, "iters": 10, "compile": False, "graphs": True, "te_graph": "step",
@@ -132,7 +138,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # (lm.student defaults to lm.teacher), trained on its KD loss in bf16 and in each FP8 recipe; the KL to the
     # original model and held-out perplexity at step 0 (students.csv *_step0) and at the end, against the noise.
     "finetune-fp8": {
-        "preset": "lm-distill", "arms": GPU_ARMS, "seeds": [1, 2, 3], "needs": ("lm.teacher",), "arms_per_point": 3,
+        "preset": "lm-distill", "arms": GPU_ARMS, "seeds": [1, 2, 3], "needs": ("lm.teacher",), "point_groups": REAL_GROUPS,
         "student_is_teacher": True,
         "set": {"kind": "llama", "seq_len": 512, "batch": 16, "steps": 320, "lr": 1e-5, "lr_schedule": "cosine",
                 "lr_warmup_steps": 20, "eval_every": 40,
@@ -182,7 +188,7 @@ def from_preset(name: str, overrides: dict[str, Any] | None = None, seeds: list[
                   study_preset=name,
                   # finetune-fp8 given another student folder is a distillation again: its refusal rule holds
                   student_is_teacher=bool(p.get("student_is_teacher")) and _same_folder(overrides),
-                  arms_per_point=p.get("arms_per_point", 0))
+                  point_groups=[list(g) for g in p.get("point_groups", [])])
     check(study)
     return study
 
@@ -195,6 +201,18 @@ def check(study: Study) -> None:
     for needed in (REFERENCE_ARM, NOISE_ARM):
         if needed not in names:
             raise ConfigError(f"study arms must include {needed!r} (the reference / the noise floor), got {names}")
+    if study.point_groups:
+        grouped = [n for g in study.point_groups for n in g]
+        wanted = [a.name for a in study.arms if not a.noise]
+        if sorted(grouped) != sorted(wanted):
+            raise ConfigError(f"point_groups: every arm but the noise arms exactly once ({wanted}), got "
+                              f"{study.point_groups}")
+        for g in study.point_groups:  # the runner trains a no-KD student beside its backend's KD one
+            lone = [a.name for a in map(study.arm, g) if not a.kd and
+                    not any(b.kd and b.student == a.student for b in map(study.arm, g))]
+            if lone:
+                raise ConfigError(f"point_groups: {lone[0]} trains beside the KD arm of its backend (the runner's "
+                                  f"no_kd_student): put them in one group, got {g}")
     bad = [s for s in study.seeds if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < NOISE_SEED_OFFSET]
     if bad or len(set(study.seeds)) != len(study.seeds) or len(study.seeds) < 2:
         raise ConfigError(f"--seeds: two or more distinct integers in [0, {NOISE_SEED_OFFSET}), got {study.seeds}")
@@ -212,7 +230,8 @@ def read_study(path: Path) -> Study:
               "fixed": isinstance(study.fixed, dict), "seeds": isinstance(study.seeds, list),
               "student_is_teacher": isinstance(study.student_is_teacher, bool),
               "points_per_gpu": type(study.points_per_gpu) is int and study.points_per_gpu >= 1,
-              "arms_per_point": type(study.arms_per_point) is int and study.arms_per_point >= 0,
+              "point_groups": isinstance(study.point_groups, list) and all(
+                  isinstance(g, list) and all(isinstance(n, str) for n in g) for g in study.point_groups),
               "arms": all(isinstance(a.name, str) and isinstance(a.student, str) and isinstance(a.kd, bool)
                           and isinstance(a.noise, bool) for a in study.arms)}
     wrong = [k for k, ok in fields.items() if not ok]
@@ -236,33 +255,24 @@ def parse_seeds(text: str | None) -> list[int] | None:
 
 # ---- the study as a sweep ------------------------------------------------------------------------
 def point_overrides(study: Study) -> list[dict[str, Any]]:
-    """The grid: per seed, the points with every arm that runs at that seed (one point, or `arms_per_point`
-    students each, the no-KD student with its baseline backend's), then one with the noise arms."""
+    """The grid: per seed, the points of its arms (one, or one per `point_groups` group), then one with the
+    noise arms. A no-KD arm trains beside its backend's KD student (the runner's no_kd_student)."""
     out = []
     for seed in study.seeds:
         for noise in (False, True):
             arms = [a for a in study.arms if a.noise == noise]
-            students = list(dict.fromkeys(a.student for a in arms if a.kd))
-            no_kd = [a for a in arms if not a.kd]
-            if not students:
-                continue
-            baseline = no_kd[0].student if no_kd else students[0]
-            if baseline not in students:
-                students.append(baseline)  # the no-KD student is the baseline backend's (runner)
-            n = study.arms_per_point or len(students) + 1
-            # the no-KD student counts as one: it trains beside its backend's KD student
-            groups, group = [], []
-            for st in students:
-                group.append(st)
-                if len(group) + (bool(no_kd) and baseline in group) >= n:
-                    groups.append(group)
-                    group = []
-            groups += [group] if group else []
-            point_seed = seed + (NOISE_SEED_OFFSET if noise else 0)
-            for g in groups:
-                kd_here = bool(no_kd) and baseline in g
-                out.append({"seed": point_seed, "backends": g, "baseline": baseline if kd_here else g[0],
-                            "no_kd_student": kd_here})
+            groups = [[study.arm(n) for n in g] for g in study.point_groups] if study.point_groups and not noise \
+                else [arms]
+            for group in groups:
+                students = list(dict.fromkeys(a.student for a in group if a.kd))
+                no_kd = [a for a in group if not a.kd]
+                if not students and not no_kd:
+                    continue
+                baseline = no_kd[0].student if no_kd else students[0]
+                if baseline not in students:
+                    students.append(baseline)  # the no-KD student is the baseline backend's (runner)
+                out.append({"seed": seed + (NOISE_SEED_OFFSET if noise else 0), "backends": students,
+                            "baseline": baseline, "no_kd_student": bool(no_kd)})
     return out
 
 

@@ -45,6 +45,11 @@ def test_switches_on_cpu_compile_applies_graphs_say_why_not(tmp_path, monkeypatc
     # bf16 rounding aside
     first = df["first_step_loss"]
     assert (first.max() - first.min()) / first.mean() <= 1e-3
+    cfg = config.from_preset("cpu-smoke", steps=3, iters=2, warmup=1, compile=True, compile_scope="layers",
+                             backends="torch_fp32", baseline="torch_fp32", device="cpu")
+    row = results.load(runner.run(cfg, out=tmp_path, run_id="layers", progress=False)).iloc[0]
+    assert row["status"] == "ok" and row["compiled"] and "compiled per layer" in row["notes"]
+    assert row["first_step_loss"] == pytest.approx(df.loc["torch_fp32", "first_step_loss"], rel=1e-4)
 
 
 def test_bf16_params_and_layout_keep_students_matched(tmp_path):
@@ -172,3 +177,33 @@ def test_a_sweep_refuses_an_unknown_kind_or_backend_before_any_point_runs():
     with pytest.raises(config.ConfigError, match=r"sweep point .*torch_bf17"):
         plan(Spec("s", preset="gpt-cpu", grid={"backends": [["torch_fp32", "torch_bf16"],
                                                             ["torch_fp32", "torch_bf17"]]}))
+
+
+def test_compile_scope_layers_compiles_each_repeated_layer_once_and_keeps_the_numbers(monkeypatch):
+    """bench.compile_scope='layers' (regional compilation): every decoder layer of a Hugging Face model and of the
+    workbench LM is compiled in place, the rest stays eager, the forward matches eager; a model without a stack of
+    repeated layers falls back to one compile of the whole and says so."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from workbench.train import loop
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=5,
+                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True))
+    tokens = torch.randint(0, 128, (2, 16))
+    eager = hf(input_ids=tokens).logits
+    fwd, note = loop.compiled(hf, "layers")
+    assert fwd is hf and note == "compiled per layer (5 LlamaDecoderLayer; the rest eager)"
+    assert all(layer._compiled_call_impl is not None for layer in hf.model.layers)
+    assert hf.model.embed_tokens._compiled_call_impl is None and hf._compiled_call_impl is None
+    torch.testing.assert_close(fwd(input_ids=tokens).logits, eager)
+    from workbench.models import CausalLM, LMShape
+
+    lm = CausalLM(LMShape(kind="gpt", vocab=64, hidden=16, intermediate=32, layers=3, heads=2, seq_len=8))
+    assert loop.repeated_layers(lm) is lm.blocks
+    whole, note = loop.compiled(torch.nn.Linear(4, 4), "layers")
+    assert whole is not None and "not applied: no stack of repeated layers" in note
+    assert loop.compiled(torch.nn.Linear(4, 4), "model")[1] == ""
+    with pytest.raises(ConfigError, match="compile_scope"):
+        config.from_preset("gpt-cpu", compile_scope="blocks")

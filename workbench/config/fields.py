@@ -89,6 +89,11 @@ class BenchConfig:
     """Timed training steps; median, p20, p80 and mean are reported over them."""
     compile: bool = False
     """torch.compile the PyTorch students (TE modules are not compiled: dynamo skips them)."""
+    compile_scope: Literal["model", "layers"] = "model"
+    """What one torch.compile covers: 'model' (the whole student, one graph) or 'layers' (each decoder layer on
+    its own, regional compilation: the layers share one compiled code, so a deep model compiles in a fraction
+    of the time; the embedding, final norm and head run eager). The real-teacher studies' torchao student, a
+    30-layer model, compiled for over four minutes as one graph."""
     graphs: bool = False
     """Capture the student's train step in a CUDA graph (GPU only; capture time reported apart)."""
     repeats: int = 1

@@ -122,7 +122,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # every:3 student took over 7 minutes for six students whose 800 steps are 12-20 s each (steps 15-25 ms), so
     # most of a student's ~75 s is outside its own steps; the online teacher's 30-layer forward, once per step
     # per student, is the one cost top-k pays once per point instead. The full logits (600 GiB) fit nowhere.
-    # compile off: a quality study compares numerics, not speed (torchao's float8 compiles regardless).
+    # compile off: a quality study compares numerics, not speed (torchao's float8 compiles regardless, one decoder
+    # layer at a time: compile_scope, since its whole 30-layer model took minutes).
     # The rate: cosine to zero after 40 warm-up steps (a constant rate never lets the curves flatten, see above); a
     # pruned student heals at 4e-4, a random one learns from scratch at a higher rate (`scripts/gpu.sh quality-real`
     # gives it --set lr=1e-3: study.json keeps what ran).
@@ -131,18 +132,20 @@ PRESETS: dict[str, dict[str, Any]] = {
         "point_groups": REAL_GROUPS,
         "set": {"kind": "llama", "seq_len": 512, "batch": 16, "steps": 800, "lr": 4e-4, "lr_schedule": "cosine",
                 "lr_warmup_steps": 40, "eval_every": 100,
-                "eval_batches": 8, "warmup": 3, "iters": 10, "compile": False, "graphs": True, "te_graph": "step",
+                "eval_batches": 8, "warmup": 3, "iters": 10, "compile": False, "compile_scope": "layers",
+                "graphs": True, "te_graph": "step",
                 "corpus_mb": 64.0, "teacher_seed": 0, "temperature": 1.0, "teacher_mode": "topk"},
     },
     # "Can I fine-tune my model in FP8 without drifting from it?": the student is the teacher's own checkpoint
     # (lm.student defaults to lm.teacher), trained on its KD loss in bf16 and in each FP8 recipe; the KL to the
     # original model and held-out perplexity at step 0 (students.csv *_step0) and at the end, against the noise.
     "finetune-fp8": {
-        "preset": "lm-distill", "arms": GPU_ARMS, "seeds": [1, 2, 3], "needs": ("lm.teacher",), "point_groups": REAL_GROUPS,
-        "student_is_teacher": True,
+        "preset": "lm-distill", "arms": GPU_ARMS, "seeds": [1, 2, 3], "needs": ("lm.teacher",),
+        "point_groups": REAL_GROUPS, "student_is_teacher": True,
         "set": {"kind": "llama", "seq_len": 512, "batch": 16, "steps": 320, "lr": 1e-5, "lr_schedule": "cosine",
                 "lr_warmup_steps": 20, "eval_every": 40,
-                "eval_batches": 8, "warmup": 3, "iters": 10, "compile": False, "graphs": True, "te_graph": "step",
+                "eval_batches": 8, "warmup": 3, "iters": 10, "compile": False, "compile_scope": "layers",
+                "graphs": True, "te_graph": "step",
                 "corpus_mb": 64.0, "teacher_seed": 0, "temperature": 1.0, "teacher_mode": "topk"},
     },
 }

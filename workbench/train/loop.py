@@ -151,6 +151,26 @@ def capture_step(model: torch.nn.Module, fwd: torch.nn.Module, opt: torch.optim.
     return step
 
 
+def repeated_layers(model: torch.nn.Module) -> torch.nn.ModuleList | None:
+    """The model's stack of decoder layers: its longest ModuleList of modules of one class (a Hugging Face
+    model's model.layers, the workbench LM's blocks), or None."""
+    stacks = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 1
+              and len({type(x) for x in m}) == 1]
+    return max(stacks, key=len, default=None)
+
+
+def compiled(model: torch.nn.Module, scope: str) -> tuple[torch.nn.Module, str]:
+    """(the forward to call, a note): the whole model in one torch.compile, or with scope 'layers' each of its
+    repeated layers compiled in place (one compiled code for all: dynamo treats their parameters as inputs)."""
+    layers = repeated_layers(model) if scope == "layers" else None
+    if layers is None:
+        note = "bench.compile_scope='layers' not applied: no stack of repeated layers" if scope == "layers" else ""
+        return torch.compile(model), note
+    for layer in layers:
+        layer.compile()
+    return model, f"compiled per layer ({len(layers)} {type(layers[0]).__name__}; the rest eager)"
+
+
 def _compile_now(fwd, opt, student: Student, task, batch) -> None:
     """Forward + backward once, under the step's own autocast, so compilation happens here (timed as
     compile_ms) and not in training step 1; the gradients are dropped, the weights are untouched."""
@@ -291,7 +311,8 @@ def prepare_step(student: Student, cfg, task, data: Data, device: torch.device):
     scaler = torch.amp.GradScaler(device.type) if policy.grad_scaler else None
     fwd = model
     if policy.compile:
-        fwd = torch.compile(model)
+        fwd, note = compiled(model, cfg.bench.compile_scope)
+        notes += [note] if note else []
         _, metrics["compile_ms"] = _sync_time(lambda: _compile_now(fwd, opt, student, task, data.train[0]), device)
     if policy.graph == "step":
         step, metrics["capture_ms"] = _sync_time(

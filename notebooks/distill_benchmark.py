@@ -78,6 +78,7 @@ moments_dtype: Optional[str] = None  # Adam moments' storage: 'fp32' or 'bf16' (
 warmup: Optional[int] = None  # Untimed steps before the timed region (compilation, autotuning, FP8 amax history).
 iters: Optional[int] = None  # Timed training steps; median, p20, p80 and mean are reported over them.
 compile: Optional[bool] = None  # torch.compile the PyTorch students (TE modules are not compiled: dynamo skips them).
+compile_scope: Optional[str] = None  # What one torch.compile covers: 'model' (the whole student, one graph) or 'layers' (each decoder layer on its own, regional compilation: the layers share one compiled code, so a deep model compiles in a fraction of the time; the embedding, final norm and head run eager). The real-teacher studies' torchao student, a 30-layer model, compiled for over four minutes as one graph.
 graphs: Optional[bool] = None  # Capture the student's train step in a CUDA graph (GPU only; capture time reported apart).
 repeats: Optional[int] = None  # Timed blocks of `iters` steps per measured region (students and teacher); the first is reported, every block's median and their spread go to the row (`step_ms_repeat_spread_pct`).
 profile: Optional[bool] = None  # One more timed block under torch.profiler per region: kernel-time sums in the student's row, the per-kernel breakdown in profile-<student>.json (on a CPU: CPU activity only, no kernel time).

@@ -160,7 +160,7 @@ def test_loading_wide_runs_with_their_completeness_does_not_warn(tmp_path):
 
     import pandas as pd
 
-    with tarfile.open("results/reference/h200/quality/carry/real-finetune.tar.gz") as tar:
+    with tarfile.open("results/reference/h100/quality/528e816/real-finetune.tar.gz") as tar:
         tar.extractall(tmp_path, filter="data")
     with warnings.catch_warnings():
         warnings.simplefilter("error", pd.errors.PerformanceWarning)

@@ -52,8 +52,8 @@ class Study:
     point_groups: list[list[str]] = field(default_factory=list)
     """The arms (by name) that train together in one point at each seed; empty: every arm of a seed in one
     point. The noise arms keep their own point. A point is what a GPU call's time limit loses whole and what the
-    budget check times: on a real teacher a six-student point outlasted a call (its torchao student compiles for
-    minutes), so the real presets run the bf16 arms, the TE FP8 arms and torchao apart."""
+    budget check times: on a real teacher a six-student point outlasted a call (its torchao student, compiled as
+    one graph, took minutes), so the real presets run the bf16 arms, the TE FP8 arms and torchao apart."""
     points_per_gpu: int = 1
     """The most points that shared one GPU while the study ran (`--workers K/gpu`, over every resume): above 1,
     its step times timed each other and are no speed evidence (the quality figures do not depend on them)."""
@@ -77,8 +77,8 @@ GPU_ARMS = [Arm("torch_bf16", "torch_bf16"), Arm("te_bf16", "te_bf16"), Arm("te_
             Arm("te_fp8_current", "te_fp8:current"), Arm("torchao_float8", "torchao_float8:tensorwise"),
             Arm("no_kd_bf16", "torch_bf16", kd=False), Arm(NOISE_ARM, "torch_bf16", noise=True)]
 
-# The real presets' points at each seed: the bf16 arms, the TE FP8 arms, torchao (its compile of a 30-layer model
-# took over four minutes alone on an H100: results/reference/h100/quality/528e816/), each well inside one GPU call.
+# The real presets' points at each seed: the bf16 arms, the TE FP8 arms, torchao (its student, compiled as one
+# 30-layer graph, had not logged a step after four minutes alone on an H100: results/reference/h100/quality/528e816/).
 REAL_GROUPS = [["torch_bf16", "te_bf16", "no_kd_bf16"], ["te_fp8_delayed", "te_fp8_current"], ["torchao_float8"]]
 
 # distill-quality: one H200, ~16 minutes in two calls (`scripts/gpu.sh quality` resumes). The teacher is 3x wider

@@ -239,3 +239,26 @@ def test_hf_run_keeps_layer_students_matched_eager_and_in_the_whole_step_graph(t
     assert df.loc["te_bf16", "status"] == "ok" and df.loc["te_bf16", "te_conversion"] == "linear"
     assert "LlamaAttention" in df.loc["te_bf16", "kept_torch_modules"]
     _record("run", rows)
+
+
+def test_hf_torchao_student_compiled_per_layer_trains_as_the_whole_model_compiled(tmp_path):
+    """bench.compile_scope='layers' (the real-teacher studies' torchao student: its whole 30-layer model compiled as
+    one graph had not logged a step after four minutes on an H100): a saved HF Llama of four layers trained by
+    torchao float8 with its whole step in one CUDA graph, compiled per layer and whole; both run, say which, and
+    train the same loss curve to float8 tolerance. compile_ms goes to the record (no timed assertion)."""
+    folder = tmp_path / "tiny-llama"
+    reference("llama", vocab_size=256, num_hidden_layers=4).model.save_pretrained(folder)
+    rows = {}
+    for scope in ("layers", "model"):
+        c = cfg(kind="llama", vocab=256, tokenizer="bytes", corpus_mb=0.2, teacher="random", student=str(folder),
+                steps=6, warmup=1, iters=3, eval_batches=1, no_kd_student=False, graphs=True, te_graph="step",
+                backends="torchao_float8:tensorwise", baseline="torchao_float8:tensorwise", compile_scope=scope)
+        df = results.load(runner.run(c, out=tmp_path, run_id=scope, progress=False)).set_index("student")
+        row = df.loc["torchao_float8:tensorwise"]
+        assert row["status"] == "ok", row["reason"]
+        assert bool(row["compiled"]) and bool(row["graphed"]) and row["compile_ms"] > 0
+        assert ("compiled per layer (4 LlamaDecoderLayer" in row["notes"]) is (scope == "layers"), row["notes"]
+        rows[scope] = {"compile_ms": float(row["compile_ms"]), "capture_ms": float(row["capture_ms"]),
+                       "losses": results.read_csv(tmp_path / scope / "losses.csv")["loss"].tolist()}
+    assert rows["layers"]["losses"] == pytest.approx(rows["model"]["losses"], rel=2e-2)
+    _record("torchao_compile_scope", rows)

@@ -16,17 +16,32 @@ from pathlib import Path
 import pandas as pd
 
 
+def _key(overrides: dict) -> str:
+    return json.dumps(overrides, sort_keys=True, default=str)
+
+
 def done_seeds(study: Path) -> set[int]:
-    """The seeds whose every point in the grid is done (none while sweep.json or index.csv is unreadable)."""
+    """The seeds whose every point in the grid is done (none while sweep.json or index.csv is unreadable). Only
+    the index rows of points this grid plans count: a folder kept from an earlier plan of the study (other groups,
+    other settings) has rows of its own seeds that must not free a store a planned point still reads."""
     try:
         index = pd.read_csv(study / "index.csv")
-        grid = json.loads((study / "sweep.json").read_text())["grid"]["point"]
-    except (OSError, ValueError, KeyError):  # not written yet, or mid-rewrite (both are replaced atomically)
+        spec = json.loads((study / "sweep.json").read_text())
+        planned = [{**spec.get("set", {}), **p} for p in spec["grid"]["point"]]
+    except (OSError, ValueError, KeyError, TypeError):  # not written yet, or mid-rewrite (both replaced atomically)
         return set()
-    if "grid_seed" not in index.columns:
+    if not {"status", "overrides"} <= set(index.columns):
         return set()
-    wanted = Counter(int(p["seed"]) for p in grid)
-    done = Counter(int(s) for s in index.loc[index["status"] == "done", "grid_seed"].dropna())
+    keys = {_key(p) for p in planned}
+    done = Counter()
+    for overrides in index.loc[index["status"] == "done", "overrides"].dropna():
+        try:
+            row = json.loads(overrides)
+        except ValueError:
+            continue
+        if _key(row) in keys:
+            done[int(row["seed"])] += 1
+    wanted = Counter(int(p["seed"]) for p in planned)
     return {seed for seed, n in wanted.items() if done[seed] >= n}
 
 

@@ -207,3 +207,33 @@ def test_compile_scope_layers_compiles_each_repeated_layer_once_and_keeps_the_nu
     assert loop.compiled(torch.nn.Linear(4, 4), "model")[1] == ""
     with pytest.raises(ConfigError, match="compile_scope"):
         config.from_preset("gpt-cpu", compile_scope="blocks")
+
+
+def test_held_out_runs_layers_compiled_in_place_eager(monkeypatch):
+    """compile_scope='layers' compiles the student's own layers, which the held-out evaluation calls too: it runs
+    them eager (as with the whole model compiled, whose wrapper it never calls), so no eval-mode graph is compiled
+    inside eval_wall_s. The student, task and data are minimal stand-ins of their interfaces (fakes)."""
+    import contextlib
+    import types
+
+    from torch._dynamo.utils import counters
+
+    from workbench.models import CausalLM, LMShape
+    from workbench.train import loop
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    lm = CausalLM(LMShape(kind="gpt", vocab=64, hidden=16, intermediate=32, layers=3, heads=2, seq_len=8))
+    loop.compiled(lm, "layers")
+    tokens = torch.randint(0, 64, (2, 8))
+    counters.clear()
+    lm(tokens).float().sum().backward()  # the training step's graph
+    assert counters["stats"]["unique_graphs"] == 1
+
+    def evaluate(model, student, batches):
+        with torch.no_grad():  # eval mode and no grad: another graph, were the layers not run eager
+            return {"loss": float(sum(model(b).float().mean() for b in batches))}
+
+    fake_student = types.SimpleNamespace(model=lm, outside_training=contextlib.nullcontext)
+    out = loop.held_out(fake_student, types.SimpleNamespace(evaluate=evaluate), types.SimpleNamespace(eval=[tokens]))
+    assert set(out) == {"loss"} and lm.training
+    assert counters["stats"]["unique_graphs"] == 1

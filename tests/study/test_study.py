@@ -17,7 +17,7 @@ from workbench import config, results
 from workbench.config import ConfigError
 from workbench.study import spec
 from workbench.study.figures import heldout_curves
-from workbench.study.report import collect, report
+from workbench.study.report import _in_point, collect, report
 from workbench.sweep.plan import plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,8 +45,8 @@ def test_points_pair_arms_by_seed_and_shift_the_noise_arm():
 
 def test_point_groups_split_a_seed_and_keep_the_no_kd_student_with_its_backend(tmp_path):
     """The real-teacher presets run a seed's arms in three points (bf16, TE FP8, torchao), so a GPU call's limit
-    never loses six students at once; every arm still runs once per seed, the noise point is unchanged (its id:
-    done points stay done)."""
+    never loses six students at once; every arm still runs once per seed, the noise point's grid entry is as
+    before."""
     s = spec.from_preset("finetune-fp8", {"lm.teacher": "/models/t"})
     assert s.point_groups == spec.REAL_GROUPS
     grid = spec.point_overrides(s)
@@ -58,7 +58,7 @@ def test_point_groups_split_a_seed_and_keep_the_no_kd_student_with_its_backend(t
     assert grid[2] == {"seed": 1, "backends": ["torchao_float8:tensorwise"],
                        "baseline": "torchao_float8:tensorwise", "no_kd_student": False}
     whole = spec.point_overrides(spec.from_preset("distill-quality"))
-    assert grid[3] == whole[1]  # the noise point as before
+    assert grid[3] == whole[1]  # the noise point's grid entry as before
     assert sorted(b for g in grid[4:7] for b in g["backends"]) == sorted(whole[2]["backends"])
     s.point_groups = [["no_kd_bf16"], ["torch_bf16", "te_bf16", "te_fp8_delayed", "te_fp8_current",
                                        "torchao_float8"]]  # the no-KD arm without its backend's KD arm
@@ -115,7 +115,7 @@ def _fake_study(tmp_path, ppl: dict[str, list[float]], status: dict[str, str] | 
         seed = point_seed % spec.NOISE_SEED_OFFSET
         rows, curve = [], []
         for a in s.arms:
-            if a.noise != (point_seed >= spec.NOISE_SEED_OFFSET):
+            if a.noise != (point_seed >= spec.NOISE_SEED_OFFSET) or not _in_point(a, p.grid):
                 continue
             name = a.student if a.kd else f"{a.student}:no_kd"
             v = ppl[a.name][seed - 1]
@@ -233,6 +233,24 @@ def test_a_fine_tuning_study_reads_drift_from_the_model_and_does_not_refuse(tmp_
     readme = (folder / "README.md").read_text()
     assert "kl_teacher_student_t1_nats_step0_mean" in readme and "does not refuse" in readme
     assert spec.read_study(folder / spec.STUDY_FILE).student_is_teacher is True
+
+
+def test_a_study_split_in_point_groups_reports_each_arm_once_and_only_a_missing_groups_arms(tmp_path):
+    """finetune-fp8 runs three points a seed: each arm x seed is one row; a torchao point not finished makes the
+    torchao arm's row of that seed `missing`, naming that point, and no other arm's."""
+    folder = _fake_study(tmp_path, BASE, preset="finetune-fp8", sets={"lm.teacher": "models/m"})
+    report(folder)
+    rows = pd.read_csv(folder / "study.csv")
+    assert len(rows) == 7 * 3 and not rows.duplicated(["arm", "seed"]).any() and (rows["status"] == "ok").all()
+    study = spec.read_study(folder / spec.STUDY_FILE)
+    torchao = next(p for p in plan(spec.sweep_spec(study))
+                   if p.grid["seed"] == 2 and p.grid["backends"] == ["torchao_float8:tensorwise"])
+    (folder / torchao.id / results.DONE_FILE).unlink()
+    report(folder)
+    rows = pd.read_csv(folder / "study.csv")
+    missing = rows[rows["status"] == "missing"]
+    assert missing[["arm", "seed", "point"]].values.tolist() == [["torchao_float8", 2, torchao.id]]
+    assert len(rows) == 7 * 3
 
 
 def test_a_study_whose_points_shared_a_gpu_says_its_step_times_are_no_speed_evidence(tmp_path):

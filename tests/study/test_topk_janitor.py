@@ -25,11 +25,19 @@ def test_only_a_done_points_store_is_freed(tmp_path):
         (store / "values.bin").write_bytes(b"x" * 16)
         (store / "meta.json").write_text(json.dumps({"format": 1, "recipe": {"seed": seed}}))
     (study / "cache" / "topk-building.tmp").mkdir()  # a build in progress: no meta.json yet
-    # seed 2's arms in two points (point_groups): one done is not enough
-    grid = [{"seed": s} for s in (1, 1001, 2, 2)]
-    (study / "sweep.json").write_text(json.dumps({"name": "real-pruned", "grid": {"point": grid}}))
-    pd.DataFrame({"point": ["a", "b", "c", "d"], "status": ["done", "running", "done", "failed"],
-                  "grid_seed": [1, 1001, 2, 2]}).to_csv(study / "index.csv", index=False)
+    # seed 2's arms in two points (point_groups): one done is not enough; the index's overrides are the study's
+    # set and the point's grid entry, as the sweep writes them
+    fixed = {"steps": 800, "lm.teacher": "/m"}
+    grid = [{"seed": 1, "backends": ["a"]}, {"seed": 1001, "backends": ["a"]}, {"seed": 2, "backends": ["a"]},
+            {"seed": 2, "backends": ["b"]}]
+    (study / "sweep.json").write_text(json.dumps({"name": "real-pruned", "set": fixed, "grid": {"point": grid}}))
+    rows = [("a", "done", grid[0]), ("b", "running", grid[1]), ("c", "done", grid[2]), ("d", "failed", grid[3]),
+            # a point of an earlier plan of the study (another grouping), done: it must not count for seed 2
+            ("old", "done", {"seed": 2, "backends": ["a", "b"]})]
+    pd.DataFrame({"point": [r[0] for r in rows], "status": [r[1] for r in rows],
+                  "grid_seed": [r[2]["seed"] for r in rows],
+                  "overrides": [json.dumps({**fixed, **r[2]}, sort_keys=True) for r in rows]}).to_csv(
+        study / "index.csv", index=False)
     freed = _janitor().sweep([study, tmp_path / "not-started-yet"])
     assert freed == [f"real-pruned: topk-{1:012d} (seed 1)"]
     left = sorted(p.name for p in (study / "cache").iterdir())

@@ -7,8 +7,8 @@
 
 A study is a sweep (workbench.sweep: resumable, one papermill run per point, a Dask worker per GPU) whose
 points are seeds, then the quality report over them. Each arm is one student (a backend spec, or the
-no-KD student); each seed is one point, a run of every arm from the same initial weights on the same
-batches, so the arms of one seed are paired by construction. The teacher is trained once, before the
+no-KD student); each seed is one point (or a few: `point_groups`), runs of its arms from the same initial
+weights on the same batches, so the arms of one seed are paired by construction. The teacher is trained once, before the
 first point, with its own seed (lm.teacher_seed) and cached: every seed distils the same teacher and is
 measured on the same held-out tokens; the seed varies only the students' init and batch order.
 

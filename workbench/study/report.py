@@ -33,6 +33,13 @@ from workbench.study.spec import (
 WALLS = results.WALL_CELLS
 
 
+def _in_point(arm, grid: dict) -> bool:
+    """Whether the point of `grid` trains `arm` (a seed's arms may be split over points: point_groups)."""
+    if arm.kd:
+        return arm.student in grid["backends"]
+    return bool(grid["no_kd_student"]) and arm.student == grid["baseline"]
+
+
 def collect(study: Study, study_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(study rows: one per arm x seed, curves): from every planned point; an arm x seed whose point is not
     complete is a row with status 'missing' and the point's state as its reason."""
@@ -47,7 +54,7 @@ def collect(study: Study, study_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     for point in plan(sweep_spec(study)):
         point_seed = int(point.grid["seed"])
         folder = study_dir / point.id
-        expected = [a for a in study.arms if a.noise == (point_seed >= NOISE_SEED_OFFSET)]
+        expected = [a for a in study.arms if a.noise == (point_seed >= NOISE_SEED_OFFSET) and _in_point(a, point.grid)]
         if not results.is_complete(folder):
             state = index.loc[point.id].to_dict() if point.id in index.index else {}
             why = f"point {point.id} not complete ({state.get('status') or 'not run'}"

@@ -291,7 +291,9 @@ def held_out(student: Student, task, data: Data) -> dict[str, Any]:
     """The task's held-out metrics of the model as it is now (eval mode for the pass, then back)."""
     student.model.eval()
     try:
-        with student.outside_training():  # evaluation must not feed FP8 scaling state into training
+        # evaluation must not feed FP8 scaling state into training; and it runs eager, as it did before layers
+        # were compiled in place (compile_scope='layers'): no compile of an eval-mode graph inside eval_wall_s
+        with student.outside_training(), torch.compiler.set_stance("force_eager"):
             return task.evaluate(student.model, student, data.eval)
     finally:
         student.model.train()

@@ -243,7 +243,7 @@ def test_hf_run_keeps_layer_students_matched_eager_and_in_the_whole_step_graph(t
 
 def test_hf_torchao_student_compiled_per_layer_trains_as_the_whole_model_compiled(tmp_path):
     """bench.compile_scope='layers' (the real-teacher studies' torchao student: its whole 30-layer model compiled as
-    one graph had not logged a step after four minutes on an H100): a saved HF Llama of four layers trained by
+    one graph had not logged a step when an H100 call's limit cut its point): a saved HF Llama of four layers trained by
     torchao float8 with its whole step in one CUDA graph, compiled per layer and whole; both run, say which, and
     train the same loss curve to float8 tolerance. compile_ms goes to the record (no timed assertion)."""
     folder = tmp_path / "tiny-llama"

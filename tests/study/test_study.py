@@ -17,7 +17,7 @@ from workbench import config, results
 from workbench.config import ConfigError
 from workbench.study import spec
 from workbench.study.figures import heldout_curves
-from workbench.study.report import _in_point, collect, report
+from workbench.study.report import collect, point_students, report
 from workbench.sweep.plan import plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,9 +115,9 @@ def _fake_study(tmp_path, ppl: dict[str, list[float]], status: dict[str, str] | 
         seed = point_seed % spec.NOISE_SEED_OFFSET
         rows, curve = [], []
         for a in s.arms:
-            if a.noise != (point_seed >= spec.NOISE_SEED_OFFSET) or not _in_point(a, p.grid):
-                continue
             name = a.student if a.kd else f"{a.student}:no_kd"
+            if a.noise != (point_seed >= spec.NOISE_SEED_OFFSET) or name not in point_students(p.grid):
+                continue
             v = ppl[a.name][seed - 1]
             rows.append({"student": name, "status": (status or {}).get(a.name, "ok"), "reason": "",
                          "heldout_ppl": v, "kl_teacher_student_t1_nats": v / 100, "top1_agreement": 0.5,

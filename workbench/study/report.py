@@ -33,11 +33,9 @@ from workbench.study.spec import (
 WALLS = results.WALL_CELLS
 
 
-def _in_point(arm, grid: dict) -> bool:
-    """Whether the point of `grid` trains `arm` (a seed's arms may be split over points: point_groups)."""
-    if arm.kd:
-        return arm.student in grid["backends"]
-    return bool(grid["no_kd_student"]) and arm.student == grid["baseline"]
+def point_students(grid: dict) -> list[str]:
+    """The students.csv names the point of `grid` trains: its backends, and its baseline's no-KD student."""
+    return [*grid["backends"], *([f"{grid['baseline']}:no_kd"] if grid["no_kd_student"] else [])]
 
 
 def collect(study: Study, study_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -54,7 +52,8 @@ def collect(study: Study, study_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     for point in plan(sweep_spec(study)):
         point_seed = int(point.grid["seed"])
         folder = study_dir / point.id
-        expected = [a for a in study.arms if a.noise == (point_seed >= NOISE_SEED_OFFSET) and _in_point(a, point.grid)]
+        # the arms this point trains (a seed's arms may be split over points: point_groups), as its rows map to them
+        expected = [found[0] for name in point_students(point.grid) if (found := arm_of(study, name, point_seed))]
         if not results.is_complete(folder):
             state = index.loc[point.id].to_dict() if point.id in index.index else {}
             why = f"point {point.id} not complete ({state.get('status') or 'not run'}"

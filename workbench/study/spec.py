@@ -78,7 +78,8 @@ GPU_ARMS = [Arm("torch_bf16", "torch_bf16"), Arm("te_bf16", "te_bf16"), Arm("te_
             Arm("no_kd_bf16", "torch_bf16", kd=False), Arm(NOISE_ARM, "torch_bf16", noise=True)]
 
 # The real presets' points at each seed: the bf16 arms, the TE FP8 arms, torchao (its student, compiled as one
-# 30-layer graph, had not logged a step after four minutes alone on an H100: results/reference/h100/quality/528e816/).
+# 30-layer graph, had not logged a step when an H100 call's limit cut its point: results/reference/h100/quality/
+# 528e816/).
 REAL_GROUPS = [["torch_bf16", "te_bf16", "no_kd_bf16"], ["te_fp8_delayed", "te_fp8_current"], ["torchao_float8"]]
 
 # distill-quality: one H200, ~16 minutes in two calls (`scripts/gpu.sh quality` resumes). The teacher is 3x wider

@@ -166,3 +166,15 @@ def test_loading_wide_runs_with_their_completeness_does_not_warn(tmp_path):
         warnings.simplefilter("error", pd.errors.PerformanceWarning)
         df = results.load(tmp_path, include_incomplete=True)
     assert len(df.columns) > 100 and df["complete"].all()
+
+
+def test_identifiers_read_back_as_the_text_written(tmp_path):
+    # a short git sha of digits and one 'e' is a float to pandas (528e816 -> inf), one of digits an int
+    path = tmp_path / "students.csv"
+    path.write_text("run_id,student,git_sha,point,step_ms_median\n1234567890,torch_bf16,528e816,0012,1.5\n"
+                    "4e81050ac1,te_bf16,1234567,3e10,2.5\n")
+    df = results.read_csv(path)
+    assert df["git_sha"].tolist() == ["528e816", "1234567"]
+    assert df["run_id"].tolist() == ["1234567890", "4e81050ac1"]
+    assert df["point"].tolist() == ["0012", "3e10"]
+    assert df["step_ms_median"].tolist() == [1.5, 2.5]

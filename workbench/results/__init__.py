@@ -280,6 +280,11 @@ def run_dirs(path: str | Path, include_incomplete: bool = False) -> list[Path]:
     return [d for d in folders_with(path, "students.csv") if include_incomplete or is_complete(d)]
 
 
+# identifiers read as text: a short git sha such as 528e816 parses as the float 528e816 (inf), 1234567 as an int,
+# and a run id or sweep point of hex digits likewise (the H100 record at 528e816 read back git_sha=inf)
+TEXT_COLUMNS = {"git_sha": str, "run_id": str, "point": str, "student": str, "backend": str}
+
+
 def read_csv(path: str | Path) -> pd.DataFrame:
     """A result CSV, checked: against the size and hash that its folder's done.json recorded for it (runs
     from before the hash: students.csv's size), else that it ends with the newline its writer ends with;
@@ -303,7 +308,7 @@ def read_csv(path: str | Path) -> pd.DataFrame:
     if not data.endswith(b"\n"):  # without a record: a file the writer finished ends with a newline
         raise DamagedResults(f"{path} is damaged: {'empty' if not data else 'its last row is cut short'}")
     try:
-        return pd.read_csv(io.BytesIO(data))
+        return pd.read_csv(io.BytesIO(data), dtype=TEXT_COLUMNS)
     except (ValueError, UnicodeDecodeError) as e:  # pandas' ParserError / EmptyDataError are ValueErrors
         raise DamagedResults(f"{path} is damaged: {' '.join(str(e).split())[:300]}") from None
 

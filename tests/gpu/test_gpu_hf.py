@@ -244,8 +244,12 @@ def test_hf_run_keeps_layer_students_matched_eager_and_in_the_whole_step_graph(t
 def test_hf_torchao_student_compiled_per_layer_trains_as_the_whole_model_compiled(tmp_path):
     """bench.compile_scope='layers' (the real-teacher studies' torchao student: its whole 30-layer model compiled as
     one graph had not logged a step when an H100 call's limit cut its point): a saved HF Llama of four layers trained by
-    torchao float8 with its whole step in one CUDA graph, compiled per layer and whole; both run, say which, and
-    train the same loss curve to float8 tolerance. compile_ms goes to the record (no timed assertion)."""
+    torchao float8, compiled per layer and whole, graphs asked for; both run, say which, and train the same loss curve
+    to float8 tolerance. Compiled whole its step is one CUDA graph; per layer it runs eager with a note (at 7634e2f its
+    capture was invalidated: dynamo compiled the layers again inside it). compile_ms and dynamo's graph and recompile
+    counts go to the record (no timed assertion)."""
+    from torch._dynamo.utils import counters
+
     folder = tmp_path / "tiny-llama"
     reference("llama", vocab_size=256, num_hidden_layers=4).model.save_pretrained(folder)
     rows = {}
@@ -253,12 +257,17 @@ def test_hf_torchao_student_compiled_per_layer_trains_as_the_whole_model_compile
         c = cfg(kind="llama", vocab=256, tokenizer="bytes", corpus_mb=0.2, teacher="random", student=str(folder),
                 steps=6, warmup=1, iters=3, eval_batches=1, no_kd_student=False, graphs=True, te_graph="step",
                 backends="torchao_float8:tensorwise", baseline="torchao_float8:tensorwise", compile_scope=scope)
+        counters.clear()
         df = results.load(runner.run(c, out=tmp_path, run_id=scope, progress=False)).set_index("student")
         row = df.loc["torchao_float8:tensorwise"]
         assert row["status"] == "ok", row["reason"]
-        assert bool(row["compiled"]) and bool(row["graphed"]) and row["compile_ms"] > 0
+        assert bool(row["compiled"]) and row["compile_ms"] > 0
+        assert bool(row["graphed"]) is (scope == "model"), row["notes"]
         assert ("compiled per layer (4 LlamaDecoderLayer" in row["notes"]) is (scope == "layers"), row["notes"]
-        rows[scope] = {"compile_ms": float(row["compile_ms"]), "capture_ms": float(row["capture_ms"]),
+        assert ("graph:step not applied: layers compiled in place" in row["notes"]) is (scope == "layers")
+        rows[scope] = {"compile_ms": float(row["compile_ms"]),
+                       "capture_ms": float(row["capture_ms"]) if row["graphed"] else None,
+                       "dynamo": {k: dict(v) for k, v in counters.items() if k in ("stats", "recompiles")},
                        "losses": results.read_csv(tmp_path / scope / "losses.csv")["loss"].tolist()}
+        _record("torchao_compile_scope", rows)  # written per scope: a failure of the second keeps the first
     assert rows["layers"]["losses"] == pytest.approx(rows["model"]["losses"], rel=2e-2)
-    _record("torchao_compile_scope", rows)

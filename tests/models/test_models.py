@@ -237,3 +237,36 @@ def test_held_out_runs_layers_compiled_in_place_eager(monkeypatch):
     out = loop.held_out(fake_student, types.SimpleNamespace(evaluate=evaluate), types.SimpleNamespace(eval=[tokens]))
     assert set(out) == {"loss"} and lm.training
     assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_layers_compiled_in_place_keep_the_step_out_of_a_cuda_graph(monkeypatch):
+    """A student compiled per layer is not captured in a whole-step CUDA graph: on an H100 dynamo compiled its layers
+    again inside the capture, which invalidated it (results/reference/h100/gpu_tests/7634e2f). Its step runs eager,
+    the row says graphed False and why; compiled whole, the policy's graph stays. The student, task and data are
+    minimal stand-ins of their interfaces (fakes); on this CPU the eager step is what runs."""
+    import contextlib
+    import types
+
+    from workbench.backends import StepPolicy
+    from workbench.models import CausalLM, LMShape
+    from workbench.train import loop
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    captured = []
+    monkeypatch.setattr(loop, "capture_step", lambda *a: captured.append(a) or (lambda tokens, targets: None))
+    tokens = torch.randint(0, 64, (2, 8))
+    task = types.SimpleNamespace(forward=lambda model, t: model(t), loss=lambda out, targets: out.float().pow(2).mean())
+    data = types.SimpleNamespace(train=[(tokens, None)] * 2)
+    for scope, graphed in (("layers", False), ("model", True)):
+        lm = CausalLM(LMShape(kind="gpt", vocab=64, hidden=16, intermediate=32, layers=3, heads=2, seq_len=8))
+        student = types.SimpleNamespace(model=lm, policy=StepPolicy(compile=True, graph="step"),
+                                        forward_context=contextlib.nullcontext)
+        cfg = config.from_preset("cpu-smoke", compile=True, compile_scope=scope, device="cpu")
+        step, metrics = loop.prepare_step(student, cfg, task, data, torch.device("cpu"))
+        assert metrics["graphed"] is graphed and metrics["graph_scope"] == ("step" if graphed else None)
+        assert ("graph:step not applied: layers compiled in place" in metrics["notes"]) is not graphed
+        assert len(captured) == (0 if scope == "layers" else 1)
+        if scope == "layers":
+            before = [p.detach().clone() for p in lm.parameters()]
+            assert torch.isfinite(step(tokens, None))  # the eager step trains
+            assert any(not torch.equal(a, p) for a, p in zip(before, lm.parameters()))

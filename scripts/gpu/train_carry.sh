@@ -17,6 +17,9 @@ rm -rf "$X" && mkdir -p "$X"
 for d in te torchao dask; do
   mkdir -p "$X/$d" && cp "$WH/$d"/*.whl "$X/$d/"  # wheels only: the TE sdist (a rebuild) stays in .gpu
 done
+# distributed imports tornado, which the wheelhouse keeps with the notebook stack (at 7634e2f, without it,
+# `import distributed` failed on the H100)
+cp "$WH"/notebook/tornado-*.whl "$X/dask/"
 cat > "$X/install.sh" <<'SH'
 #!/bin/bash
 # installs the wheels beside it (offline) and prints what imports; exit 1 when TE does not

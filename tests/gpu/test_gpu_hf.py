@@ -246,7 +246,7 @@ def test_hf_torchao_student_compiled_per_layer_trains_as_the_whole_model_compile
     one graph had not logged a step when an H100 call's limit cut its point): a saved HF Llama of four layers trained by
     torchao float8, compiled per layer and whole, graphs asked for; both run, say which, and train the same loss curve
     to float8 tolerance. Compiled whole its step is one CUDA graph; per layer it runs eager with a note (at 7634e2f its
-    capture was invalidated: dynamo compiled the layers again inside it). compile_ms and dynamo's graph and recompile
+    capture was invalidated by a dynamo compile inside it). compile_ms and dynamo's graph and recompile
     counts go to the record (no timed assertion)."""
     from torch._dynamo.utils import counters
 

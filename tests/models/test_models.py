@@ -240,8 +240,8 @@ def test_held_out_runs_layers_compiled_in_place_eager(monkeypatch):
 
 
 def test_layers_compiled_in_place_keep_the_step_out_of_a_cuda_graph(monkeypatch):
-    """A student compiled per layer is not captured in a whole-step CUDA graph: on an H100 dynamo compiled its layers
-    again inside the capture, which invalidated it (results/reference/h100/gpu_tests/7634e2f). Its step runs eager,
+    """A student compiled per layer is not captured in a whole-step CUDA graph: on an H100 a dynamo compile inside
+    the capture invalidated it (results/reference/h100/gpu_tests/7634e2f). Its step runs eager,
     the row says graphed False and why; compiled whole, the policy's graph stays. The student, task and data are
     minimal stand-ins of their interfaces (fakes); on this CPU the eager step is what runs."""
     import contextlib

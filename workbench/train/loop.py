@@ -306,11 +306,11 @@ def prepare_step(student: Student, cfg, task, data: Data, device: torch.device):
     notes = list(policy.notes)
     graph = policy.graph
     if graph and policy.compile and cfg.bench.compile_scope == "layers" and repeated_layers(model) is not None:
-        # On an H100 (torch 2.11; results/reference/h100/gpu_tests/7634e2f) torchao's HF student with its layers
-        # compiled in place was compiled again by dynamo inside the whole-step capture, which invalidated it. Its
-        # step stays eager, its layers compiled: a quality study's numerics are the same, only the step is slower.
-        notes.append(f"graph:{graph} not applied: layers compiled in place were recompiled inside a CUDA graph "
-                     "capture (the step runs eager, its layers compiled)")
+        # On an H100 (torch 2.11; results/reference/h100/gpu_tests/7634e2f) the whole-step capture of torchao's HF
+        # student with its layers compiled in place was invalidated by a dynamo compile inside it. Its step stays
+        # eager, its layers compiled: a quality study's numerics are the same, only the step is slower.
+        notes.append(f"graph:{graph} not applied: layers compiled in place (a dynamo compile inside the capture "
+                     "invalidated it on the GPU); the step runs eager, its layers compiled")
         graph = None
     metrics: dict[str, Any] = {"compiled": policy.compile, "graphed": graph is not None,
                                "graph_scope": graph, "compile_ms": None, "capture_ms": None}

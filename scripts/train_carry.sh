@@ -4,10 +4,10 @@
 # workers) — with install.sh, which installs them and prints what imports. Why: .gpu (../shared/gpu's wheelhouse)
 # also holds the notebook stack, and .gpu with torchao and Dask beside the tree (~17 MiB and growing with committed
 # results) is over a call's 64 MiB; .gpux is ~42 MiB. A papermill run still carries .gpu.
-#   bash scripts/gpu/train_carry.sh                  (from ../shared/gpu/wheelhouse, or WHEELHOUSE=DIR)
+#   bash scripts/train_carry.sh                  (from ../shared/gpu/wheelhouse, or WHEELHOUSE=DIR)
 #   carry [".gpux"]: bash .gpux/install.sh && WORKBENCH_GIT_SHA=<sha> bash scripts/gpu.sh tests   (or quality-real STUDIES=here)
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/.."
 X=.gpux
 WH=${WHEELHOUSE:-../shared/gpu/wheelhouse}
 EXCLUDE=$(git rev-parse --git-path info/exclude)

@@ -307,10 +307,11 @@ def prepare_step(student: Student, cfg, task, data: Data, device: torch.device):
     graph = policy.graph
     if graph and policy.compile and cfg.bench.compile_scope == "layers" and repeated_layers(model) is not None:
         # On an H100 (torch 2.11; results/reference/h100/gpu_tests/7634e2f) the whole-step capture of torchao's HF
-        # student with its layers compiled in place was invalidated by a dynamo compile inside it. The likely why
-        # (not yet confirmed on a GPU): transformers' is_tracing() counts a capturing stream, so while capturing its
-        # eager mask code builds a causal mask tensor where warm-up passed None, and the layers compiled for None
-        # are compiled again. Its step stays eager, its layers compiled: the same numerics, a slower step.
+        # student with its layers compiled in place was invalidated by a dynamo compile inside it. Why (shown on a
+        # CPU with the capturing flag set by hand, results/reference/cpu/hf_mask_under_capture.txt): transformers'
+        # is_tracing() counts a capturing stream, so under capture its eager mask code hands the layers a causal mask
+        # tensor where warm-up handed None, and their guard fails. Its step stays eager, its layers compiled: the
+        # same numerics, a slower step.
         notes.append(f"graph:{graph} not applied: layers compiled in place (a dynamo compile inside the capture "
                      "invalidated it on the GPU); the step runs eager, its layers compiled")
         graph = None

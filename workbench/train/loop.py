@@ -304,17 +304,20 @@ def prepare_step(student: Student, cfg, task, data: Data, device: torch.device):
     with the one-off costs (compile_ms, capture_ms) and notes on switches that did not apply."""
     model, policy = student.model, student.policy
     notes = list(policy.notes)
-    graph = policy.graph
-    if graph and policy.compile and cfg.bench.compile_scope == "layers" and repeated_layers(model) is not None:
-        # On an H100 (torch 2.11; results/reference/h100/gpu_tests/7634e2f) the whole-step capture of torchao's HF
-        # student with its layers compiled in place was invalidated by a dynamo compile inside it. Why (shown on a
-        # CPU with the capturing flag set by hand, results/reference/cpu/hf_mask_under_capture.txt): transformers'
-        # is_tracing() counts a capturing stream, so under capture its eager mask code hands the layers a causal mask
-        # tensor where warm-up handed None, and their guard fails. Its step stays eager, its layers compiled: the
-        # same numerics, a slower step.
-        notes.append(f"graph:{graph} not applied: layers compiled in place (a dynamo compile inside the capture "
-                     "invalidated it on the GPU); the step runs eager, its layers compiled")
-        graph = None
+    graph, fwd = policy.graph, model
+    if policy.compile:  # torch.compile only wraps here; compilation itself runs in _compile_now below
+        fwd, note = compiled(model, cfg.bench.compile_scope)
+        notes += [note] if note else []
+        if graph and fwd is model:  # its layers compiled in place
+            # On an H100 (torch 2.11; results/reference/h100/gpu_tests/7634e2f) the whole-step capture of torchao's
+            # HF student with its layers compiled in place was invalidated by a dynamo compile inside it. Why (shown
+            # on a CPU with the capturing flag set by hand, results/reference/cpu/hf_mask_under_capture.txt):
+            # transformers' is_tracing() counts a capturing stream, so under capture its eager mask code hands the
+            # layers a causal mask tensor where warm-up handed None, and their guard fails. Its step stays eager,
+            # its layers compiled: the same numerics, a slower step.
+            notes.append(f"graph:{graph} not applied: layers compiled in place (a dynamo compile inside the capture "
+                         "invalidated it on the GPU); the step runs eager, its layers compiled")
+            graph = None
     metrics: dict[str, Any] = {"compiled": policy.compile, "graphed": graph is not None,
                                "graph_scope": graph, "compile_ms": None, "capture_ms": None}
     opt, note = make_optimizer(model, cfg, device, capturable=graph == "step", scaled=policy.grad_scaler)
@@ -322,10 +325,7 @@ def prepare_step(student: Student, cfg, task, data: Data, device: torch.device):
     rates = optim.schedule(opt, cfg.train, len(data.train), device, captured=graph == "step")
     metrics["optimizer"] = type(opt).__name__
     scaler = torch.amp.GradScaler(device.type) if policy.grad_scaler else None
-    fwd = model
     if policy.compile:
-        fwd, note = compiled(model, cfg.bench.compile_scope)
-        notes += [note] if note else []
         _, metrics["compile_ms"] = _sync_time(lambda: _compile_now(fwd, opt, student, task, data.train[0]), device)
     if graph == "step":
         step, metrics["capture_ms"] = _sync_time(

@@ -245,9 +245,9 @@ def test_hf_torchao_student_compiled_per_layer_trains_as_the_whole_model_compile
     """bench.compile_scope='layers' (the real-teacher studies' torchao student: its whole 30-layer model compiled as
     one graph had not logged a step when an H100 call's limit cut its point): a saved HF Llama of four layers trained by
     torchao float8, compiled per layer and whole, graphs asked for; both run, say which, and train the same loss curve
-    to float8 tolerance. Compiled whole its step is one CUDA graph; per layer it runs eager with a note (at 7634e2f its
-    capture was invalidated by a dynamo compile inside it). compile_ms and dynamo's graph and recompile
-    counts go to the record (no timed assertion)."""
+    to float8 tolerance. Both steps are one CUDA graph: at 7634e2f the per-layer capture was invalidated by a dynamo
+    recompile inside it (transformers' mask under capture, answered by workbench.models.hf's causal SDPA).
+    compile_ms and dynamo's graph and recompile counts go to the record (no timed assertion)."""
     from torch._dynamo.utils import counters
 
     # what dynamo compiles again and why (guard failures, graph breaks): in the failure's captured log (at 7634e2f
@@ -266,9 +266,8 @@ def test_hf_torchao_student_compiled_per_layer_trains_as_the_whole_model_compile
             row = df.loc["torchao_float8:tensorwise"]
             assert row["status"] == "ok", row["reason"]
             assert bool(row["compiled"]) and row["compile_ms"] > 0
-            assert bool(row["graphed"]) is (scope == "model"), row["notes"]
+            assert bool(row["graphed"]), row["notes"]
             assert ("compiled per layer (4 LlamaDecoderLayer" in row["notes"]) is (scope == "layers"), row["notes"]
-            assert ("graph:step not applied: layers compiled in place" in row["notes"]) is (scope == "layers")
             rows[scope] = {"compile_ms": float(row["compile_ms"]),
                            "capture_ms": float(row["capture_ms"]) if row["graphed"] else None,
                            "dynamo": {k: dict(v) for k, v in counters.items() if k in ("stats", "recompiles")},

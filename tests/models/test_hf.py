@@ -108,3 +108,67 @@ def test_a_tied_lm_head_is_no_fp8_gemm_so_an_odd_vocabulary_does_not_skip_the_st
         assert misaligned(config.from_preset("gpt-cpu", **lm, student=str(folder)), 16) == []
         fp8_head = config.from_preset("gpt-cpu", **lm, student=str(folder), te_head_precision="fp8")
         assert misaligned(fp8_head, 16) == ["lm_head.out_features=250"]
+
+
+def _sdpa_calls(monkeypatch):
+    """Every scaled_dot_product_attention call's (mask given, is_causal, enable_gqa)."""
+    calls, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, *args, is_causal=False, enable_gqa=False, **kw):
+        calls.append((attn_mask is not None, is_causal, enable_gqa))
+        return sdpa(q, k, v, attn_mask, *args, is_causal=is_causal, enable_gqa=enable_gqa, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    return calls
+
+
+def test_attention_is_causal_sdpa_without_a_mask_even_under_a_cuda_graph_capture(monkeypatch):
+    """Whole causal sequences need no mask: the student computes what transformers' own SDPA path does, and
+    keeps computing it that way where transformers would build a full mask (its is_tracing() counts a capturing
+    CUDA stream: set here by hand, as a capture on the GPU sets it), with native GQA."""
+    import transformers.utils.import_utils as iu
+
+    torch.manual_seed(0)
+    ours = load_causal_lm(LlamaConfig(**{**TINY, "num_key_value_heads": 2}), seq_len=16)
+    theirs = load_causal_lm(LlamaConfig(**{**TINY, "num_key_value_heads": 2}), seq_len=16)
+    theirs.model.set_attn_implementation("sdpa")
+    theirs.load_state_dict(ours.state_dict())
+    tokens = torch.randint(0, 256, (2, 16))
+    calls = _sdpa_calls(monkeypatch)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(tokens), theirs(tokens), rtol=1e-5, atol=1e-5)
+        assert calls == [(False, True, True)] * 4  # both models, both layers: is_causal, no mask
+        calls.clear()
+        monkeypatch.setattr(iu, "is_cuda_stream_capturing", lambda: True)
+        ours(tokens)
+        theirs(tokens)
+    assert calls[:2] == [(False, True, True)] * 2  # ours: the same kernel under capture
+    assert calls[2:] == [(True, False, False)] * 2  # transformers' sdpa: a [b, 1, s, s] mask, no flash, no GQA
+
+
+def test_layers_compiled_in_place_do_not_recompile_under_a_capture(monkeypatch):
+    """The GPU failure this answers (results/reference/cpu/hf_mask_under_capture.txt): a warm-up handed the
+    compiled layers no mask, the capture a mask tensor, and the recompile ran inside the capture."""
+    import transformers.utils.import_utils as iu
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    m = load_causal_lm(LlamaConfig(**{**TINY, "num_key_value_heads": 2}), seq_len=16)
+    for layer in m.model.model.layers:
+        layer.compile(backend="eager")
+    tokens = torch.randint(0, 256, (2, 16))
+    torch._dynamo.reset()
+    counters.clear()
+    m(tokens).sum().backward()
+    monkeypatch.setattr(iu, "is_cuda_stream_capturing", lambda: True)
+    m(tokens).sum().backward()
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["recompiles"]
+
+
+@pytest.mark.parametrize("window, seq_len, kept", [(None, 64, False), (64, 64, False), (32, 64, True)])
+def test_a_sliding_window_shorter_than_the_sequence_keeps_transformers_masks(window, seq_len, kept):
+    from transformers import MistralConfig
+
+    cfg = MistralConfig(**{**TINY, "sliding_window": window})
+    impl = load_causal_lm(cfg, seq_len=seq_len).model.config._attn_implementation
+    assert impl == ("sdpa" if kept else "workbench_causal_sdpa")

@@ -239,11 +239,11 @@ def test_held_out_runs_layers_compiled_in_place_eager(monkeypatch):
     assert counters["stats"]["unique_graphs"] == 1
 
 
-def test_layers_compiled_in_place_keep_the_step_out_of_a_cuda_graph(monkeypatch):
-    """A student compiled per layer is not captured in a whole-step CUDA graph: on an H100 a dynamo compile inside
-    the capture invalidated it (results/reference/h100/gpu_tests/7634e2f). Its step runs eager,
-    the row says graphed False and why; compiled whole, the policy's graph stays. The student, task and data are
-    minimal stand-ins of their interfaces (fakes); on this CPU the eager step is what runs."""
+def test_layers_compiled_in_place_are_captured_like_the_whole_model(monkeypatch):
+    """compile_scope does not decide the CUDA graph: a student compiled per layer is captured in the whole-step
+    graph its policy asks for, as one compiled whole is (at 7634e2f an HF student's capture was invalidated by a
+    recompile inside it; its cause, transformers' mask under capture, is answered in workbench.models.hf and tested
+    in tests/models/test_hf.py). The student, task and data are minimal stand-ins of their interfaces (fakes)."""
     import contextlib
     import types
 
@@ -257,16 +257,10 @@ def test_layers_compiled_in_place_keep_the_step_out_of_a_cuda_graph(monkeypatch)
     tokens = torch.randint(0, 64, (2, 8))
     task = types.SimpleNamespace(forward=lambda model, t: model(t), loss=lambda out, targets: out.float().pow(2).mean())
     data = types.SimpleNamespace(train=[(tokens, None)] * 2)
-    for scope, graphed in (("layers", False), ("model", True)):
+    for n, scope in enumerate(("layers", "model"), 1):
         lm = CausalLM(LMShape(kind="gpt", vocab=64, hidden=16, intermediate=32, layers=3, heads=2, seq_len=8))
         student = types.SimpleNamespace(model=lm, policy=StepPolicy(compile=True, graph="step"),
                                         forward_context=contextlib.nullcontext)
         cfg = config.from_preset("cpu-smoke", compile=True, compile_scope=scope, device="cpu")
-        step, metrics = loop.prepare_step(student, cfg, task, data, torch.device("cpu"))
-        assert metrics["graphed"] is graphed and metrics["graph_scope"] == ("step" if graphed else None)
-        assert ("graph:step not applied: layers compiled in place" in metrics["notes"]) is not graphed
-        assert len(captured) == (0 if scope == "layers" else 1)
-        if scope == "layers":
-            before = [p.detach().clone() for p in lm.parameters()]
-            assert torch.isfinite(step(tokens, None))  # the eager step trains
-            assert any(not torch.equal(a, p) for a, p in zip(before, lm.parameters()))
+        _, metrics = loop.prepare_step(student, cfg, task, data, torch.device("cpu"))
+        assert metrics["graphed"] and metrics["graph_scope"] == "step" and len(captured) == n

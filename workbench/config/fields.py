@@ -93,9 +93,7 @@ class BenchConfig:
     """What one torch.compile covers: 'model' (the whole student, one graph) or 'layers' (each decoder layer on
     its own, regional compilation: the layers share one compiled code, so a deep model compiles in a fraction
     of the time; the embedding, final norm and head run eager). The real-teacher studies' torchao student, a
-    30-layer model compiled as one graph, had not logged a step when a GPU call's limit cut its point. With
-    'layers' the step is not captured in a CUDA graph (bench.graphs): on an H100 a dynamo compile inside the
-    capture invalidated it; the step runs eager, its layers compiled, and the row's notes say so."""
+    30-layer model compiled as one graph, had not logged a step when a GPU call's limit cut its point."""
     graphs: bool = False
     """Capture the student's train step in a CUDA graph (GPU only; capture time reported apart)."""
     repeats: int = 1

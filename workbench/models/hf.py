@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM, PretrainedConfig
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from workbench.config import ConfigError
 from workbench.models import shared_parameters
@@ -108,7 +109,45 @@ def load_causal_lm(path_or_config: str | Path | PretrainedConfig, seq_len: int |
             model = AutoModelForCausalLM.from_pretrained(path_or_config, dtype=torch.float32, **OFFLINE)
         except (OSError, ValueError, SafetensorError, pickle.UnpicklingError) as e:  # no such folder, no config /
             raise _not_loadable(path_or_config, e) from e  # weights, not a causal LM, weights damaged or a pickle
-    return HFCausalLM(model.train(), seq_len)  # that the safe loader refuses
+    if whole_causal_sequences_suffice(model.config, seq_len):  # that the safe loader refuses
+        model.set_attn_implementation(CAUSAL_SDPA)
+    return HFCausalLM(model.train(), seq_len)
+
+
+# Why an attention implementation of our own. The workbench hands a Hugging Face model whole causal sequences from
+# position 0 (no padding, no packing: input_ids only), so its attention is SDPA with is_causal=True and no mask.
+# transformers gets there at run time: its mask code checks the position ids for packed sequences with a
+# data-dependent `.all()` (a host sync every eager step) and, where it cannot read that value -- inside
+# torch.compile's trace and inside a CUDA graph capture (its is_tracing() counts a capturing stream) -- it builds
+# the full [batch, 1, seq, seq] mask instead. SDPA with a mask cannot use its flash kernel nor native GQA, so the
+# compiled and graphed bf16 students would run a slower attention than their eager twin, and a warm-up without
+# the mask followed by a capture with it recompiles layers compiled in place inside the capture (which invalidates
+# it: results/reference/cpu/hf_mask_under_capture.txt). A name transformers has no mask function for gets no mask
+# (masking_utils returns None up front), and this function calls transformers' own SDPA attention without one.
+CAUSAL_SDPA = "workbench_causal_sdpa"
+
+
+def _causal_sdpa(module, query, key, value, attention_mask, **kwargs):
+    return sdpa_attention_forward(module, query, key, value, None, **kwargs)
+
+
+AttentionInterface.register(CAUSAL_SDPA, _causal_sdpa)
+
+
+def whole_causal_sequences_suffice(config: PretrainedConfig, seq_len: int | None) -> bool:
+    """Whether causal SDPA without a mask computes what the model's own masks would on whole sequences of
+    `seq_len`: it uses SDPA (not eager or flash attention, which the user chose), and every layer attends to all
+    earlier positions -- full attention, or a sliding window no shorter than the sequence (Gemma 3's, Mistral's,
+    Phi-3's at a short seq_len); any other layer type (chunked attention) keeps transformers' masks."""
+    if config._attn_implementation != "sdpa":
+        return False
+    types = set(getattr(config, "layer_types", None) or ())
+    if types - {"full_attention", "sliding_attention"}:
+        return False
+    window = getattr(config, "sliding_window", None)
+    if window is None or types == {"full_attention"}:
+        return True
+    return seq_len is not None and window >= seq_len
 
 
 # Every transformers call: the local folder only, and never the folder's own Python (a config or tokenizer with an

@@ -308,16 +308,6 @@ def prepare_step(student: Student, cfg, task, data: Data, device: torch.device):
     if policy.compile:  # torch.compile only wraps here; compilation itself runs in _compile_now below
         fwd, note = compiled(model, cfg.bench.compile_scope)
         notes += [note] if note else []
-        if graph and fwd is model:  # its layers compiled in place
-            # On an H100 (torch 2.11; results/reference/h100/gpu_tests/7634e2f) the whole-step capture of torchao's
-            # HF student with its layers compiled in place was invalidated by a dynamo compile inside it. Why (shown
-            # on a CPU with the capturing flag set by hand, results/reference/cpu/hf_mask_under_capture.txt):
-            # transformers' is_tracing() counts a capturing stream, so under capture its eager mask code hands the
-            # layers a causal mask tensor where warm-up handed None, and their guard fails. Its step stays eager,
-            # its layers compiled: the same numerics, a slower step.
-            notes.append(f"graph:{graph} not applied: layers compiled in place (a dynamo compile inside the capture "
-                         "invalidated it on the GPU); the step runs eager, its layers compiled")
-            graph = None
     metrics: dict[str, Any] = {"compiled": policy.compile, "graphed": graph is not None,
                                "graph_scope": graph, "compile_ms": None, "capture_ms": None}
     opt, note = make_optimizer(model, cfg, device, capturable=graph == "step", scaled=policy.grad_scaler)

@@ -291,8 +291,8 @@ def test_the_benchs_hf_variants_are_valid_configs_that_set_the_levers():
     from workbench.bench import variants
 
     names = [n for n in variants.VARIANTS if n.startswith("hf-")]
-    assert names == ["hf-compile", "hf-te-linear", "hf-te-layer", "hf-te-layer-step", "hf-te-layer-fp8-dpa",
-                     "hf-te-layer-fp8-head"]
+    assert names == ["hf-compile", "hf-compile-step", "hf-te-linear", "hf-te-layer", "hf-te-layer-step",
+                     "hf-te-layer-fp8-dpa", "hf-te-layer-fp8-head"]
     for name in names:
         c, rejected = variants.variant_config("gpt-cpu", {}, variants.VARIANTS[name])
         assert rejected == [] and c is not None, (name, rejected)

@@ -57,6 +57,13 @@ def test_the_denominator_is_the_fastest_bf16_row_and_every_ratio_names_it(tmp_pa
     assert m["judgement"]["recommended"] is True
 
 
+def test_compiled_and_graphed_bf16_is_compiled_bf16_and_can_be_the_denominator(tmp_path, prediction):
+    rows = [*ROWS, ("hf-compile-step", "torch_bf16", "bf16", "ok", 130.0, 0.5, 66000, "")]
+    m = measured.summarize(_bench(tmp_path, rows), prediction)
+    assert m["denominator"]["variant"] == "hf-compile-step" and m["compiled_bf16_ms"] == 130.0
+    assert m["best_fp8"]["speedup_vs_fastest_bf16"] == pytest.approx(130 / 116)
+
+
 def test_fp8_within_the_rows_spread_is_not_recommended(tmp_path):
     rows = [("hf-te-layer-step", "te_bf16", "bf16", "ok", 33.98, 0.6, 17146, ""),
             ("hf-te-layer-step", "te_fp8:delayed", "fp8", "ok", 34.29, 0.6, 17216, "")]
@@ -84,7 +91,7 @@ def test_the_page_leads_with_the_measurement(tmp_path, prediction):
 def test_variants_follow_the_prediction(prediction):
     # the recipe predicted fastest (the FP8 head) before torch.compile's minutes; head_dim 64: no FP8 attention
     assert measured.variants_for(prediction) == ["hf-te-layer-step", "hf-te-layer-fp8-head", "hf-compile",
-                                                 "hf-te-layer"]
+                                                 "hf-compile-step", "hf-te-layer"]
     qwen3 = predict("qwen3-0.6b-4l", batch=4, seq_len=2048)
     assert "hf-te-layer-fp8-dpa" in measured.variants_for(qwen3)
 

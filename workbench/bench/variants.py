@@ -83,6 +83,9 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     # your own Hugging Face decoder (--set lm.student=DIR): how TE converts it, and the precision levers
     Variant("hf-compile", {"compile": True}, ("torch_bf16", "torchao_float8:tensorwise"),
             "the Hugging Face model compiled: torch bf16 and torchao float8 (fp32 masters, fused AdamW)"),
+    # compiled and graphed: the bf16 denominator's strongest torch path (a TE row must beat this one too)
+    Variant("hf-compile-step", {**STEP, "compile": True}, ("torch_bf16",),
+            "the Hugging Face model compiled and its whole step in one CUDA graph: torch bf16"),
     Variant("hf-te-linear", {"te_conversion": "linear"}, ("te_bf16", "te_fp8:delayed"),
             "TE per Linear / RMSNorm (the model's own attention maths in torch), eager"),
     Variant("hf-te-layer", {"te_conversion": "layer"}, ("te_bf16", "te_fp8:delayed", "te_fp8:current"),
@@ -113,8 +116,8 @@ DEFAULT_VARIANTS: dict[str, tuple[str, ...]] = {
     "cpu-smoke": ("smoke",),
     # a Hugging Face folder as student: TE's best path first, its peers, then the levers and the slower TE paths
     **dict.fromkeys(("hf-llama-4l", "hf-llama-1b", "hf-qwen2.5-0.5b"),
-                    ("hf-te-layer-step", "hf-compile", "hf-te-layer-fp8-head", "hf-te-layer-fp8-dpa", "hf-te-layer",
-                     "hf-te-linear")),
+                    ("hf-te-layer-step", "hf-compile", "hf-compile-step", "hf-te-layer-fp8-head", "hf-te-layer-fp8-dpa",
+                     "hf-te-layer", "hf-te-linear")),
 }
 
 

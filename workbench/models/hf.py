@@ -59,6 +59,12 @@ class HFCausalLM(nn.Module):
                 h.remove()
         return logits, hidden
 
+    @property
+    def masks_change_under_capture(self) -> bool:
+        """Whether transformers' mask code still runs (not CAUSAL_SDPA): it hands the layers a mask tensor inside a
+        CUDA graph capture where a warm-up handed None, so layers compiled in place would recompile there."""
+        return self.model.config._attn_implementation != CAUSAL_SDPA
+
     def train_flops_per_token(self, seq_len: int | None = None) -> int:
         """nanochat's estimate (workbench.models.lm.lm_train_flops_per_token) from the model's weight
         matrices and its config's layers, heads and head size."""

@@ -93,7 +93,9 @@ class BenchConfig:
     """What one torch.compile covers: 'model' (the whole student, one graph) or 'layers' (each decoder layer on
     its own, regional compilation: the layers share one compiled code, so a deep model compiles in a fraction
     of the time; the embedding, final norm and head run eager). The real-teacher studies' torchao student, a
-    30-layer model compiled as one graph, had not logged a step when a GPU call's limit cut its point."""
+    30-layer model compiled as one graph, had not logged a step when a GPU call's limit cut its point. A
+    Hugging Face model that keeps transformers' attention masks (a sliding window shorter than the sequence)
+    then runs its step outside a CUDA graph, as its row's notes say: its masks change under a capture."""
     graphs: bool = False
     """Capture the student's train step in a CUDA graph (GPU only; capture time reported apart)."""
     repeats: int = 1

@@ -176,33 +176,18 @@ def test_a_sliding_window_shorter_than_the_sequence_keeps_transformers_masks(win
 
 def test_layers_compiled_in_place_with_transformers_masks_keep_the_step_out_of_a_cuda_graph(monkeypatch):
     """Where transformers' masks stay (a sliding window shorter than the sequence) its layers compiled in place
-    would recompile inside a capture: the step runs eager, the row says why; with causal SDPA it is captured. The
-    task, data and student holder are minimal stand-ins of their interfaces (fakes); capture_step is faked."""
-    import contextlib
-    import functools
-    import types
-
+    would recompile inside a capture: the step runs eager, the row says why; with causal SDPA it is captured."""
+    from step_fakes import prepare
     from transformers import MistralConfig
 
-    from workbench.backends import StepPolicy
-    from workbench.train import loop
-
-    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
-    captured = []
-    monkeypatch.setattr(loop, "capture_step", lambda *a: captured.append(a) or (lambda tokens, targets: None))
     tokens = torch.randint(0, 256, (2, 16))
-    task = types.SimpleNamespace(forward=lambda model, t: model(t), loss=lambda out, targets: out.float().pow(2).mean())
-    data = types.SimpleNamespace(train=[(tokens, None)] * 2)
     for window, graphed in ((8, False), (None, True)):
         model = load_causal_lm(MistralConfig(**{**TINY, "sliding_window": window}), seq_len=16)
-        student = types.SimpleNamespace(model=model, policy=StepPolicy(compile=True, graph="step"),
-                                        forward_context=contextlib.nullcontext)
-        cfg = config.from_preset("cpu-smoke", compile=True, compile_scope="layers", device="cpu")
-        step, metrics = loop.prepare_step(student, cfg, task, data, torch.device("cpu"))
+        step, metrics, captures = prepare(monkeypatch, model, "layers", tokens)
         assert metrics["graphed"] is graphed, metrics["notes"]
         assert ("not applied: layers compiled in place and transformers' attention masks" in metrics["notes"]) \
             is not graphed
-        assert len(captured) == (0 if window else 1)
+        assert len(captures) == int(graphed)
         if not graphed:
             before = [p.detach().clone() for p in model.parameters()]
             assert torch.isfinite(step(tokens, None))  # the eager step trains

@@ -243,24 +243,12 @@ def test_layers_compiled_in_place_are_captured_like_the_whole_model(monkeypatch)
     """compile_scope does not decide the CUDA graph: a student compiled per layer is captured in the whole-step
     graph its policy asks for, as one compiled whole is (at 7634e2f an HF student's capture was invalidated by a
     recompile inside it; its cause, transformers' mask under capture, is answered in workbench.models.hf and tested
-    in tests/models/test_hf.py). The student, task and data are minimal stand-ins of their interfaces (fakes)."""
-    import contextlib
-    import types
+    in tests/models/test_hf.py)."""
+    from step_fakes import prepare
 
-    from workbench.backends import StepPolicy
     from workbench.models import CausalLM, LMShape
-    from workbench.train import loop
 
-    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
-    captured = []
-    monkeypatch.setattr(loop, "capture_step", lambda *a: captured.append(a) or (lambda tokens, targets: None))
-    tokens = torch.randint(0, 64, (2, 8))
-    task = types.SimpleNamespace(forward=lambda model, t: model(t), loss=lambda out, targets: out.float().pow(2).mean())
-    data = types.SimpleNamespace(train=[(tokens, None)] * 2)
-    for n, scope in enumerate(("layers", "model"), 1):
+    for scope in ("layers", "model"):
         lm = CausalLM(LMShape(kind="gpt", vocab=64, hidden=16, intermediate=32, layers=3, heads=2, seq_len=8))
-        student = types.SimpleNamespace(model=lm, policy=StepPolicy(compile=True, graph="step"),
-                                        forward_context=contextlib.nullcontext)
-        cfg = config.from_preset("cpu-smoke", compile=True, compile_scope=scope, device="cpu")
-        _, metrics = loop.prepare_step(student, cfg, task, data, torch.device("cpu"))
-        assert metrics["graphed"] and metrics["graph_scope"] == "step" and len(captured) == n
+        _, metrics, captures = prepare(monkeypatch, lm, scope, torch.randint(0, 64, (2, 8)))
+        assert metrics["graphed"] and metrics["graph_scope"] == "step" and len(captures) == 1

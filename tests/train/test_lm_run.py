@@ -54,6 +54,9 @@ def test_the_teacher_is_trained_once_and_reused(gpt_run, tmp_path):
     second = results.read_json(again / "task.json")
     assert second["teacher_cached"] is True and second["teacher_checkpoint"] == first["teacher_checkpoint"]
     assert (first["teacher_logits"], first["teacher_logits_requested"]) == ("gpu", "auto")  # a CPU run: its memory
+    # where the time before the first student went (a study's point pays it every time)
+    for phases in (first["phase_s"], second["phase_s"]):
+        assert set(phases) == {"before_run_s", "start_s", "task_s", "data_s"} and min(phases.values()) >= 0
 
 
 def test_lm_config_errors_name_the_field():

@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as _dt
 import gc
 import json
+import os
 import time
 import traceback
 from pathlib import Path
@@ -136,12 +137,19 @@ def _run(cfg: Config, world: parallel.World, device, out, run_id, requested, pro
     try:
         # Every rank builds its task at once: the text and teacher caches are built by one process (a lock
         # on each entry), the others wait on that lock, not at a collective bounded by parallel.timeout_s
+        phases = {"before_run_s": _process_age_s(), "start_s": time.monotonic() - t0}
+        t = time.monotonic()
         task = tasks.for_config(cfg, device, tdtype, cache_dir=results.cache_dir(out))
+        phases["task_s"] = time.monotonic() - t  # text, tokenizer, teacher (trained, loaded or from the cache)
         if task.teacher_precision.reason:
             _say(progress, f"[teacher] {task.teacher_precision.reason}")
         # every rank distils rank 0's teacher into its weights
         world.share_modules((task.teacher, task.reference), device)
+        t = time.monotonic()
         data = task.make_data(shard=world.rank)
+        phases["data_s"] = time.monotonic() - t  # batches and teacher targets (a top-k store built or read)
+        # where a run's time goes before its first student: a study's point pays it every time
+        task.info["phase_s"] = {k: round(v, 2) if v is not None else None for k, v in phases.items()}
         if world.writes:  # after the data: making it records the top-k store's folder and size in task.info
             results.write_json(run_dir / "task.json", task.info)
     except Exception:  # refused before any student ran: no folder of a run that never was
@@ -164,6 +172,17 @@ def _run(cfg: Config, world: parallel.World, device, out, run_id, requested, pro
         results.mark_complete(run_dir, run_id=run_id, wall_s=round(time.monotonic() - t0, 2))
     world.barrier()  # every rank returns once the files are there
     return run_dir
+
+
+def _process_age_s() -> float | None:
+    """Seconds since this process started (imports, config, a sweep worker's start), from Linux's /proc; None
+    elsewhere."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _write_start(cfg: Config, world: parallel.World, run_dir: Path, device, tdtype, requested) -> dict | None:

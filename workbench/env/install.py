@@ -295,6 +295,16 @@ def last_outcome(root: str | Path = "results/install") -> dict[str, Any] | None:
     return None
 
 
+def last_summary() -> dict | None:
+    """The newest `workbench install-te` outcome in brief, for a run's env.json (`te_install`): how TE got here or
+    why it fell back; None where install-te never ran."""
+    o = last_outcome()
+    if not o:
+        return None
+    return {**{k: o.get(k) for k in ("te_mode", "ok", "reason", "te_version", "run_dir")},
+            "diagnosis": [d.get("id") for d in o.get("diagnosis") or []]}
+
+
 # ------------------------------------------------------------------------------------------------- CLI
 def add_arguments(p) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the plan (commands and environment) and stop")

@@ -17,8 +17,10 @@ over the reported median. Below profiler.HOST_BOUND_BELOW the host set the pace,
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -190,3 +192,31 @@ def peak_memory_mb(device: torch.device) -> tuple[float | None, float | None]:
         return None, None
     mib = 1024 ** 2
     return torch.cuda.max_memory_allocated(device) / mib, torch.cuda.max_memory_reserved(device) / mib
+
+
+class Phases(dict):
+    """Wall seconds of a run's phases, in order: `before_run_s` (the process's age when the run began) and
+    `start_s` from the run's start `t0` to this object; `mark(name)` adds the time since the last mark."""
+
+    def __init__(self, t0: float):
+        super().__init__()
+        self._last = time.monotonic()
+        age = process_age_s()
+        self["before_run_s"] = None if age is None else round(age - (self._last - t0), 2)
+        self["start_s"] = round(self._last - t0, 2)
+
+    def mark(self, name: str) -> dict:
+        now = time.monotonic()
+        self[name], self._last = round(now - self._last, 2), now
+        return dict(self)
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (imports, config, a sweep worker's start), from Linux's /proc; None
+    elsewhere."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None

@@ -14,7 +14,6 @@ from __future__ import annotations
 import datetime as _dt
 import gc
 import json
-import os
 import time
 import traceback
 from pathlib import Path
@@ -26,7 +25,7 @@ import torch
 
 from workbench import backends, results
 from workbench.config import Config
-from workbench.env import probe
+from workbench.env import install, probe
 from workbench.env import te as _te
 from workbench.jax_side import runner as jax_runner
 from workbench.measure import profiler, timing
@@ -81,18 +80,6 @@ def _write_profile(run_dir: Path, who: str, record: dict | None) -> None:
         results.write_json(profiler.profile_path(run_dir, who), record)
 
 
-def last_install() -> dict | None:
-    """The newest `workbench install-te` outcome (results/install/), so a run says how TE got here or
-    why it fell back; None where install-te never ran."""
-    from workbench.env import install
-
-    o = install.last_outcome()
-    if not o:
-        return None
-    return {**{k: o.get(k) for k in ("te_mode", "ok", "reason", "te_version", "run_dir")},
-            "diagnosis": [d.get("id") for d in o.get("diagnosis") or []]}
-
-
 def new_run_id(cfg: Config) -> str:
     return f"{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{cfg.preset}"
 
@@ -137,19 +124,15 @@ def _run(cfg: Config, world: parallel.World, device, out, run_id, requested, pro
     try:
         # Every rank builds its task at once: the text and teacher caches are built by one process (a lock
         # on each entry), the others wait on that lock, not at a collective bounded by parallel.timeout_s
-        phases = {"before_run_s": _process_age_s(), "start_s": time.monotonic() - t0}
-        t = time.monotonic()
+        phases = timing.Phases(t0)  # the seconds before the first student: a study's point pays them every time
         task = tasks.for_config(cfg, device, tdtype, cache_dir=results.cache_dir(out))
-        phases["task_s"] = time.monotonic() - t  # text, tokenizer, teacher (trained, loaded or from the cache)
+        phases.mark("task_s")  # text, tokenizer, teacher (trained, loaded or from the cache)
         if task.teacher_precision.reason:
             _say(progress, f"[teacher] {task.teacher_precision.reason}")
         # every rank distils rank 0's teacher into its weights
         world.share_modules((task.teacher, task.reference), device)
-        t = time.monotonic()
         data = task.make_data(shard=world.rank)
-        phases["data_s"] = time.monotonic() - t  # batches and teacher targets (a top-k store built or read)
-        # where a run's time goes before its first student: a study's point pays it every time
-        task.info["phase_s"] = {k: round(v, 2) if v is not None else None for k, v in phases.items()}
+        task.info["phase_s"] = phases.mark("data_s")  # batches, teacher targets (a top-k store built or read)
         if world.writes:  # after the data: making it records the top-k store's folder and size in task.info
             results.write_json(run_dir / "task.json", task.info)
     except Exception:  # refused before any student ran: no folder of a run that never was
@@ -174,24 +157,13 @@ def _run(cfg: Config, world: parallel.World, device, out, run_id, requested, pro
     return run_dir
 
 
-def _process_age_s() -> float | None:
-    """Seconds since this process started (imports, config, a sweep worker's start), from Linux's /proc; None
-    elsewhere."""
-    try:
-        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-        return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def _write_start(cfg: Config, world: parallel.World, run_dir: Path, device, tdtype, requested) -> dict | None:
     """Rank 0's env.json and config.json, the files a run writes before its task; the probed environment
     (None on the other ranks)."""
     if not world.writes:
         return None
     env = probe.probe()
-    env["te_install"] = last_install()
+    env["te_install"] = install.last_summary()
     results.write_json(run_dir / "env.json", env)
     results.write_json(run_dir / "config.json", {
         "schema_version": results.SCHEMA_VERSION, "run_id": run_dir.name,

@@ -300,6 +300,9 @@ if "-f" in sys.argv:  # a kernel (python -m ipykernel_launcher -f CONNECTION_FIL
     with open(log, "a") as f:
         f.write("start\\n")
     if len(open(log).read().split()) <= int(os.environ["KERNEL_DEATHS"]):
+        if os.environ.get("KERNEL_HANGS"):  # up, silent: as a kernel that lost its port race may stay
+            import time
+            time.sleep(600)
         os._exit(3)  # dies before replying to kernel_info, as a kernel that lost its port race does
 '''
 
@@ -331,6 +334,17 @@ def test_a_kernel_that_dies_while_starting_is_started_again(tmp_path, monkeypatc
         with pytest.raises(RuntimeError, match="kernel_info"):
             notebook.papermill_execute(str(tmp_path / "in.ipynb"), str(tmp_path / "out.ipynb"))
         assert log.read_text().split() == ["start"] * notebook.KERNEL_START_TRIES
+
+
+def test_a_kernel_that_hangs_while_starting_is_started_again(tmp_path, monkeypatch, capfd):
+    # the other way a kernel loses the port race: it stays up without replying until jupyter_client's start
+    # timeout (5 s here, 60 s by default); the next kernel runs the notebook
+    log = dying_kernels(tmp_path, monkeypatch, 1, "x = 6 * 7")
+    monkeypatch.setenv("KERNEL_HANGS", "1")
+    notebook.papermill_execute(str(tmp_path / "in.ipynb"), str(tmp_path / "out.ipynb"), start_timeout=5)
+    assert log.read_text().split() == ["start"] * 2
+    assert "Kernel didn't respond in 5 seconds" in capfd.readouterr().err
+    assert nbformat.read(tmp_path / "out.ipynb", as_version=4).cells[0].execution_count == 1
 
 
 def test_a_failing_cell_is_not_mistaken_for_a_kernel_that_failed_to_start(tmp_path, monkeypatch):

@@ -114,8 +114,8 @@ def load_causal_lm(path_or_config: str | Path | PretrainedConfig, seq_len: int |
         try:
             model = AutoModelForCausalLM.from_pretrained(path_or_config, dtype=torch.float32, **OFFLINE)
         except (OSError, ValueError, SafetensorError, pickle.UnpicklingError) as e:  # no such folder, no config /
-            raise _not_loadable(path_or_config, e) from e  # weights, not a causal LM, weights damaged or a pickle
-    if whole_causal_sequences_suffice(model.config, seq_len):  # that the safe loader refuses
+            raise _not_loadable(path_or_config, e) from e  # weights, not a causal LM, damaged, a refused pickle
+    if whole_causal_sequences_suffice(model.config, seq_len):  # (why: CAUSAL_SDPA below)
         model.set_attn_implementation(CAUSAL_SDPA)
     return HFCausalLM(model.train(), seq_len)
 

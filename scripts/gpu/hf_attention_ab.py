@@ -10,20 +10,18 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from workbench.measure import timing
-from workbench.models import hf  # registers workbench_causal_sdpa
+from workbench.models import hf, hf_init
 from workbench.results import write_json
 
 out = Path(sys.argv[1]) / "hf_attention_ab.json"
 layers = int(sys.argv[2]) if len(sys.argv) > 2 else 4
 dev = torch.device("cuda")
 torch.manual_seed(0)
-cfg = LlamaConfig(hidden_size=2048, intermediate_size=8192, num_hidden_layers=layers, num_attention_heads=32,
-                  num_key_value_heads=8, vocab_size=128256, max_position_embeddings=2048, tie_word_embeddings=True,
-                  rope_theta=500000.0)
-base = LlamaForCausalLM(cfg).to(dev, torch.bfloat16).train()
+cfg = hf_init.hf_config("llama-3.2-1b")  # the shape hf-init writes, cut to LAYERS decoder layers
+cfg.num_hidden_layers = layers
+base = hf.load_causal_lm(cfg, seq_len=1024).model.to(dev, torch.bfloat16).train()
 tokens = torch.randint(0, cfg.vocab_size, (8, 1024), device=dev)
 record = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "layers": layers,
           "tokens": list(tokens.shape), "cells": []}

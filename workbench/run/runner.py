@@ -122,9 +122,9 @@ def _run(cfg: Config, world: parallel.World, device, out, run_id, requested, pro
     tdtype = teacher_dtype(cfg, device)
     env = _write_start(cfg, world, run_dir, device, tdtype, requested)
     try:
+        phases = timing.Phases(t0)  # the seconds before the first student: a study's point pays them every time
         # Every rank builds its task at once: the text and teacher caches are built by one process (a lock
         # on each entry), the others wait on that lock, not at a collective bounded by parallel.timeout_s
-        phases = timing.Phases(t0)  # the seconds before the first student: a study's point pays them every time
         task = tasks.for_config(cfg, device, tdtype, cache_dir=results.cache_dir(out))
         phases.mark("task_s")  # text, tokenizer, teacher (trained, loaded or from the cache)
         if task.teacher_precision.reason:
@@ -132,7 +132,7 @@ def _run(cfg: Config, world: parallel.World, device, out, run_id, requested, pro
         # every rank distils rank 0's teacher into its weights
         world.share_modules((task.teacher, task.reference), device)
         data = task.make_data(shard=world.rank)
-        task.info["phase_s"] = phases.mark("data_s")  # batches, teacher targets (a top-k store built or read)
+        task.info["phase_s"] = phases.mark("data_s")  # the teacher shared, batches, teacher targets (top-k store)
         if world.writes:  # after the data: making it records the top-k store's folder and size in task.info
             results.write_json(run_dir / "task.json", task.info)
     except Exception:  # refused before any student ran: no folder of a run that never was

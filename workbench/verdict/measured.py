@@ -41,14 +41,14 @@ def variants_for(prediction: dict[str, Any]) -> list[str]:
     """The bench variants for this model, in the order a budget should keep them: TE layers graphed (bf16, FP8
     delayed, current), the FP8 head where eligible (the recipe predicted fastest, seconds to run), compiled HF (bf16,
     torchao: the other bf16 denominator, and torch.compile's minutes on a deep model; then bf16 compiled and
-    graphed), FP8 attention where
-    eligible, eager TE layers (or per-Linear TE where TE's layer cannot hold the family)."""
+    graphed), FP8 attention where eligible, eager TE layers (or per-Linear TE where TE's layer cannot hold the
+    family)."""
     recipes = {r["recipe"]: r for r in prediction["recipes"]}
     te = prediction["eligibility"]["te_layers"]["supported"]
     out = ["hf-te-layer-step"] if te else []
     if te and recipes["te_fp8_delayed_head"]["eligible"]:
         out.append("hf-te-layer-fp8-head")
-    out += ["hf-compile", "hf-compile-step"]  # the second reuses the first's compiled code (inductor's cache)
+    out += ["hf-compile", "hf-compile-step"]  # side by side: the same graphs, which inductor's cache may serve
     if te and recipes["te_fp8_delayed_head_attention"]["eligible"]:
         out.append("hf-te-layer-fp8-dpa")
     return out + (["hf-te-layer"] if te else ["hf-te-linear"])

@@ -2,6 +2,7 @@
 (the fastest bf16 row, never a weaker one), each row's ratios, step-0 quality and the judgement. The bench folder
 here is written by the test as files shaped like a real bench's (the GPU path itself runs on the H200)."""
 import json
+import warnings
 
 import pandas as pd
 import pytest
@@ -121,3 +122,17 @@ def test_a_family_te_layers_cannot_hold_gets_no_calibrated_te_headline():
     rows = {r["recipe"]: r for r in vp.recipe_rows(shape, 4, 2048, ceil, False, te_layers=False)}
     assert not rows["te_fp8_delayed"]["calibrated"] and not rows["te_fp8_delayed_head"]["calibrated"]
     assert {r["calibrated"] for r in vp.recipe_rows(shape, 4, 2048, ceil, False)[1:3]} == {True}
+
+
+def test_a_wide_students_csv_is_read_without_a_fragmented_frame_warning(tmp_path, prediction):
+    """A real students.csv has ~200 columns; read_csv leaves one block each and assign() on that warned on every
+    verdict (the GPU tests' logs): the copy before assign() is what this guards."""
+    d = _bench(tmp_path)
+    f = d / "runs" / "hf-te-layer-step" / "students.csv"
+    s = pd.read_csv(f)
+    wide = pd.concat([s, pd.DataFrame({f"extra_{i}": [0.0] * len(s) for i in range(200)})], axis=1)
+    wide.to_csv(f, index=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pd.errors.PerformanceWarning)
+        rows = measured._rows(d)
+    assert rows.loc[rows["student"] == "te_fp8:delayed", "kl_teacher_student_t1_nats_step0"].item() == 0.06

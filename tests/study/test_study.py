@@ -44,22 +44,20 @@ def test_points_pair_arms_by_seed_and_shift_the_noise_arm():
 
 
 def test_point_groups_split_a_seed_and_keep_the_no_kd_student_with_its_backend(tmp_path):
-    """The real-teacher presets run a seed's arms in three points (bf16, TE FP8, torchao), so a GPU call's limit
-    never loses six students at once; every arm still runs once per seed, the noise point's grid entry is as
-    before."""
+    """The real-teacher presets run a seed's arms in two points (bf16, FP8: TE's recipes and torchao), so a GPU
+    call's limit never loses six students at once; every arm still runs once per seed, the noise point's grid
+    entry is as before."""
     s = spec.from_preset("finetune-fp8", {"lm.teacher": "/models/t"})
     assert s.point_groups == spec.REAL_GROUPS
     grid = spec.point_overrides(s)
-    assert [g["seed"] for g in grid] == [1, 1, 1, 1001, 2, 2, 2, 1002, 3, 3, 3, 1003]
+    assert [g["seed"] for g in grid] == [1, 1, 1001, 2, 2, 1002, 3, 3, 1003]
     assert grid[0] == {"seed": 1, "backends": ["torch_bf16", "te_bf16"], "baseline": "torch_bf16",
                        "no_kd_student": True}
-    assert grid[1] == {"seed": 1, "backends": ["te_fp8:delayed", "te_fp8:current"], "baseline": "te_fp8:delayed",
-                       "no_kd_student": False}
-    assert grid[2] == {"seed": 1, "backends": ["torchao_float8:tensorwise"],
-                       "baseline": "torchao_float8:tensorwise", "no_kd_student": False}
+    assert grid[1] == {"seed": 1, "backends": ["te_fp8:delayed", "te_fp8:current", "torchao_float8:tensorwise"],
+                       "baseline": "te_fp8:delayed", "no_kd_student": False}
     whole = spec.point_overrides(spec.from_preset("distill-quality"))
-    assert grid[3] == whole[1]  # the noise point's grid entry as before
-    assert sorted(b for g in grid[4:7] for b in g["backends"]) == sorted(whole[2]["backends"])
+    assert grid[2] == whole[1]  # the noise point's grid entry as before
+    assert sorted(b for g in grid[3:5] for b in g["backends"]) == sorted(whole[2]["backends"])
     s.point_groups = [["no_kd_bf16"], ["torch_bf16", "te_bf16", "te_fp8_delayed", "te_fp8_current",
                                        "torchao_float8"]]  # the no-KD arm without its backend's KD arm
     with pytest.raises(ConfigError, match="no_kd_bf16 trains beside the KD arm of its backend"):
@@ -236,20 +234,21 @@ def test_a_fine_tuning_study_reads_drift_from_the_model_and_does_not_refuse(tmp_
 
 
 def test_a_study_split_in_point_groups_reports_each_arm_once_and_only_a_missing_groups_arms(tmp_path):
-    """finetune-fp8 runs three points a seed: each arm x seed is one row; a torchao point not finished makes the
-    torchao arm's row of that seed `missing`, naming that point, and no other arm's."""
+    """finetune-fp8 runs two points a seed and its noise point: each arm x seed is one row; an FP8 point not
+    finished makes its three arms' rows of that seed `missing`, naming that point, and no other arm's."""
     folder = _fake_study(tmp_path, BASE, preset="finetune-fp8", sets={"lm.teacher": "models/m"})
     report(folder)
     rows = pd.read_csv(folder / "study.csv")
     assert len(rows) == 7 * 3 and not rows.duplicated(["arm", "seed"]).any() and (rows["status"] == "ok").all()
     study = spec.read_study(folder / spec.STUDY_FILE)
-    torchao = next(p for p in plan(spec.sweep_spec(study))
-                   if p.grid["seed"] == 2 and p.grid["backends"] == ["torchao_float8:tensorwise"])
-    (folder / torchao.id / results.DONE_FILE).unlink()
+    fp8 = next(p for p in plan(spec.sweep_spec(study))
+               if p.grid["seed"] == 2 and "torchao_float8:tensorwise" in p.grid["backends"])
+    (folder / fp8.id / results.DONE_FILE).unlink()
     report(folder)
     rows = pd.read_csv(folder / "study.csv")
     missing = rows[rows["status"] == "missing"]
-    assert missing[["arm", "seed", "point"]].values.tolist() == [["torchao_float8", 2, torchao.id]]
+    assert sorted(missing[["arm", "seed", "point"]].values.tolist()) == [
+        [arm, 2, fp8.id] for arm in ("te_fp8_current", "te_fp8_delayed", "torchao_float8")]
     assert len(rows) == 7 * 3
 
 
@@ -466,7 +465,7 @@ def test_the_real_teacher_presets_ask_for_their_folders():
 @pytest.mark.slow
 def test_a_real_teacher_study_with_a_pruned_student_runs_end_to_end(tmp_path, monkeypatch):
     """distill-quality-real on a tiny Hugging Face teacher and its depth-pruned student (workbench hf-prune), the
-    points of two seeds run in-process (three points a seed, point_groups): every torch arm ok, the TE /
+    points of two seeds run in-process (two points a seed and a noise point, point_groups): every torch arm ok, the TE /
     torchao arms rows with their reasons (no GPU here), the student's provenance in task.json, the report's gaps
     in nats."""
     from workbench.models import hf_init, hf_prune

@@ -53,7 +53,7 @@ class Study:
     """The arms (by name) that train together in one point at each seed; empty: every arm of a seed in one
     point. The noise arms keep their own point. A point is what a GPU call's time limit loses whole and what the
     budget check times: on a real teacher a six-student point outlasted a call (its torchao student, compiled as
-    one graph, took minutes), so the real presets run the bf16 arms, the TE FP8 arms and torchao apart."""
+    one graph, took minutes), so the real presets run the bf16 arms and the FP8 arms apart."""
     points_per_gpu: int = 1
     """The most points that shared one GPU while the study ran (`--workers K/gpu`, over every resume): above 1,
     its step times timed each other and are no speed evidence (the quality figures do not depend on them)."""
@@ -77,10 +77,13 @@ GPU_ARMS = [Arm("torch_bf16", "torch_bf16"), Arm("te_bf16", "te_bf16"), Arm("te_
             Arm("te_fp8_current", "te_fp8:current"), Arm("torchao_float8", "torchao_float8:tensorwise"),
             Arm("no_kd_bf16", "torch_bf16", kd=False), Arm(NOISE_ARM, "torch_bf16", noise=True)]
 
-# The real presets' points at each seed: the bf16 arms, the TE FP8 arms, torchao (its student, compiled as one
-# 30-layer graph, had not logged a step when an H100 call's limit cut its point: results/reference/h100/quality/
-# 528e816/).
-REAL_GROUPS = [["torch_bf16", "te_bf16", "no_kd_bf16"], ["te_fp8_delayed", "te_fp8_current"], ["torchao_float8"]]
+# The real presets' points at each seed: the bf16 arms, and the FP8 arms (TE's two recipes and torchao). torchao's
+# student was a point of its own while it compiled as one 30-layer graph (it had not logged a step when an H100
+# call's limit cut its point: results/reference/h100/quality/528e816/); compiled one decoder layer at a time
+# (compile_scope) it compiles in seconds (a 4-layer HF Llama on an H100: 14.4 s, 3 graphs, against 34.9 s whole:
+# results/reference/h100/gpu_tests/d8ec880_hf/), so it joins the TE FP8 point and a seed starts one process fewer
+# (each point pays its own start; at 528e816 a seed's first point spent ~77 s before its first student).
+REAL_GROUPS = [["torch_bf16", "te_bf16", "no_kd_bf16"], ["te_fp8_delayed", "te_fp8_current", "torchao_float8"]]
 
 # distill-quality: one H200, ~16 minutes in two calls (`scripts/gpu.sh quality` resumes). The teacher is 3x wider
 # and 1.5x deeper than the student and trains 1.25x the students' steps. Measured on the H200

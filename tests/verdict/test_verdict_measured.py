@@ -126,7 +126,7 @@ def test_a_family_te_layers_cannot_hold_gets_no_calibrated_te_headline():
 
 def test_a_wide_students_csv_is_read_without_a_fragmented_frame_warning(tmp_path, prediction):
     """A real students.csv has ~200 columns; read_csv leaves one block each and assign() on that warned on every
-    verdict (the GPU tests' logs): the copy before assign() is what this guards."""
+    verdict (the GPU tests' logs): results.read_csv's consolidated frame is what this guards."""
     d = _bench(tmp_path)
     f = d / "runs" / "hf-te-layer-step" / "students.csv"
     s = pd.read_csv(f)

@@ -308,7 +308,9 @@ def read_csv(path: str | Path) -> pd.DataFrame:
     if not data.endswith(b"\n"):  # without a record: a file the writer finished ends with a newline
         raise DamagedResults(f"{path} is damaged: {'empty' if not data else 'its last row is cut short'}")
     try:
-        return pd.read_csv(io.BytesIO(data), dtype=TEXT_COLUMNS)
+        # copy(): read_csv leaves a wide file (students.csv, ~200 columns) in one block per column, and a column
+        # added to that (assign) makes pandas warn of a fragmented frame on every call; the copy consolidates them
+        return pd.read_csv(io.BytesIO(data), dtype=TEXT_COLUMNS).copy()
     except (ValueError, UnicodeDecodeError) as e:  # pandas' ParserError / EmptyDataError are ValueErrors
         raise DamagedResults(f"{path} is damaged: {' '.join(str(e).split())[:300]}") from None
 
@@ -356,9 +358,7 @@ def load(path: str | Path, include_incomplete: bool = False) -> pd.DataFrame:
         raise FileNotFoundError(f"no complete run in or below {path}{why}")
     frames = [read_students(d) for d in dirs]
     if include_incomplete:
-        # copy() first: read_csv leaves a wide students.csv in one block per column, and a column added to that
-        # makes pandas warn of a fragmented frame on every call (the study driver's logs filled with it)
-        frames = [f.copy().assign(complete=is_complete(d)) for f, d in zip(frames, dirs)]
+        frames = [f.assign(complete=is_complete(d)) for f, d in zip(frames, dirs)]
     return pd.concat(frames, ignore_index=True)
 
 

@@ -88,7 +88,7 @@ def _rows(bench_dir: Path) -> pd.DataFrame:
     for variant in df["variant"].unique():
         f = bench_dir / "runs" / variant / "students.csv"
         if f.exists():
-            s = pd.read_csv(f).copy()  # one block per column as read: assign() on it warns of a fragmented frame
+            s = results.read_csv(f)
             step0.append(s.assign(variant=variant)[["variant", "student", *[c for c in STEP0 if c in s]]])
     return df.merge(pd.concat(step0), on=["variant", "student"], how="left") if step0 else df
 

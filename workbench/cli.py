@@ -17,7 +17,7 @@ import importlib
 import json
 import sys
 
-from workbench import __version__, results
+from workbench import __version__, notebook, results
 from workbench.config import ConfigError
 from workbench.run.arguments import add_run_arguments
 
@@ -138,4 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except ConfigError as e:
         print(f"workbench {args.command}: invalid configuration: {e}", file=sys.stderr)
+        return 2
+    except notebook.MissingStack as e:
+        print(f"workbench {args.command}: {e}", file=sys.stderr)
         return 2

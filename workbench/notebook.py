@@ -33,6 +33,22 @@ KERNEL_NAME = "te-workbench"
 interpreter). `execute` starts papermill's `python3` kernel instead, with this interpreter first on PATH: a wheel
 or a GPU box without the named kernelspec runs the notebooks all the same."""
 NO_KERNEL = "no Jupyter kernel (ipykernel) in this environment: pip install 'te-workbench[notebook]'"
+STACK = ("papermill", "nbclient", "ipykernel")  # what executing a notebook imports (the first two are core deps,
+# yet a checkout on PYTHONPATH, as on a GPU image, has only what that image has)
+
+
+class MissingStack(ModuleNotFoundError):
+    """This Python cannot execute a notebook: papermill, nbclient or ipykernel is not installed."""
+
+
+def require_stack() -> None:
+    """Raise MissingStack, naming what is missing, before anything (a kernel, a study's teacher) starts."""
+    missing = [m for m in STACK if importlib.util.find_spec(m) is None]
+    if missing == ["ipykernel"]:
+        raise MissingStack(NO_KERNEL)
+    if missing:
+        raise MissingStack(f"{', '.join(missing)} not installed for {sys.executable}: executing a notebook needs "
+                           f"{', '.join(STACK)} (pip install 'te-workbench[notebook]')")
 RUN_PARAMETERS = {  # the notebook's parameters besides the config fields: name -> (annotation, default, help)
     "preset": ("str", '"auto"', f"Preset to start from: {config.preset_help()}."),
     "out": ("Optional[str]", "None", "Parent folder of the run folder (None: results/ at the repository root in a "
@@ -308,8 +324,7 @@ def execute(preset: str = "auto", overrides: dict[str, Any] | None = None, out: 
     """
     from workbench import results
     from workbench.run import runner
-    if importlib.util.find_spec("ipykernel") is None:  # else papermill's "No such kernel named python3"
-        raise ModuleNotFoundError(NO_KERNEL)
+    require_stack()  # else papermill's "No such kernel named python3", or an ImportError mid-sweep
     overrides = overrides or {}
     cfg = config.from_preset(preset, **overrides)  # validate before starting a kernel
     runner.check_registered(cfg)
@@ -347,8 +362,11 @@ def add_arguments(p) -> None:
 def main(args) -> int:
     overrides = config.parse_set(args.overrides)
     nb = args.notebook or MAIN_NOTEBOOK
-    problem = f"--notebook {nb}: no such file" if not nb.is_file() else \
-        NO_KERNEL if importlib.util.find_spec("ipykernel") is None else None
+    problem = f"--notebook {nb}: no such file" if not nb.is_file() else None
+    try:
+        require_stack()
+    except MissingStack as e:
+        problem = problem or str(e)
     if problem:
         print(f"workbench notebook: {problem}", file=sys.stderr)
         return 2

@@ -503,22 +503,27 @@ def test_a_real_teacher_study_with_a_pruned_student_runs_end_to_end(tmp_path, mo
     assert (folder / "study.csv").exists() and len(pd.read_csv(folder / "study.csv")) == 7 * 2
 
 
-def test_a_study_resumed_with_another_teacher_or_code_says_so(tmp_path):
+def test_a_study_resumed_with_another_teacher_code_or_gpu_says_so(tmp_path):
     folder = _fake_study(tmp_path, BASE)
     head = report(folder)
     assert head["teachers"] == [] and head["code_versions"] == []  # rows without either: nothing to tell apart
+    assert len(head["gpus"]) <= 1
     readme = (folder / "README.md").read_text()
-    assert "teachers**" not in readme and "versions of the code" not in readme
+    assert "teachers**" not in readme and "versions of the code" not in readme and "GPU models" not in readme
     points = sorted(d for d in folder.iterdir() if (d / "done.json").exists())
     for n, d in enumerate(points):  # the last point resumed elsewhere: its teacher trained again, newer code
         results.write_json(d / "task.json", {"teacher_weights_sha256": "b" * 64 if n == len(points) - 1 else "a" * 64})
-        df = pd.read_csv(d / "students.csv").assign(git_sha="def5678" if n == len(points) - 1 else "abc1234")
+        last = n == len(points) - 1
+        df = pd.read_csv(d / "students.csv").assign(git_sha="def5678" if last else "abc1234",
+                                                     gpu_name="NVIDIA H200" if last else "NVIDIA H100 80GB HBM3")
         results.write_csv(d / "students.csv", df)
         results.mark_complete(d)
     head = report(folder)
     assert head["teachers"] == ["a" * 64, "b" * 64] and head["code_versions"] == ["abc1234", "def5678"]
     readme = (folder / "README.md").read_text()
     assert "**2 teachers**" in readme and "2 versions of the code (git_sha): abc1234, def5678" in readme
+    assert head["gpus"] == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+    assert "2 GPU models: NVIDIA H100 80GB HBM3, NVIDIA H200" in readme
     study_rows = pd.read_csv(folder / "study.csv")
     assert study_rows["teacher_sha"].nunique() == 2
 

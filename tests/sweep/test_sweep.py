@@ -700,3 +700,34 @@ def test_a_budget_that_is_not_positive_is_refused_by_name():
     with pytest.raises(ConfigError, match="--budget-s"):
         run.budget_deadline(0)
     assert run.budget_deadline(None) is None and run.budget_deadline(10) > time.time()
+
+
+def _without(monkeypatch, *modules):
+    """This Python as a GPU image without the notebook stack sees it (a checkout on PYTHONPATH)."""
+    from workbench import notebook
+
+    monkeypatch.undo()  # a second call replaces the first
+    real = notebook.importlib.util.find_spec
+    monkeypatch.setattr(notebook.importlib.util, "find_spec",
+                        lambda name, *a: None if name in modules else real(name, *a))
+
+
+def test_a_sweep_without_the_notebook_stack_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
+    """Found on a GPU image: nbclient missing made every point fail and then the failure's description raise."""
+    from workbench import notebook
+
+    _without(monkeypatch, "nbclient")
+    with pytest.raises(notebook.MissingStack, match=r"nbclient not installed for .*papermill, nbclient, ipykernel"):
+        run.run_sweep(plan.Spec("nostack", "cpu-smoke", {}, {"hidden": [64]}), root=tmp_path)
+    assert not (tmp_path / "nostack").exists()
+    _without(monkeypatch, "ipykernel")
+    rc = cli.main(["study", "--preset", "distill-quality-cpu", "--seeds", "7,8", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and notebook.NO_KERNEL in err and len(err.strip().splitlines()) == 1, err
+    assert not any(tmp_path.iterdir())  # no study folder, no teacher trained
+
+
+def test_a_failure_is_described_without_the_notebook_stack(monkeypatch):
+    monkeypatch.setitem(sys.modules, "nbclient.exceptions", None)  # import raises ImportError
+    assert point.describe_failure(MemoryError("CUDA out of memory")) == ("oom", "MemoryError: CUDA out of memory")
+    assert point.describe_failure(ValueError("x"))[0] == "error"

@@ -81,8 +81,8 @@ def readme(study: Study, head: dict, arms: pd.DataFrame, gaps: pd.DataFrame | No
 
 
 def _provenance_and_time(head: dict, arms: pd.DataFrame) -> list[str]:
-    """README lines on points that did not all run alike (another teacher, another code version: a study resumed
-    elsewhere) and on where the students' time went."""
+    """README lines on points that did not all run alike (another teacher, another code version, another GPU model:
+    a study resumed elsewhere) and on where the students' time went."""
     parts: list[str] = []
     if len(head.get("teachers") or []) > 1:
         parts += ["", f"**{len(head['teachers'])} teachers**: the points did not all distil the same teacher (a study "
@@ -91,6 +91,10 @@ def _provenance_and_time(head: dict, arms: pd.DataFrame) -> list[str]:
     if len(head.get("code_versions") or []) > 1:
         parts += ["", f"The points ran at {len(head['code_versions'])} versions of the code (git_sha): "
                       f"{', '.join(head['code_versions'])}."]
+    if len(head.get("gpus") or []) > 1:  # quality figures compare across them; step times never do
+        parts += ["", f"The points ran on {len(head['gpus'])} GPU models: {', '.join(head['gpus'])} (study.csv's "
+                      "gpu_name, per point). KL and perplexity are compared across them; step times and the time "
+                      "table below are not."]
     if arms.reindex(columns=["student_wall_s_mean"]).notna().any().iloc[0]:  # rows from before the split lack it
         parts += ["", "## Where a student's time went (seconds, mean over seeds; students.csv's *_wall_s)", "",
                   _md(arms.reindex(columns=["arm", *(f"{w}_mean" for w in results.WALL_CELLS)])),

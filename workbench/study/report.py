@@ -76,7 +76,8 @@ def collect(study: Study, study_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
                          "step_ms_median": r.get("step_ms_median"), "compiled": r.get("compiled"),
                          "graph_scope": r.get("graph_scope"), "train_seed": point_seed,
                          **{w: r.get(w) for w in WALLS},
-                         "teacher_sha": task.get("teacher_weights_sha256"), "git_sha": r.get("git_sha")})
+                         "teacher_sha": task.get("teacher_weights_sha256"), "git_sha": r.get("git_sha"),
+                         "gpu_name": r.get("gpu_name")})
         curve_file = folder / "eval_curve.csv"
         if curve_file.exists():
             for r in pd.read_csv(curve_file).to_dict("records"):
@@ -280,7 +281,8 @@ def report(
                                    if len(ran) and ran["teacher_heldout_ppl"].notna().any() else None)
     head["teacher_cached_at"] = teacher.get("teacher_checkpoint")
     head["arms_not_flattened"] = [r["arm"] for r in arms.to_dict("records") if r["flattened"] is False]
-    for key, col in (("teachers", "teacher_sha"), ("code_versions", "git_sha")):  # one each, unless resumed elsewhere
+    # one each, unless resumed elsewhere (a study resumed from an archive on another machine: another GPU model)
+    for key, col in (("teachers", "teacher_sha"), ("code_versions", "git_sha"), ("gpus", "gpu_name")):
         head[key] = sorted({str(v) for v in ran[col].dropna()}) if len(ran) and col in ran else []
     results.write_json(study_dir / "headline.json", head)
     from workbench.results import plots

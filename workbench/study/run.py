@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from workbench import config, results
+from workbench import config, notebook, results
 from workbench.config import ConfigError
 from workbench.study.report import report, run_report_notebook
 from workbench.study.spec import (
@@ -140,6 +140,7 @@ def main(args) -> int:
         head = report(study_dir)
         print(json.dumps({"study_dir": str(study_dir), **head}, default=str))
         return 0 if not head["refused"] else 1
+    notebook.require_stack()  # before the teacher trains: every point is a notebook
     spec = sweep_spec(study)
     study_dir.mkdir(parents=True, exist_ok=True)
     sweep.stop_on_signals()  # a kill stops the study like Ctrl-C: a rerun resumes

@@ -62,9 +62,13 @@ _OOM = re.compile(r"out of memory|OutOfMemoryError|can't allocate memory|Cannot 
 
 
 def describe_failure(e: BaseException) -> tuple[str, str]:
-    """(kind, message): kind is 'oom', 'kernel_died', 'timeout', 'cell_error' or 'error'."""
-    from nbclient.exceptions import CellTimeoutError, DeadKernelError
-    from papermill.exceptions import PapermillExecutionError
+    """(kind, message): kind is 'oom', 'kernel_died', 'timeout', 'cell_error' or 'error'. Never raises: without
+    nbclient or papermill (a worker lacking the notebook stack) e is none of their errors."""
+    try:
+        from nbclient.exceptions import CellTimeoutError, DeadKernelError
+        from papermill.exceptions import PapermillExecutionError
+    except ImportError:
+        CellTimeoutError = DeadKernelError = PapermillExecutionError = ()  # isinstance(e, ()) is False
 
     if isinstance(e, CellTimeoutError):
         return "timeout", " ".join(f"a cell ran past the cell timeout: {e}".split())[:2000]

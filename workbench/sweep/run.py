@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from workbench import config, results
+from workbench import config, notebook, results
 from workbench.config import ConfigError
 from workbench.sweep.cluster import STOP, SchedulerError, check_workers, point_events, probe_scheduler
 from workbench.sweep.index import Index, cell, damaged_points, point_folders
@@ -101,6 +101,8 @@ def run_sweep(spec: Spec, root: str | Path = DEFAULT_ROOT, workers: str | int = 
     check_workers(workers)
     if scheduler:
         probe_scheduler(scheduler)  # before the sweep folder exists: a wrong address leaves nothing behind
+    else:  # the local cluster's workers are this Python: without the notebook stack every point would fail
+        notebook.require_stack()
     sweep_dir = sweep_folder(results.output_root(root), spec.name)
     sweep_dir.mkdir(exist_ok=True)
     cache = str(Path(cache).expanduser().resolve()) if cache else None

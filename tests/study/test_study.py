@@ -547,3 +547,24 @@ def test_a_point_whose_student_ran_out_of_memory_is_set_aside_and_runs_again(tmp
     found = point_folders(tmp_path, {"aaa", "bbb"})
     assert not results.is_complete(found["aaa"]) and found["bbb"] == tmp_path / "bbb"
     assert set_aside_oom_points(tmp_path) == []  # its folder is gone: nothing moves twice
+
+
+def test_the_curves_figure_starts_at_each_runs_step0_and_curves_csv_does_not():
+    """A fine-tuned FP8 student's KL starts where the cast puts it (0.065 nats for TE delayed on SmolLM2-135M at
+    05acfd3, H100), not at the first evaluation: the figure's curves get step 0 from students.csv's *_step0."""
+    from workbench.study.report import with_step0
+
+    curves = pd.DataFrame({"arm": ["te_fp8_delayed", "te_fp8_delayed", "torch_bf16", "torch_bf16"], "seed": [1] * 4,
+                           "step": [40, 80, 40, 80], "heldout_ppl": [7.6, 7.4, 7.7, 7.4],
+                           "kl_teacher_student_t1_nats": [0.05, 0.06, 0.02, 0.03], "top1_agreement": [0.9] * 4})
+    df = pd.DataFrame({"arm": ["torch_bf16", "te_fp8_delayed", "no_kd_bf16"], "seed": [1, 1, 1],
+                       "status": ["ok", "ok", "ok"], "heldout_ppl_step0": [8.2, 8.6, 8.2],
+                       "kl_teacher_student_t1_nats_step0": [0.0, 0.065, 0.0], "top1_agreement_step0": [1.0, 0.9, 1.0]})
+    out = with_step0(curves, df)
+    assert list(dict.fromkeys(out["arm"])) == ["te_fp8_delayed", "torch_bf16"]  # no curve, no step 0 (no_kd_bf16)
+    first = out[out["step"] == 0].set_index("arm")
+    assert first.loc["te_fp8_delayed", "kl_teacher_student_t1_nats"] == 0.065 and len(out) == 6
+    assert 0 not in curves["step"].values  # the argument is left as it was
+    no_step0 = df.drop(columns=[c for c in df if c.endswith("_step0")])  # rows from before step-0 figures
+    assert with_step0(curves, no_step0).equals(curves)
+    assert with_step0(curves, df.assign(status="fallback")).equals(curves)  # a fallback is not its arm

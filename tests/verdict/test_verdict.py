@@ -140,6 +140,25 @@ def test_the_command_on_a_tiny_folder_writes_three_files_gpu_part_not_run(tmp_pa
     md = (out / "verdict.md").read_text()
     assert "not run: no CUDA GPU here" in md and "## FP8 eligibility" in md and "self_attn.q_proj" in md
     assert (out / "verdict.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert v["prediction"]["ceilings"]["gpu"] == "NVIDIA H200" and "--gpu" not in v["command"]  # no GPU: the default
+
+
+def test_the_prediction_is_for_the_gpu_the_measured_rows_run_on(tmp_path, monkeypatch):
+    """At 05acfd3 an H100's verdict page predicted for the default H200 beside rows measured on the H100."""
+    import torch
+
+    from workbench.verdict import cli as verdict_cli
+    from workbench.verdict import measured
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a named fake: this machine "has" an H100
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(measured, "measure", lambda *a, **k: {"status": "not run", "reason": "faked"})
+    folder = _folder(tmp_path, "tiny", hf_init.hf_config("tiny-llama"))
+    v = verdict_cli.run(folder, "cpu-smoke", out=tmp_path / "v")
+    assert v["prediction"]["ceilings"]["gpu"] == "NVIDIA H100 80GB HBM3"
+    assert v["prediction"]["ceilings"]["datasheet_entry"] and "H100" in v["prediction"]["ceilings"]["datasheet_entry"]
+    assert verdict_cli.run(folder, "cpu-smoke", out=tmp_path / "w", gpu="NVIDIA H200")["prediction"]["ceilings"][
+        "gpu"] == "NVIDIA H200"  # --gpu still names another
 
 
 def test_the_command_refuses_what_is_neither_folder_nor_shape(tmp_path, capsys):

@@ -92,6 +92,24 @@ def collect(study: Study, study_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     return study_df, pd.DataFrame(curves, columns=["arm", "seed", "step", *METRICS[:3]])
 
 
+def with_step0(curves: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
+    """The curves with each run's step-0 figures (students.csv's *_step0, before the first step, in the student's
+    own precision) as step 0, for the figure: a fine-tuned FP8 student's KL starts where the cast puts it, not at
+    the first evaluation. curves.csv keeps the evaluations alone (the flattening rule reads their last interval)."""
+    ran = _ran(df)
+    cols = [m for m in METRICS[:3] if f"{m}_step0" in ran]
+    if curves.empty or not cols:
+        return curves
+    have = set(zip(curves["arm"], curves["seed"]))
+    rows = [{"arm": r["arm"], "seed": r["seed"], "step": 0, **{m: r[f"{m}_step0"] for m in cols}}
+            for r in ran.to_dict("records") if (r["arm"], r["seed"]) in have and r.get(f"{cols[0]}_step0") is not None]
+    if not rows:
+        return curves
+    out = pd.concat([pd.DataFrame(rows), curves], ignore_index=True)
+    order = {a: i for i, a in enumerate(dict.fromkeys(curves["arm"]))}  # the legend keeps the curves' arm order
+    return out.iloc[out["arm"].map(order).argsort(kind="stable")].reset_index(drop=True)
+
+
 def _ran(df: pd.DataFrame) -> pd.DataFrame:
     """Rows of students that ran as themselves: a fallback (TE FP8 run as PyTorch autocast) is not its arm."""
     return df[df["status"] == "ok"] if len(df) else df
@@ -287,7 +305,7 @@ def report(
     results.write_json(study_dir / "headline.json", head)
     from workbench.results import plots
 
-    fig = figures.heldout_curves(study, curves, head["teacher_heldout_ppl"])
+    fig = figures.heldout_curves(study, with_step0(curves, df), head["teacher_heldout_ppl"])
     results.write_figure(fig, study_dir, "heldout_curves")
     plots.plt.close(fig)
     if gaps is not None:

@@ -27,7 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a config field, e.g. --set model.batch=8")
     p.add_argument("--out", required=True, help="the folder for verdict.json, verdict.md, verdict.png / .svg")
-    p.add_argument("--gpu", default=DEFAULT_GPU, help=f"the GPU whose datasheet peaks apply (default {DEFAULT_GPU!r})")
+    p.add_argument("--gpu", default=None, help="the GPU whose datasheet peaks apply (default: this machine's CUDA GPU, "
+                                               f"the one measured; {DEFAULT_GPU!r} where there is none)")
     p.add_argument("--budget-s", type=float, default=360.0,
                    help="the GPU part's bench: variants not started after this many seconds become rows saying so "
                         "(default 360: the full Llama-3.2-1B shape's verdict within 8 minutes)")
@@ -36,11 +37,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                 "stay the H200 calibration's")
 
 
+def this_gpu() -> str:
+    """torch's name for this machine's first CUDA GPU (what the measured rows run on), else DEFAULT_GPU."""
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else DEFAULT_GPU
+
+
 def command(args: argparse.Namespace) -> str:
     """The command line that reproduces this verdict."""
     parts = ["python -m workbench verdict", args.model, "--preset", args.preset,
              *[f"--set {o}" for o in args.overrides], "--out", args.out]
-    if args.gpu != DEFAULT_GPU:
+    if args.gpu:
         parts += ["--gpu", args.gpu]
     if args.peak:
         parts += ["--peak", args.peak]
@@ -50,10 +58,12 @@ def command(args: argparse.Namespace) -> str:
 
 
 def run(model: str, preset: str = "hf-llama-1b", overrides: dict | None = None, out: str | Path = "results/verdict",
-        gpu: str = DEFAULT_GPU, peak: str | None = None, budget_s: float = 360.0, command_line: str = "") -> dict:
+        gpu: str | None = None, peak: str | None = None, budget_s: float = 360.0, command_line: str = "") -> dict:
     """Predict, measure where a CUDA GPU is, write verdict.json / .md / .png into `out`; returns the verdict.
-    What `workbench verdict` and notebooks/verdict.ipynb call."""
+    What `workbench verdict` and notebooks/verdict.ipynb call. `gpu` None: the GPU the measured part runs on
+    (at 05acfd3 an H100's measured rows stood beside a prediction for the default H200), DEFAULT_GPU without one."""
     overrides = dict(overrides or {})
+    gpu = gpu or this_gpu()
     cfg = config.from_preset(preset, **overrides)
     peak_data = results.read_json(Path(peak)) if peak else None
     prediction = predict(model, cfg.model.batch, cfg.model.seq_len, gpu=gpu, peak=peak_data)

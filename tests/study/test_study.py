@@ -568,3 +568,40 @@ def test_the_curves_figure_starts_at_each_runs_step0_and_curves_csv_does_not():
     no_step0 = df.drop(columns=[c for c in df if c.endswith("_step0")])  # rows from before step-0 figures
     assert with_step0(curves, no_step0).equals(curves)
     assert with_step0(curves, df.assign(status="fallback")).equals(curves)  # a fallback is not its arm
+
+
+def test_studies_side_by_side_each_against_its_own_noise_floor(tmp_path, capsys):
+    """Issue 36's 'both studies side by side': a trained-here study and a fine-tuning one in one table, figure and
+    page, each arm judged against its own study's floor; a study whose FP8 point did not run shows 'not run'."""
+    from workbench import cli
+    from workbench.study.compare import compare
+
+    here = _fake_study(tmp_path / "h", BASE)
+    ft = _fake_study(tmp_path / "f", {**BASE, "torch_bf16_b": [66.0, 68.2, 70.4]}, preset="finetune-fp8",
+                     sets={"lm.teacher": "models/smollm2-135m"}, status={"te_fp8_delayed": "error"})
+    here = here.rename(tmp_path / "distill-quality-64mb")
+    ft = ft.rename(tmp_path / "real-finetune")
+    table = compare([here, ft], tmp_path / "comparison")
+    kl = table[table["metric"] == "kl_teacher_student_t1_nats"].set_index(["study", "arm"])
+    assert set(kl.index.get_level_values("arm")) == {"te_bf16", "te_fp8_delayed", "te_fp8_current", "torchao_float8",
+                                                    "no_kd_bf16"}  # the reference and noise arms are the floor
+    assert kl.loc[("distill-quality-64mb", "te_fp8_delayed"), "gap_pct_mean"] == pytest.approx(10.0)
+    assert not kl.loc[("distill-quality-64mb", "te_fp8_delayed"), "within_noise"]
+    floors = kl.groupby(level="study")["noise_floor_pct"].first()
+    assert floors["real-finetune"] > 5 > floors["distill-quality-64mb"]  # its own floor (+10% b arm), not pooled
+    assert pd.isna(kl.loc[("real-finetune", "te_fp8_delayed"), "gap_pct_mean"])  # errored at every seed
+    assert kl.loc[("real-finetune", "te_bf16"), "student"] == "the teacher itself (fine-tuned)"
+    assert kl.loc[("real-finetune", "te_bf16"), "teacher"] == "smollm2-135m"
+    assert kl.loc[("distill-quality-64mb", "te_bf16"), "teacher"] == "trained here"
+    out = tmp_path / "comparison"
+    assert (out / "comparison.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert pd.read_csv(out / "comparison.csv").shape[0] == len(table) == 2 * 5 * 2
+    page = (out / "README.md").read_text()
+    assert ("| real-finetune | smollm2-135m | the teacher itself (fine-tuned) | te_fp8_delayed | 0/3 | not run | 10.00 "
+            "| unknown |  |  |  |") in page
+    assert page.count("`distill-quality-64mb`: FP8 delayed changes held-out KL") == 1
+    # the command: names under --out; one study is refused (nothing to compare it with)
+    assert cli.main(["study", "--compare", "distill-quality-64mb", "real-finetune", "--out", str(tmp_path)]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"] == 20
+    assert cli.main(["study", "--compare", "real-finetune", "--out", str(tmp_path)]) == 2
+    assert "two or more" in capsys.readouterr().err

@@ -22,7 +22,7 @@ contains 0 or |mean gap| is below that floor (stats.within_noise).
 spec.py: the arms, seeds and presets, the study as a sweep;  run.py: the `workbench study` command (the
 teacher once, then the points, resumable);  report.py: the tables, headline and the report
 notebook;  readme.py: README.md;  figures.py: the held-out curves and the gaps beside the noise;
-stats.py: the statistics.
+stats.py: the statistics;  compare.py: several studies side by side (`--compare`).
 
 <out>/<name>/   (default out: results/studies)
   study.json    the study (preset, arms, seeds, --set): a bare --name resumes it
@@ -36,4 +36,6 @@ stats.py: the statistics.
   headline.json the headline sentence and its numbers;  README.md  the same, with the tables
   heldout_curves.png, gap_vs_noise.png (+ .svg)            the figures, drawn from the files above
   quality_report.ipynb                                      the executed report notebook
+<out>/comparison/  (`--compare A B ...`)  comparison.csv (per study, arm and metric: the gap, its interval, that
+  study's own noise floor, step 0 -> end), comparison.png / .svg, README.md
 """

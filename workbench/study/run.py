@@ -108,6 +108,9 @@ def add_arguments(p) -> None:
                         "teacher's training counted), by its seeds' earlier points; see `sweep --help`")
     p.add_argument("--no-report", action="store_true", help="run the points, skip the report")
     p.add_argument("--report-only", action="store_true", help="only (re)write the report of an existing study")
+    p.add_argument("--compare", nargs="+", default=None, metavar="NAME",
+                   help="put two or more studies (folders under --out, or paths) side by side in <out>/comparison/: "
+                        "a table, a figure, a page; runs nothing")
 
 
 def study_from_args(args) -> Study:
@@ -128,6 +131,14 @@ def study_from_args(args) -> Study:
 def main(args) -> int:
     from workbench.sweep import run as sweep
 
+    if args.compare:
+        from workbench.study.compare import compare
+
+        root = Path(args.out)
+        dirs = [Path(n) if Path(n).is_dir() else root / results.check_name(n, "study name") for n in args.compare]
+        table = compare(dirs, root / "comparison")
+        print(json.dumps({"comparison": str(root / "comparison"), "rows": len(table)}))
+        return 0
     study = study_from_args(args)
     deadline = sweep.budget_deadline(args.budget_s)  # from the start: the teacher counts
     study_dir = sweep.sweep_folder(results.output_root(args.out), study.name)

@@ -605,3 +605,18 @@ def test_studies_side_by_side_each_against_its_own_noise_floor(tmp_path, capsys)
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"] == 20
     assert cli.main(["study", "--compare", "real-finetune", "--out", str(tmp_path)]) == 2
     assert "two or more" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("preset", ["distill-quality", "finetune-fp8"])
+def test_only_a_fine_tuning_studys_figure_starts_at_step0(tmp_path, monkeypatch, preset):
+    """A distilled student's step 0 (random or pruned weights) would flatten every curve against the axis."""
+    from workbench.study import figures
+
+    drawn = []
+    real = figures.heldout_curves
+    monkeypatch.setattr(figures, "heldout_curves", lambda s, c, t=None: drawn.append(c) or real(s, c, t))
+    folder = _fake_study(tmp_path, BASE, preset=preset, sets={"lm.teacher": "models/m"} if preset != "distill-quality"
+                         else None)
+    report(folder)
+    assert (0 in set(drawn[0]["step"])) == (preset == "finetune-fp8")
+    assert 0 not in set(pd.read_csv(folder / "curves.csv")["step"])

@@ -94,8 +94,9 @@ def collect(study: Study, study_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def with_step0(curves: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
     """The curves with each run's step-0 figures (students.csv's *_step0, before the first step, in the student's
-    own precision) as step 0, for the figure: a fine-tuned FP8 student's KL starts where the cast puts it, not at
-    the first evaluation. curves.csv keeps the evaluations alone (the flattening rule reads their last interval)."""
+    own precision) as step 0, for a fine-tuning study's figure: a fine-tuned FP8 student's KL starts where the cast
+    puts it, not at the first evaluation. curves.csv keeps the evaluations alone (the flattening rule reads their
+    last interval)."""
     ran = _ran(df)
     cols = [m for m in METRICS[:3] if f"{m}_step0" in ran]
     if curves.empty or not cols:
@@ -305,7 +306,10 @@ def report(
     results.write_json(study_dir / "headline.json", head)
     from workbench.results import plots
 
-    fig = figures.heldout_curves(study, with_step0(curves, df), head["teacher_heldout_ppl"])
+    # step 0 on the fine-tuning figure only: a distilled student's step 0 (random or pruned weights, perplexity up
+    # to the vocabulary's size) would flatten every curve against the axis
+    shown = with_step0(curves, df) if study.student_is_teacher else curves
+    fig = figures.heldout_curves(study, shown, head["teacher_heldout_ppl"])
     results.write_figure(fig, study_dir, "heldout_curves")
     plots.plt.close(fig)
     if gaps is not None:

@@ -1,6 +1,7 @@
 """workbench.sweep: grid parsing, point ids, and a real 4-point cpu-smoke sweep with a failing point,
 a simulated kill, and a resume that runs only what is missing (then the report notebook)."""
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -702,14 +703,13 @@ def test_a_budget_that_is_not_positive_is_refused_by_name():
     assert run.budget_deadline(None) is None and run.budget_deadline(10) > time.time()
 
 
-def _without(monkeypatch, *modules):
-    """This Python as a GPU image without the notebook stack sees it (a checkout on PYTHONPATH)."""
-    from workbench import notebook
+_FIND_SPEC = importlib.util.find_spec
 
-    monkeypatch.undo()  # a second call replaces the first
-    real = notebook.importlib.util.find_spec
-    monkeypatch.setattr(notebook.importlib.util, "find_spec",
-                        lambda name, *a: None if name in modules else real(name, *a))
+
+def _without(monkeypatch, *modules):
+    """This Python as a GPU image without the notebook stack sees it (a checkout on PYTHONPATH); a second call
+    replaces the first."""
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in modules else _FIND_SPEC(name, *a))
 
 
 def test_a_sweep_without_the_notebook_stack_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys):

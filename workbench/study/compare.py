@@ -16,8 +16,9 @@ import pandas as pd
 
 from workbench import results
 from workbench.config import ConfigError
+from workbench.study.readme import md_table
 from workbench.study.report import report
-from workbench.study.spec import METRIC_NAMES, REFERENCE_ARM, STUDY_FILE, Study
+from workbench.study.spec import METRIC_NAMES, REFERENCE_ARM, STUDY_FILE, Study, given
 
 COMPARED = ("kl_teacher_student_t1_nats", "heldout_ppl")
 GAP_COLUMNS = ("n_seeds", "gap_pct_mean", "gap_pct_ci_low", "gap_pct_ci_high", "noise_floor_pct", "within_noise",
@@ -28,11 +29,11 @@ COLUMNS = ["study", "teacher", "student", "arm", "metric", "seeds_planned", *GAP
 
 def describe(study: Study) -> tuple[str, str]:
     """(teacher, student) in words, from the study's fixed overrides: a folder's name, or how the preset makes it."""
-    fixed = {k.split(".")[-1]: v for k, v in study.fixed.items()}
-    teacher = Path(str(fixed["teacher"])).name if fixed.get("teacher") else "trained here"
+    teacher, student = given(study.fixed, "lm.teacher"), given(study.fixed, "lm.student")
+    teacher = Path(str(teacher)).name if teacher else "trained here"
     if study.student_is_teacher:
         return teacher, "the teacher itself (fine-tuned)"
-    return teacher, Path(str(fixed["student"])).name if fixed.get("student") else "randomly initialised"
+    return teacher, Path(str(student)).name if student else "randomly initialised"
 
 
 def study_rows(study_dir: Path) -> list[dict[str, Any]]:
@@ -127,24 +128,27 @@ def page(table: pd.DataFrame, heads: dict[str, str | None]) -> str:
     parts += [f"- `{s}`: {h or 'no headline'}" for s, h in heads.items()]
     for m in COMPARED:
         unit = "nats" if m == "kl_teacher_student_t1_nats" else "ppl"
-        parts += ["", f"## {METRIC_NAMES[m]}", "",
-                  f"| study | teacher | student | arm | seeds | gap % [95%] | noise floor % | verdict | diff {unit} "
-                  "[95%] | step 0 -> end | flattened |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for r in table[table["metric"] == m].to_dict("records"):
-            gap = (f"{_cell(r['gap_pct_mean'], '+.2f')} [{_cell(r['gap_pct_ci_low'], '+.2f')}, "
-                   f"{_cell(r['gap_pct_ci_high'], '+.2f')}]") if pd.notna(r["gap_pct_mean"]) else "not run"
-            diff = (f"{_cell(r['diff_mean'], '+.4f')} [{_cell(r['diff_ci_low'], '+.4f')}, "
-                    f"{_cell(r['diff_ci_high'], '+.4f')}]") if pd.notna(r["diff_mean"]) else ""
-            verdict = ("refused" if r["refused"] else
-                       {True: "within noise", False: "outside"}.get(_bool(r["within_noise"]), "unknown"))
-            drift = "" if pd.isna(r["end_mean"]) else f"{_cell(r['step0_mean'], '.4f')} -> {r['end_mean']:.4f}"
-            flat = {True: "yes", False: "no"}.get(_bool(r["flattened"]), "")
-            parts.append(f"| {r['study']} | {r['teacher']} | {r['student']} | {r['arm']} | "
-                         f"{_cell(r['n_seeds'], '.0f') or 0}/{r['seeds_planned']} | {gap} | "
-                         f"{_cell(r['noise_floor_pct'], '.2f')} | {verdict} | {diff} | {drift} | {flat} |")
+        shown = [{"study": r["study"], "teacher": r["teacher"], "student": r["student"], "arm": r["arm"],
+                  "seeds": f"{_cell(r['n_seeds'], '.0f') or 0}/{r['seeds_planned']}",
+                  "gap % [95%]": _span(r["gap_pct_mean"], r["gap_pct_ci_low"], r["gap_pct_ci_high"], "+.2f")
+                  or "not run",
+                  "noise floor %": _cell(r["noise_floor_pct"], ".2f"),
+                  "verdict": "refused" if r["refused"] else
+                  {True: "within noise", False: "outside"}.get(_bool(r["within_noise"]), "unknown"),
+                  f"diff {unit} [95%]": _span(r["diff_mean"], r["diff_ci_low"], r["diff_ci_high"], "+.4f"),
+                  "step 0 -> end": "" if pd.isna(r["end_mean"]) else
+                  f"{_cell(r['step0_mean'], '.4f')} -> {r['end_mean']:.4f}",
+                  "flattened": {True: "yes", False: "no"}.get(_bool(r["flattened"]), "")}
+                 for r in table[table["metric"] == m].to_dict("records")]
+        parts += ["", f"## {METRIC_NAMES[m]}", "", md_table(pd.DataFrame(shown))]
     parts += ["", "Figure: `comparison.png`; rows: `comparison.csv`. Gaps are paired by seed within a study; the noise "
                   "floor is that study's (torch bf16 against itself from another init and batch order)."]
     return "\n".join(parts) + "\n"
+
+
+def _span(mean: Any, low: Any, high: Any, fmt: str) -> str:
+    """'mean [low, high]', '' without a mean."""
+    return "" if pd.isna(mean) else f"{mean:{fmt}} [{_cell(low, fmt)}, {_cell(high, fmt)}]"
 
 
 def _bool(v: Any) -> bool | None:

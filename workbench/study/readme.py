@@ -12,7 +12,8 @@ from workbench.study import stats as qs
 from workbench.study.spec import NOISE_ARM, NOISE_SEED_OFFSET, REFERENCE_ARM, Study
 
 
-def _md(df: pd.DataFrame) -> str:
+def md_table(df: pd.DataFrame) -> str:
+    """A frame as a Markdown table (floats to 4 significant digits, empty for None / NaN)."""
     def cell(v):
         if v is None or (isinstance(v, float) and math.isnan(v)):
             return ""
@@ -41,7 +42,7 @@ def readme(study: Study, head: dict, arms: pd.DataFrame, gaps: pd.DataFrame | No
         "",
         "## Arms (arms.csv: mean, sd, 95% interval over seeds)",
         "",
-        _md(arms.reindex(columns=cols)),
+        md_table(arms.reindex(columns=cols)),
     ]
     if study.points_per_gpu > 1:
         parts += ["", f"Step times (`step_ms_median_mean`): up to {study.points_per_gpu} points of this study shared "
@@ -55,7 +56,7 @@ def readme(study: Study, head: dict, arms: pd.DataFrame, gaps: pd.DataFrame | No
     if gaps is not None:
         g = gaps[gaps["metric"].isin(["kl_teacher_student_t1_nats", "heldout_ppl"])]
         parts += ["", f"## Gaps to `{REFERENCE_ARM}` in % (gaps.csv: paired by seed)", "",
-                  _md(g.drop(columns=["gap_pct_by_seed"]))]
+                  md_table(g.drop(columns=["gap_pct_by_seed"]))]
     parts += [
         "",
         "## Rules",
@@ -97,7 +98,7 @@ def _provenance_and_time(head: dict, arms: pd.DataFrame) -> list[str]:
                       "table below are not."]
     if arms.reindex(columns=["student_wall_s_mean"]).notna().any().iloc[0]:  # rows from before the split lack it
         parts += ["", "## Where a student's time went (seconds, mean over seeds; students.csv's *_wall_s)", "",
-                  _md(arms.reindex(columns=["arm", *(f"{w}_mean" for w in results.WALL_CELLS)])),
+                  md_table(arms.reindex(columns=["arm", *(f"{w}_mean" for w in results.WALL_CELLS)])),
                   "", "setup: building, converting, compiling and capturing it; eval: its held-out evaluations (step "
                       "0, the curve's, the last); bench: the timed region. A point also builds its task (teacher, "
                       "top-k targets) before its students: done.json's wall_s is the whole point."]

@@ -155,26 +155,26 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def _given(overrides: dict[str, Any], field: str) -> Any:
+def given(overrides: dict[str, Any], field: str) -> Any:
     """An override by its dotted or its flat name (--set lm.teacher=DIR or --set teacher=DIR)."""
     return overrides.get(field) or overrides.get(field.split(".")[-1])
 
 
 def _folders(name: str, p: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """The Hugging Face folders a preset needs, from --set (dotted or flat names); ConfigError naming them."""
-    missing = [f for f in p.get("needs", ()) if not _given(overrides, f)]
+    missing = [f for f in p.get("needs", ()) if not given(overrides, f)]
     if missing:
         raise ConfigError(f"study preset {name!r} needs " + " ".join(f"--set {f}=DIR" for f in missing) +
                           " (a Hugging Face folder: `workbench hf-import` a real model, `workbench hf-prune` a "
                           "student from it; docs/usage.md)")
-    if p.get("student_is_teacher") and not _given(overrides, "lm.student"):
-        return {**overrides, "lm.student": _given(overrides, "lm.teacher")}
+    if p.get("student_is_teacher") and not given(overrides, "lm.student"):
+        return {**overrides, "lm.student": given(overrides, "lm.teacher")}
     return overrides
 
 
 def _same_folder(overrides: dict[str, Any]) -> bool:
     """Whether the student folder is the teacher's (after `_folders`): a fine-tuning, not a distillation."""
-    student, teacher = _given(overrides, "lm.student"), _given(overrides, "lm.teacher")
+    student, teacher = given(overrides, "lm.student"), given(overrides, "lm.teacher")
     return bool(student and teacher) and Path(str(student)).resolve() == Path(str(teacher)).resolve()
 
 

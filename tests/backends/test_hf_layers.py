@@ -305,3 +305,65 @@ def test_the_benchs_hf_variants_are_valid_configs_that_set_the_levers():
         "layer",
         "step",
     )
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3", "smollm3"])
+def test_sequence_first_layers_give_the_same_logits_and_gradients(family):
+    """options.te_qkv_format='sbhd': every TE layer computes sequence-first, the stack is turned round once
+    before its first layer and once after its last, and the model's logits and gradients are those of the
+    batch-first layers (batch 3 != sequence 16: angles made for the wrong axis would not broadcast)."""
+    ref = reference(family)
+    tokens = torch.randint(0, 256, (3, 17))
+    grads = {}
+    for fmt in ("bshd", "sbhd"):
+        model = backends.make("te_bf16").prepare(ref, cfg(te_qkv_format=fmt), torch.device("cpu")).model
+        layers = model.model.model.layers
+        attn = [layer.block.self_attention for layer in layers]
+        assert all(a.qkv_format == fmt for a in attn)
+        assert [(layer.enters_sbhd, layer.leaves_sbhd) for layer in layers] == (
+            [(True, False), (False, True)] if fmt == "sbhd" else [(False, False)] * 2)
+        seen = []
+        hook = layers[1].register_forward_pre_hook(lambda m, args: seen.append(tuple(args[0].shape)))
+        logits = model(tokens[:, :-1])
+        hook.remove()
+        assert seen == [(16, 3, 64) if fmt == "sbhd" else (3, 16, 64)]  # what the second layer is handed
+        torch.testing.assert_close(logits, ref(tokens[:, :-1]), rtol=1e-5, atol=1e-5)
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
+        grads[fmt] = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert set(grads["sbhd"]) == set(grads["bshd"]) and grads["bshd"]
+    for n, g in grads["bshd"].items():
+        torch.testing.assert_close(grads["sbhd"][n], g, rtol=1e-5, atol=1e-6, msg=n)
+
+
+def test_attention_recompute_runs_the_core_again_in_backward_with_the_same_gradients():
+    ref = reference("llama")
+    tokens = torch.randint(0, 256, (2, 17))
+    grads, calls = {}, {}
+    for mode in ("none", "attention"):
+        model = backends.make("te_bf16").prepare(ref, cfg(te_recompute=mode), torch.device("cpu")).model
+        layers = model.model.model.layers
+        assert all(layer.recompute_attention == (mode == "attention") for layer in layers)
+        logits = model(tokens[:, :-1])
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
+        calls[mode] = [layer.block.self_attention.core_calls for layer in layers]
+        grads[mode] = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert calls == {"none": [1, 1], "attention": [2, 2]}  # forward, and once more in backward
+    for n, g in grads["none"].items():
+        torch.testing.assert_close(grads["attention"][n], g, rtol=1e-6, atol=1e-7, msg=n)
+
+
+def test_the_layer_switches_are_checked_and_say_where_they_do_not_apply():
+    with pytest.raises(ConfigError, match=r"options.te_qkv_format must be one of \['bshd', 'sbhd'\]"):
+        cfg(te_qkv_format="thd")
+    with pytest.raises(ConfigError, match=r"options.te_recompute must be one of \['none', 'attention'\]"):
+        cfg(te_recompute="layer")
+    with pytest.raises(ConfigError, match=r"te_qkv_format='sbhd'.*distill.loss='hidden'"):
+        cfg(te_qkv_format="sbhd", loss="hidden")
+    student = backends.make("te_bf16").prepare(
+        reference("llama"), cfg(te_conversion="linear", te_qkv_format="sbhd", te_recompute="attention"),
+        torch.device("cpu"))
+    notes = " | ".join(student.policy.notes)
+    assert "options.te_qkv_format='sbhd' not applied" in notes
+    assert "options.te_recompute='attention' not applied" in notes
+    plain = backends.make("te_bf16").prepare(reference("llama"), cfg(te_qkv_format="sbhd"), torch.device("cpu"))
+    assert "not applied" not in " | ".join(plain.policy.notes)

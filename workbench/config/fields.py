@@ -233,6 +233,15 @@ class BackendOptions:
     te_head_precision: Literal["bf16", "fp8"] = "bf16"
     """The LM head of a TE student of a Hugging Face model: 'bf16' (torch, under bf16 autocast, as every peer
     keeps it) or 'fp8' (a te.Linear inside the FP8 autocast; a head tied to the embedding shares its weight)."""
+    te_qkv_format: Literal["bshd", "sbhd"] = "bshd"
+    """The activation layout of a Hugging Face student's TE decoder layers (options.te_conversion 'layer'):
+    'bshd' (batch first, as the model hands them over; TE's te_llama recipe) or 'sbhd' (sequence first, TE's
+    and Megatron's native layout: the stack is transposed once before its first layer and once after its
+    last). Not with a hidden-state loss (distill.loss 'hidden'): its per-block states would be sequence-first."""
+    te_recompute: Literal["none", "attention"] = "none"
+    """Activation memory against time for a Hugging Face student's TE decoder layers (options.te_conversion
+    'layer'): 'none' keeps what backward needs, 'attention' recomputes the attention core in backward
+    (TE's checkpoint_core_attention: its output and softmax statistics are not kept)."""
 
 
 @dataclass

@@ -55,9 +55,11 @@ def refusal(hf_model: nn.Module, seq_len: int | None) -> str:
     return ADAPTERS[kind].refusal(hf_model, seq_len)
 
 
-def convert_layers(te, lm: nn.Module, dtype: torch.dtype, device) -> list[str]:
+def convert_layers(te, lm: nn.Module, dtype: torch.dtype, device, qkv_format: str = "bshd",
+                   recompute: str = "none") -> list[str]:
     """Replace every decoder layer of `lm` (an HFCausalLM) by its family's TE layer holding its weights; returns
-    the replaced modules' names (as `replace_modules` names them). Call after `refusal` said ''."""
+    the replaced modules' names (as `replace_modules` names them). Call after `refusal` said ''.
+    `qkv_format`, `recompute`: options.te_qkv_format and options.te_recompute (TEDecoderLayer says how)."""
     hf = lm.model
     adapter = ADAPTERS[hf.config.model_type]
     shape, seq_len = adapter.shape(hf), getattr(lm, "seq_len", None)
@@ -66,10 +68,14 @@ def convert_layers(te, lm: nn.Module, dtype: torch.dtype, device) -> list[str]:
     done = []
     for i, old in enumerate(layers):
         key = adapter.rope_key(hf.config, i)
-        new = adapter.make_layer(te, hf, shape, None if key is None else ropes[key], i, dtype, device, seq_len)
+        new = adapter.make_layer(te, hf, shape, None if key is None else ropes[key], i, dtype, device, seq_len,
+                                 qkv_format=qkv_format)
         new.load_hf_state(dict(old.state_dict()))
+        new.recompute_attention = recompute == "attention"
         layers[i] = new
         done.append(f"model.model.layers.{i}")
+    if qkv_format == "sbhd" and len(layers):  # the stack turns sequence-first once, and back once
+        layers[0].enters_sbhd = layers[-1].leaves_sbhd = True
     return done
 
 

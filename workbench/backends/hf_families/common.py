@@ -163,23 +163,37 @@ class TEDecoderLayer(nn.Module):
     out ([batch, seq, hidden]). HF's mask, positions and cache are not read: training batches are whole causal
     sequences from position 0 (TE's causal mask, or its sliding window, and the rope angles of positions
     0..seq-1; `rope` None: a layer without positions, as SmolLM3's NoPE layers). `adapter` knows the family's
-    names (its `to_llama_names` / `from_llama_names`); `te_kw` are the family's TransformerLayer arguments."""
+    names (its `to_llama_names` / `from_llama_names`); `te_kw` are the family's TransformerLayer arguments.
+
+    `qkv_format` (options.te_qkv_format): the layout the block computes in. 'sbhd' layers pass sequence-first
+    tensors to each other: the stack's first layer turns the model's [batch, seq, hidden] round once
+    (`enters_sbhd`) and its last turns it back (`leaves_sbhd`), so the model's norm and head see what they
+    always do (`convert_layers` sets both). `recompute_attention` (options.te_recompute='attention'): TE's
+    checkpoint_core_attention, the attention core run again in backward instead of keeping its output."""
+
+    qkv_format = "bshd"  # class defaults: a family's layer built without TEDecoderLayer.__init__ (Gemma) has them
+    enters_sbhd = leaves_sbhd = recompute_attention = False
 
     def __init__(self, te, shape: LayerShape, rope: TERope | None, adapter, eps: float, dtype: torch.dtype,
-                 device, **te_kw):
+                 device, qkv_format: str = "bshd", **te_kw):
         super().__init__()
-        self.shape, self.adapter = shape, adapter
+        self.shape, self.adapter, self.qkv_format = shape, adapter, qkv_format
         self.block = te.TransformerLayer(
             hidden_size=shape.hidden, ffn_hidden_size=shape.intermediate, num_attention_heads=shape.heads,
             num_gqa_groups=shape.groups, kv_channels=shape.head_dim, bias=shape.te_bias, layernorm_epsilon=eps,
             hidden_dropout=0.0, attention_dropout=0.0, fuse_qkv_params=True, normalization="RMSNorm",
-            self_attn_mask_type="causal", attn_input_format="bshd", params_dtype=dtype, device=device,
+            self_attn_mask_type="causal", attn_input_format=qkv_format, params_dtype=dtype, device=device,
             **{"activation": "swiglu", **te_kw})
         self.rope = rope
 
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        freqs = None if self.rope is None else self.rope(hidden_states.shape[1], hidden_states.device)
-        return self.block(hidden_states, rotary_pos_emb=freqs)
+        x = hidden_states.transpose(0, 1).contiguous() if self.enters_sbhd else hidden_states
+        seq = x.shape[0 if self.qkv_format == "sbhd" else 1]
+        freqs = None if self.rope is None else self.rope(seq, x.device)
+        # only when asked: TE's layers before checkpoint_core_attention existed take no such argument
+        recompute = {"checkpoint_core_attention": True} if self.recompute_attention else {}
+        out = self.block(x, rotary_pos_emb=freqs, **recompute)
+        return out.transpose(0, 1).contiguous() if self.leaves_sbhd else out
 
     def te_names(self, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """An HF layer's state (its family's names) under this layer's TE names (no 'block.' prefix)."""

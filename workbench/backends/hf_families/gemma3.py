@@ -22,14 +22,15 @@ POST_NORMS = {"post_attention_layernorm.weight": "post_attention_norm.weight",
 
 
 class GemmaBlock(nn.Module):
-    def __init__(self, te, shape: LayerShape, eps: float, window: tuple[int, int] | None, dtype, device):
+    def __init__(self, te, shape: LayerShape, eps: float, window: tuple[int, int] | None, dtype, device,
+                 qkv_format: str = "bshd"):
         super().__init__()
         kw = {"params_dtype": dtype, "device": device}
         self.self_attention = te.MultiheadAttention(
             shape.hidden, shape.heads, kv_channels=shape.head_dim, num_gqa_groups=shape.groups,
             attention_dropout=0.0, layernorm_epsilon=eps, attn_mask_type="causal", window_size=window,
             input_layernorm=True, fuse_qkv_params=True, zero_centered_gamma=True, bias=False,
-            normalization="RMSNorm", qkv_format="bshd", **kw,
+            normalization="RMSNorm", qkv_format=qkv_format, **kw,
             **({"qk_norm_type": "RMSNorm", "qk_norm_eps": eps, "qk_norm_before_rope": True} if shape.qk_norm else {}))
         if shape.qk_norm:  # TE makes its q/k norms without zero_centered_gamma; Gemma's scale by (1 + weight)
             for name in ("q_norm", "k_norm"):
@@ -40,8 +41,8 @@ class GemmaBlock(nn.Module):
                                              **kw)
         self.post_mlp_norm = te.RMSNorm(shape.hidden, eps=eps, zero_centered_gamma=True, **kw)
 
-    def forward(self, x: torch.Tensor, rotary_pos_emb: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.post_attention_norm(self.self_attention(x, rotary_pos_emb=rotary_pos_emb))
+    def forward(self, x: torch.Tensor, rotary_pos_emb: torch.Tensor | None = None, **recompute) -> torch.Tensor:
+        x = x + self.post_attention_norm(self.self_attention(x, rotary_pos_emb=rotary_pos_emb, **recompute))
         return x + self.post_mlp_norm(self.layernorm_mlp(x))
 
 
@@ -49,10 +50,10 @@ class GemmaLayer(TEDecoderLayer):
     """A TEDecoderLayer whose block is GemmaBlock; the two post-norms are mapped beside the common names."""
 
     def __init__(self, te, shape: LayerShape, rope: TERope | None, adapter, eps: float, dtype, device,
-                 window: tuple[int, int] | None = None):
+                 window: tuple[int, int] | None = None, qkv_format: str = "bshd"):
         nn.Module.__init__(self)
-        self.shape, self.adapter, self.rope = shape, adapter, rope
-        self.block = GemmaBlock(te, shape, eps, window, dtype, device)
+        self.shape, self.adapter, self.rope, self.qkv_format = shape, adapter, rope, qkv_format
+        self.block = GemmaBlock(te, shape, eps, window, dtype, device, qkv_format)
 
     def te_names(self, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         own = {POST_NORMS[k]: v for k, v in hf.items() if k in POST_NORMS}
@@ -110,7 +111,7 @@ class Gemma3(Llama):
         return {t: TERope(te, shape.head_dim, 1.0, getattr(rotary, f"{t}_inv_freq")) for t in kinds}
 
     def make_layer(self, te, hf_model: nn.Module, shape: LayerShape, rope: TERope | None, index: int,
-                   dtype: torch.dtype, device, seq_len: int | None) -> nn.Module:
+                   dtype: torch.dtype, device, seq_len: int | None, qkv_format: str = "bshd") -> nn.Module:
         c = hf_model.config
         window = self.te_kwargs(c, shape, index, seq_len).get("window_size")
-        return GemmaLayer(te, shape, rope, self, c.rms_norm_eps, dtype, device, window=window)
+        return GemmaLayer(te, shape, rope, self, c.rms_norm_eps, dtype, device, window=window, qkv_format=qkv_format)

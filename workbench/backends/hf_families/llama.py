@@ -102,7 +102,7 @@ class Llama:
         return {"default": TERope(te, dim, theta, inv_freq, **kw)}
 
     def make_layer(self, te, hf_model: nn.Module, shape: LayerShape, rope: TERope | None, index: int,
-                   dtype: torch.dtype, device, seq_len: int | None) -> nn.Module:
+                   dtype: torch.dtype, device, seq_len: int | None, qkv_format: str = "bshd") -> nn.Module:
         c = hf_model.config
-        return TEDecoderLayer(te, shape, rope, self, c.rms_norm_eps, dtype, device,
+        return TEDecoderLayer(te, shape, rope, self, c.rms_norm_eps, dtype, device, qkv_format=qkv_format,
                               **self.te_kwargs(c, shape, index, seq_len))

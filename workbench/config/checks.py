@@ -180,10 +180,6 @@ def _options(cfg: Any) -> None:
     if o.te_fp8_weights and cfg.train.optimizer != "te_fused_adam":
         raise ConfigError("options.te_fp8_weights needs train.optimizer='te_fused_adam': FP8 weights keep their "
                           "fp32 master copy in TE's FusedAdam (torch's AdamW cannot update FP8 tensors)")
-    if o.te_qkv_format == "sbhd" and cfg.distill.loss == "hidden":
-        raise ConfigError("options.te_qkv_format='sbhd' runs the TE decoder layers sequence-first, so their hidden "
-                          "states are [seq, batch, hidden] and distill.loss='hidden' would compare them with the "
-                          "teacher's [batch, seq, hidden]: set options.te_qkv_format='bshd' or another distill.loss")
 
 
 def _parallel(cfg: Any) -> None:

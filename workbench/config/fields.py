@@ -237,7 +237,7 @@ class BackendOptions:
     """The activation layout of a Hugging Face student's TE decoder layers (options.te_conversion 'layer'):
     'bshd' (batch first, as the model hands them over; TE's te_llama recipe) or 'sbhd' (sequence first, TE's
     and Megatron's native layout: the stack is transposed once before its first layer and once after its
-    last; the hidden-state loss, which would see sequence-first states, is the MLP students' only)."""
+    last, so the model's norm and head see batch-first tensors)."""
     te_recompute: Literal["none", "attention"] = "none"
     """Activation memory against time for a Hugging Face student's TE decoder layers (options.te_conversion
     'layer'): 'none' keeps what backward needs, 'attention' recomputes the attention core in backward

@@ -11,7 +11,6 @@ import os
 
 import torch
 import torch.nn.functional as F
-import torch.utils.checkpoint
 from torch.distributed.tensor import DTensor
 
 from workbench.models import LayerNormMLP
@@ -292,9 +291,7 @@ class FakeMultiheadAttention(torch.nn.Module):
     centered, fused with the QKV GEMM, QKV interleaved per KV group, GQA, q/k RMSNorm per head before RoPE,
     non-interleaved RoPE from `rotary_pos_emb`, causal attention with an optional window, output projection),
     in 'bshd' or 'sbhd' (`qkv_format`: its input and output are sequence-first, as TE's): TE's parameter names
-    and shapes (q_norm / k_norm are modules TE makes and a caller may replace), that maths in torch.
-    `checkpoint_core_attention`: the attention core under torch's checkpoint (run again in backward, as TE's);
-    `core_calls` counts the core's runs, so a test sees the recompute."""
+    and shapes (q_norm / k_norm are modules TE makes and a caller may replace), that maths in torch."""
 
     def __init__(self, hidden_size, num_attention_heads, kv_channels=None, attention_dropout=0.1,
                  layernorm_epsilon=1e-5, attn_mask_type="causal", window_size=None, num_gqa_groups=None,
@@ -304,7 +301,7 @@ class FakeMultiheadAttention(torch.nn.Module):
         super().__init__()
         assert (normalization, attn_mask_type) == ("RMSNorm", "causal") and qkv_format in ("bshd", "sbhd"), \
             "the fake does these only"
-        self.qkv_format, self.core_calls = qkv_format, 0
+        self.qkv_format = qkv_format
         assert input_layernorm and fuse_qkv_params and attention_dropout == 0, "the fake does these only"
         assert qk_norm_type in (None, "RMSNorm") and (qk_norm_type is None or qk_norm_before_rope)
         self.heads, self.groups = num_attention_heads, num_gqa_groups or num_attention_heads
@@ -322,18 +319,12 @@ class FakeMultiheadAttention(torch.nn.Module):
             self.q_norm = FakeTEModules.RMSNorm(self.head_dim, eps=qk_norm_eps, params_dtype=dtype)
             self.k_norm = FakeTEModules.RMSNorm(self.head_dim, eps=qk_norm_eps, params_dtype=dtype)
 
-    def forward(self, hidden_states, attention_mask=None, rotary_pos_emb=None, checkpoint_core_attention=False):
-        x = hidden_states
+    def forward(self, hidden_states, attention_mask=None, rotary_pos_emb=None):
         if self.qkv_format == "sbhd":  # TE's sequence-first layout; the maths below is batch-first
-            return self._forward(x.transpose(0, 1), rotary_pos_emb, checkpoint_core_attention).transpose(0, 1)
-        return self._forward(x, rotary_pos_emb, checkpoint_core_attention)
+            return self._forward(hidden_states.transpose(0, 1), rotary_pos_emb).transpose(0, 1)
+        return self._forward(hidden_states, rotary_pos_emb)
 
-    def _core(self, q, k, v, mask):
-        self.core_calls += 1
-        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                              attn_mask=mask, is_causal=mask is None, enable_gqa=True)
-
-    def _forward(self, x, rotary_pos_emb, checkpoint_core_attention):
+    def _forward(self, x, rotary_pos_emb):
         a = self.layernorm_qkv
         bsz, s, _ = x.shape
         w = a.layer_norm_weight.float() + 1.0 if self.zero_centered_gamma else a.layer_norm_weight
@@ -347,10 +338,8 @@ class FakeMultiheadAttention(torch.nn.Module):
         if rotary_pos_emb is not None:
             q, k = _rotate(q, rotary_pos_emb), _rotate(k, rotary_pos_emb)
         mask = None if self.window_size is None else _window_mask(s, self.window_size, x.device)
-        if checkpoint_core_attention:
-            out = torch.utils.checkpoint.checkpoint(self._core, q, k, v, mask, use_reentrant=False)
-        else:
-            out = self._core(q, k, v, mask)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                             attn_mask=mask, is_causal=mask is None, enable_gqa=True)
         return F.linear(out.transpose(1, 2).reshape(bsz, s, -1), self.proj.weight, getattr(self.proj, "bias", None))
 
 
@@ -387,10 +376,9 @@ class FakeTransformerLayer(torch.nn.Module):
             device,
         )
 
-    def forward(self, hidden_states, attention_mask=None, rotary_pos_emb=None, checkpoint_core_attention=False):
+    def forward(self, hidden_states, attention_mask=None, rotary_pos_emb=None):
         m = self.layernorm_mlp  # the MLP works on the last dimension: either layout
-        x = hidden_states + self.self_attention(hidden_states, rotary_pos_emb=rotary_pos_emb,
-                                                checkpoint_core_attention=checkpoint_core_attention)
+        x = hidden_states + self.self_attention(hidden_states, rotary_pos_emb=rotary_pos_emb)
         gate, up = F.linear(_rms(x, m.layer_norm_weight, self.eps), m.fc1_weight, getattr(m, "fc1_bias", None)).chunk(
             2, -1
         )

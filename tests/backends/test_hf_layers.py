@@ -335,33 +335,11 @@ def test_sequence_first_layers_give_the_same_logits_and_gradients(family):
         torch.testing.assert_close(grads["sbhd"][n], g, rtol=1e-5, atol=1e-6, msg=n)
 
 
-def test_attention_recompute_runs_the_core_again_in_backward_with_the_same_gradients():
-    ref = reference("llama")
-    tokens = torch.randint(0, 256, (2, 17))
-    grads, calls = {}, {}
-    for mode in ("none", "attention"):
-        model = backends.make("te_bf16").prepare(ref, cfg(te_recompute=mode), torch.device("cpu")).model
-        layers = model.model.model.layers
-        assert all(layer.recompute_attention == (mode == "attention") for layer in layers)
-        logits = model(tokens[:, :-1])
-        torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
-        calls[mode] = [layer.block.self_attention.core_calls for layer in layers]
-        grads[mode] = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-    assert calls == {"none": [1, 1], "attention": [2, 2]}  # forward, and once more in backward
-    for n, g in grads["none"].items():
-        torch.testing.assert_close(grads["attention"][n], g, rtol=1e-6, atol=1e-7, msg=n)
-
-
-def test_the_layer_switches_are_checked_and_say_where_they_do_not_apply():
+def test_the_layout_switch_is_checked_and_says_where_it_does_not_apply():
     with pytest.raises(ConfigError, match=r"options.te_qkv_format must be one of \['bshd', 'sbhd'\]"):
         cfg(te_qkv_format="thd")
-    with pytest.raises(ConfigError, match=r"options.te_recompute must be one of \['none', 'attention'\]"):
-        cfg(te_recompute="layer")
-    student = backends.make("te_bf16").prepare(
-        reference("llama"), cfg(te_conversion="linear", te_qkv_format="sbhd", te_recompute="attention"),
-        torch.device("cpu"))
-    notes = " | ".join(student.policy.notes)
-    assert "options.te_qkv_format='sbhd' not applied" in notes
-    assert "options.te_recompute='attention' not applied" in notes
+    student = backends.make("te_bf16").prepare(reference("llama"), cfg(te_conversion="linear", te_qkv_format="sbhd"),
+                                               torch.device("cpu"))
+    assert "options.te_qkv_format='sbhd' not applied" in " | ".join(student.policy.notes)
     plain = backends.make("te_bf16").prepare(reference("llama"), cfg(te_qkv_format="sbhd"), torch.device("cpu"))
     assert "not applied" not in " | ".join(plain.policy.notes)

@@ -199,19 +199,17 @@ def test_an_fp8_teachers_cached_weights_are_those_of_the_precision_it_trains_in(
 
 def test_the_fp8_teacher_never_takes_the_students_fp8_attention(monkeypatch):
     """options.te_fp8_dpa is a student switch: the teacher's TE copy is prepared without it (on the H200, head_dim
-    64 has no FP8 attention backend, and the refusal would come at the teacher's first forward, past its fallback);
-    nor options.te_recompute (a teacher runs no backward)."""
+    64 has no FP8 attention backend, and the refusal would come at the teacher's first forward, past its fallback)."""
     monkeypatch.setattr(_te, "load", lambda: (FakeTEModules, FakeRecipes, ""))
     monkeypatch.setattr(teacher_precision, "fp8_unavailable", lambda teacher, cfg, device: "")
     te_fp8 = type(backends.make("te_fp8:current"))
     seen, prepare = [], te_fp8.prepare
 
     def recording(self, reference, cfg, device, ranks=None):
-        seen.append((cfg.options.te_fp8_dpa, cfg.options.te_fp8_weights, cfg.model.param_dtype,
-                     cfg.options.te_recompute))
+        seen.append((cfg.options.te_fp8_dpa, cfg.options.te_fp8_weights, cfg.model.param_dtype))
         return prepare(self, reference, cfg, device, ranks)
 
     monkeypatch.setattr(te_fp8, "prepare", recording)
-    cfg = smoke(teacher_precision="fp8", te_fp8_dpa=True, te_recompute="attention")
+    cfg = smoke(teacher_precision="fp8", te_fp8_dpa=True)
     task = tasks.MLPTask(cfg, CPU, runner.teacher_dtype(cfg, CPU))
-    assert task.teacher_precision.used == "fp8" and seen == [(False, False, "fp32", "none")]
+    assert task.teacher_precision.used == "fp8" and seen == [(False, False, "fp32")]

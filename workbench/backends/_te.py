@@ -80,12 +80,10 @@ class TEBackend(Backend):
     def student(self, model, cfg, run: TERun, report: Conversion, **kw) -> Student:
         """The prepared TE student of `model` (converted as `report` says), its forward run as `run` says."""
         p = self.policy(cfg, run)
-        if report.layout != "layer":  # the decoder-layer switches need TE's decoder layers
-            unapplied = [f"options.{k}={getattr(cfg.options, k)!r} not applied: it applies to Hugging Face students "
-                         "converted by decoder layer (options.te_conversion)"
-                         for k, off in (("te_qkv_format", "bshd"), ("te_recompute", "none"))
-                         if getattr(cfg.options, k) != off]
-            p = dataclasses.replace(p, notes=p.notes + tuple(unapplied)) if unapplied else p
+        if report.layout != "layer" and cfg.options.te_qkv_format != "bshd":  # a switch of TE's decoder layers
+            p = dataclasses.replace(p, notes=p.notes + (
+                f"options.te_qkv_format={cfg.options.te_qkv_format!r} not applied: it applies to Hugging Face "
+                "students converted by decoder layer (options.te_conversion)",))
         return Student(model, p, run.precision(self), dtype=run.dtype,
                        forward_context=run.context, outside_training=functools.partial(run.outside_training, model),
                        reset_after_capture=functools.partial(reset_fp8_scaling, model),
@@ -196,8 +194,8 @@ def convert_to_te(model: nn.Module, cfg, device, meta: bool = False, layers: boo
     shared = shared_parameters(model)
     kw = {"params_dtype": dtype, "device": device}
     gemm_kw = {**kw, "device": "meta"} if meta else kw
-    done = hf_families.convert_layers(te, model, dtype, gemm_kw["device"], qkv_format=cfg.options.te_qkv_format,
-                                      recompute=cfg.options.te_recompute) if layers else []
+    done = hf_families.convert_layers(te, model, dtype, gemm_kw["device"], qkv_format=cfg.options.te_qkv_format) \
+        if layers else []
     head = model.model.get_output_embeddings() if hasattr(model, "converted_layers") else None
     if head is not None and head_fp8:
         done.append(_fp8_head(te, model, head, shared, gemm_kw, meta or fp8_weights))

@@ -238,10 +238,6 @@ class BackendOptions:
     'bshd' (batch first, as the model hands them over; TE's te_llama recipe) or 'sbhd' (sequence first, TE's
     and Megatron's native layout: the stack is transposed once before its first layer and once after its
     last, so the model's norm and head see batch-first tensors)."""
-    te_recompute: Literal["none", "attention"] = "none"
-    """Activation memory against time for a Hugging Face student's TE decoder layers (options.te_conversion
-    'layer'): 'none' keeps what backward needs, 'attention' recomputes the attention core in backward
-    (TE's checkpoint_core_attention: its output and softmax statistics are not kept)."""
 
 
 @dataclass

@@ -55,11 +55,10 @@ def refusal(hf_model: nn.Module, seq_len: int | None) -> str:
     return ADAPTERS[kind].refusal(hf_model, seq_len)
 
 
-def convert_layers(te, lm: nn.Module, dtype: torch.dtype, device, qkv_format: str = "bshd",
-                   recompute: str = "none") -> list[str]:
+def convert_layers(te, lm: nn.Module, dtype: torch.dtype, device, qkv_format: str = "bshd") -> list[str]:
     """Replace every decoder layer of `lm` (an HFCausalLM) by its family's TE layer holding its weights; returns
     the replaced modules' names (as `replace_modules` names them). Call after `refusal` said ''.
-    `qkv_format`, `recompute`: options.te_qkv_format and options.te_recompute (TEDecoderLayer says how)."""
+    `qkv_format`: options.te_qkv_format (TEDecoderLayer says how)."""
     hf = lm.model
     adapter = ADAPTERS[hf.config.model_type]
     shape, seq_len = adapter.shape(hf), getattr(lm, "seq_len", None)
@@ -71,7 +70,6 @@ def convert_layers(te, lm: nn.Module, dtype: torch.dtype, device, qkv_format: st
         new = adapter.make_layer(te, hf, shape, None if key is None else ropes[key], i, dtype, device, seq_len,
                                  qkv_format=qkv_format)
         new.load_hf_state(dict(old.state_dict()))
-        new.recompute_attention = recompute == "attention"
         layers[i] = new
         done.append(f"model.model.layers.{i}")
     if qkv_format == "sbhd" and len(layers):  # the stack turns sequence-first once, and back once

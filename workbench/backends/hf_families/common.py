@@ -168,11 +168,10 @@ class TEDecoderLayer(nn.Module):
     `qkv_format` (options.te_qkv_format): the layout the block computes in. 'sbhd' layers pass sequence-first
     tensors to each other: the stack's first layer turns the model's [batch, seq, hidden] round once
     (`enters_sbhd`) and its last turns it back (`leaves_sbhd`), so the model's norm and head see what they
-    always do (`convert_layers` sets both). `recompute_attention` (options.te_recompute='attention'): TE's
-    checkpoint_core_attention, the attention core run again in backward instead of keeping its output."""
+    always do (`convert_layers` sets both)."""
 
     qkv_format = "bshd"  # class defaults: a family's layer built without TEDecoderLayer.__init__ (Gemma) has them
-    enters_sbhd = leaves_sbhd = recompute_attention = False
+    enters_sbhd = leaves_sbhd = False
 
     def __init__(self, te, shape: LayerShape, rope: TERope | None, adapter, eps: float, dtype: torch.dtype,
                  device, qkv_format: str = "bshd", **te_kw):
@@ -190,9 +189,7 @@ class TEDecoderLayer(nn.Module):
         x = hidden_states.transpose(0, 1).contiguous() if self.enters_sbhd else hidden_states
         seq = x.shape[0 if self.qkv_format == "sbhd" else 1]
         freqs = None if self.rope is None else self.rope(seq, x.device)
-        # only when asked: TE's layers before checkpoint_core_attention existed take no such argument
-        recompute = {"checkpoint_core_attention": True} if self.recompute_attention else {}
-        out = self.block(x, rotary_pos_emb=freqs, **recompute)
+        out = self.block(x, rotary_pos_emb=freqs)
         return out.transpose(0, 1).contiguous() if self.leaves_sbhd else out
 
     def te_names(self, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

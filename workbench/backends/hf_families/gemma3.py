@@ -41,8 +41,8 @@ class GemmaBlock(nn.Module):
                                              **kw)
         self.post_mlp_norm = te.RMSNorm(shape.hidden, eps=eps, zero_centered_gamma=True, **kw)
 
-    def forward(self, x: torch.Tensor, rotary_pos_emb: torch.Tensor | None = None, **recompute) -> torch.Tensor:
-        x = x + self.post_attention_norm(self.self_attention(x, rotary_pos_emb=rotary_pos_emb, **recompute))
+    def forward(self, x: torch.Tensor, rotary_pos_emb: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.post_attention_norm(self.self_attention(x, rotary_pos_emb=rotary_pos_emb))
         return x + self.post_mlp_norm(self.layernorm_mlp(x))
 
 

@@ -70,10 +70,8 @@ def prepare(teacher: nn.Module, cfg, device: torch.device,
     # The teacher's exact weights: fp32 as trained, whatever the students' parameter dtype; TE picks its own
     # attention backend for it (never FP8 attention: options.te_fp8_dpa is a student switch, and where cuDNN has no
     # FP8 attention, head_dim 64 on Hopper, it would fail at the first forward, past this fallback), and
-    # options.te_fp8_weights is a student switch (FP8 weights with master copies); a teacher runs no backward, so
-    # options.te_recompute has nothing to recompute.
-    own = cfg.replace(param_dtype="fp32", te_attention="auto", te_fp8_weights=False, te_fp8_dpa=False,
-                      te_recompute="none")
+    # options.te_fp8_weights is a student switch (FP8 weights with master copies).
+    own = cfg.replace(param_dtype="fp32", te_attention="auto", te_fp8_weights=False, te_fp8_dpa=False)
     try:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             # Converted from a host copy: only the TE teacher ever lives on the GPU, never two teachers at once.

@@ -79,21 +79,17 @@ class TEBackend(Backend):
 
     def student(self, model, cfg, run: TERun, report: Conversion, **kw) -> Student:
         """The prepared TE student of `model` (converted as `report` says), its forward run as `run` says."""
-        p = self.policy(cfg, run)
-        if report.layout != "layer" and cfg.options.te_qkv_format != "bshd":  # a switch of TE's decoder layers
-            p = dataclasses.replace(p, notes=p.notes + (
-                f"options.te_qkv_format={cfg.options.te_qkv_format!r} not applied: it applies to Hugging Face "
-                "students converted by decoder layer (options.te_conversion)",))
-        return Student(model, p, run.precision(self), dtype=run.dtype,
+        return Student(model, self.policy(cfg, run, report.layout), run.precision(self), dtype=run.dtype,
                        forward_context=run.context, outside_training=functools.partial(run.outside_training, model),
                        reset_after_capture=functools.partial(reset_fp8_scaling, model),
                        describe=functools.partial(describe, report, run.te_attention and run.attention),
                        make_graphed=run.make_graphed, converted=report.swapped, **kw)
 
-    def policy(self, cfg, run: TERun) -> StepPolicy:
-        """The step policy of a student whose forward runs as `run` says, with the notes on the TE switches
-        that do not apply to it. options.te_graph: 'step' captures the whole step like the torch students
-        (capture_step), 'fwd_bwd' graphs forward and backward through te.make_graphed_callables."""
+    def policy(self, cfg, run: TERun, layout: str | None = None) -> StepPolicy:
+        """The step policy of a student whose forward runs as `run` says and whose model was converted as `layout`
+        says (Conversion.layout), with the notes on the TE switches that do not apply to it. options.te_graph:
+        'step' captures the whole step like the torch students (capture_step), 'fwd_bwd' graphs forward and
+        backward through te.make_graphed_callables."""
         scope = cfg.options.te_graph
         why = ""
         if cfg.options.te_fp8_weights and self.quantized_weights:
@@ -109,6 +105,9 @@ class TEBackend(Backend):
         if cfg.options.te_fp8_dpa and (run.recipe is None or not run.te_attention):
             notes.append("options.te_fp8_dpa not applied: " + ("a bf16 student runs no FP8" if run.recipe is None
                          else "this student does not run TE's attention"))
+        if cfg.options.te_qkv_format != "bshd" and layout != "layer":  # a switch of TE's decoder layers
+            notes.append(f"options.te_qkv_format={cfg.options.te_qkv_format!r} not applied: it applies to Hugging Face "
+                         "students converted by decoder layer (options.te_conversion)")
         hf = bool(cfg.lm.student) and kinds.is_lm(cfg.model.kind)
         if cfg.options.te_head_precision == "fp8" and (not hf or run.precision(self) == "bf16"):
             notes.append("options.te_head_precision='fp8' not applied: " + (

@@ -15,7 +15,9 @@ from typing import Any
 import pandas as pd
 
 from workbench import results
+from workbench.bench.cells import truthy
 from workbench.config import ConfigError
+from workbench.study.figures import interval_xerr
 from workbench.study.readme import md_table
 from workbench.study.report import report
 from workbench.study.spec import METRIC_NAMES, REFERENCE_ARM, STUDY_FILE, Study, given
@@ -100,9 +102,7 @@ def figure(table: pd.DataFrame):
             if pd.isna(r["gap_pct_mean"]):
                 ax.text(0, i, "not run", ha="center", va="center", fontsize=7, color="#777777")
                 continue
-            lo = r["gap_pct_mean"] - r["gap_pct_ci_low"] if pd.notna(r["gap_pct_ci_low"]) else 0
-            hi = r["gap_pct_ci_high"] - r["gap_pct_mean"] if pd.notna(r["gap_pct_ci_high"]) else 0
-            ax.errorbar(r["gap_pct_mean"], i, xerr=[[lo], [hi]], fmt="o", capsize=3,
+            ax.errorbar(r["gap_pct_mean"], i, xerr=interval_xerr(r), fmt="o", capsize=3,
                         color="#4c72b0" if _bool(r["within_noise"]) else "#c44e52")
         for i in range(1, len(labels)):
             if labels[i][0] != labels[i - 1][0]:
@@ -152,6 +152,5 @@ def _span(mean: Any, low: Any, high: Any, fmt: str) -> str:
 
 
 def _bool(v: Any) -> bool | None:
-    if v is None or (isinstance(v, float) and pd.isna(v)):
-        return None
-    return v is True or str(v).lower() == "true"
+    """A flag cell read back from CSV (cells.truthy), None where it is empty."""
+    return None if v is None or (isinstance(v, float) and pd.isna(v)) else truthy(v)

@@ -53,6 +53,13 @@ def heldout_curves(study: Study, curves: pd.DataFrame, teacher_ppl: float | None
     return fig
 
 
+def interval_xerr(r: dict | pd.Series) -> list[list[float]]:
+    """A gap row's 95% interval as errorbar's xerr ([[below], [above]] the mean; 0 where a bound is missing)."""
+    lo = r["gap_pct_mean"] - r["gap_pct_ci_low"] if pd.notna(r["gap_pct_ci_low"]) else 0
+    hi = r["gap_pct_ci_high"] - r["gap_pct_mean"] if pd.notna(r["gap_pct_ci_high"]) else 0
+    return [[lo], [hi]]
+
+
 def gap_vs_noise(study: Study, gaps: pd.DataFrame):
     """Each arm's paired gap to the reference (mean, 95% interval) against the bf16 noise floor (the grey
     band, +- the floor): an interval inside the band or across 0 is noise."""
@@ -67,11 +74,8 @@ def gap_vs_noise(study: Study, gaps: pd.DataFrame):
                        label=f"bf16 noise floor ±{floor.iloc[0]:.2f}%")
         ax.axvline(0, color="black", lw=0.8)
         for i, r in g.iterrows():
-            lo = r["gap_pct_mean"] - r["gap_pct_ci_low"] if pd.notna(r["gap_pct_ci_low"]) else 0
-            hi = r["gap_pct_ci_high"] - r["gap_pct_mean"] if pd.notna(r["gap_pct_ci_high"]) else 0
-            ax.errorbar(
-                r["gap_pct_mean"], i, xerr=[[lo], [hi]], fmt="o", capsize=4, color=_arm_style(study, r["arm"])["color"]
-            )
+            ax.errorbar(r["gap_pct_mean"], i, xerr=interval_xerr(r), fmt="o", capsize=4,
+                        color=_arm_style(study, r["arm"])["color"])
         ax.set_yticks(range(len(g)), [f"{r.arm}{' (noise)' if r.within_noise is True else ''}" for r in g.itertuples()])
         ax.invert_yaxis()
         ax.set(xlabel=f"gap to {REFERENCE_ARM}, % (95% interval over seeds)", title=METRIC_NAMES[m])

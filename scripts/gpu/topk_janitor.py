@@ -1,71 +1,123 @@
 """Frees the top-k teacher stores of study points that are done, while their studies go on (`quality-real`).
 
-A store (<study>/cache/topk-<key>/, ~2.4 GiB per seed at 800 steps of SmolLM2-135M) belongs to one seed: its
-recipe's seed is the points' train.seed, and it is freed once every point of that seed in the study's grid
-(sweep.json; several where the study splits a seed's arms, `point_groups`) is done. Studies that run side by side
-would otherwise fill the GPU machine's disk before they end. Usage: topk_janitor.py STUDY_DIR ... (runs until
-killed, a pass every 15 s; a pass also on its own with --once). A rerun of a done point rebuilds its store.
+A store (topk-<key>/ in a cache folder, ~2.4 GiB per seed at 800 steps of SmolLM2-135M) holds the teacher's
+targets of one seed's batches: its recipe names the seed (the points' train.seed), the steps, batch and seq_len.
+The studies that plan it are those with a point of that seed and shape in their grid (sweep.json; several points
+a seed where the study splits its arms, `point_groups`), and it is freed once every such point of every such study
+is done. Studies that run side by side would otherwise fill the GPU machine's disk before they end.
+
+    topk_janitor.py [--once] [--ended] STUDY_DIR ...                each study's own <study>/cache
+    topk_janitor.py [--once] [--ended] --cache DIR STUDY_DIR ...    one cache the studies share (`study --cache`)
+
+It runs until killed, a pass every 15 s (one pass with --once). --ended (with --once, after the studies stopped for
+good: answered, refused or with a failed point) also frees the stores they planned whose points are not all done;
+a rerun of such a point rebuilds its store. A store no study plans is never touched, nor one while a study that
+exists has no readable plan yet (it may plan it).
 """
 import json
 import shutil
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 import pandas as pd
+
+SHAPE = ("steps", "batch", "seq_len")  # recipe fields a study's points set beside the seed: a store is theirs
+
+
+class Unreadable(Exception):
+    """A study folder without a readable plan yet (being written, or mid-rewrite)."""
 
 
 def _key(overrides: dict) -> str:
     return json.dumps(overrides, sort_keys=True, default=str)
 
 
-def done_seeds(study: Path) -> set[int]:
-    """The seeds whose every point in the grid is done (none while sweep.json or index.csv is unreadable). Only
-    the index rows of points this grid plans count: a folder kept from an earlier plan of the study (other groups,
-    other settings) has rows of its own seeds that must not free a store a planned point still reads."""
+def plan(study: Path) -> tuple[list[dict], list[dict]] | None:
+    """(planned points, the done ones among them), each the point's overrides (the study's set and its grid entry,
+    as the index keeps them); None for a study that does not exist (it plans nothing). Only the index rows of
+    points this grid plans count: a folder kept from an earlier plan of the study (other groups, other settings)
+    has rows of its own that must not free a store a planned point still reads."""
+    if not study.exists():
+        return None
     try:
         index = pd.read_csv(study / "index.csv")
         spec = json.loads((study / "sweep.json").read_text())
         planned = [{**spec.get("set", {}), **p} for p in spec["grid"]["point"]]
-    except (OSError, ValueError, KeyError, TypeError):  # not written yet, or mid-rewrite (both replaced atomically)
-        return set()
+    except (OSError, ValueError, KeyError, TypeError) as e:  # not written yet, or mid-rewrite (both atomic)
+        raise Unreadable(str(study)) from e
     if not {"status", "overrides"} <= set(index.columns):
-        return set()
+        raise Unreadable(str(study))
     keys = {_key(p) for p in planned}
-    done = Counter()
+    done = []
     for overrides in index.loc[index["status"] == "done", "overrides"].dropna():
         try:
             row = json.loads(overrides)
         except ValueError:
             continue
         if _key(row) in keys:
-            done[int(row["seed"])] += 1
-    wanted = Counter(int(p["seed"]) for p in planned)
-    return {seed for seed, n in wanted.items() if done[seed] >= n}
+            done.append(row)
+    return planned, done
 
 
-def sweep(studies: list[Path]) -> list[str]:
+def _reads(point: dict, recipe: dict) -> bool:
+    """Whether a point of that plan trains on the store of `recipe` (a shape field the point does not set is the
+    preset's: counted as a match, so the store is kept)."""
+    if int(point.get("seed", -1)) != int(recipe.get("seed", -2)):
+        return False
+    return all(k not in point or k not in recipe or int(point[k]) == int(recipe[k]) for k in SHAPE)
+
+
+def freeable(recipe: dict, plans: list, ended: bool = False) -> bool:
+    """Whether some study plans the store and every study that does has done all its points of it."""
+    readers = 0
+    for p in plans:
+        if p is None:
+            continue
+        planned, done = p
+        n = sum(_reads(q, recipe) for q in planned)
+        if n:
+            readers += 1
+            if not ended and sum(_reads(q, recipe) for q in done) < n:
+                return False
+    return readers > 0
+
+
+def sweep(studies: list[Path], cache: Path | None = None, ended: bool = False) -> list[str]:
+    """One pass: the stores freed, as 'where: topk-<key> (seed N)'."""
+    groups = [(cache, studies, cache.name)] if cache else [(s / "cache", [s], s.name) for s in studies]
     freed = []
-    for study in studies:
-        seeds = done_seeds(study)
-        for meta in (study / "cache").glob("topk-*/meta.json"):
+    for folder, users, label in groups:
+        try:
+            plans = [plan(s) for s in users]
+        except Unreadable:
+            continue
+        for meta in folder.glob("topk-*/meta.json"):
             try:
-                seed = json.loads(meta.read_text())["recipe"]["seed"]
+                recipe = json.loads(meta.read_text())["recipe"]
             except (OSError, ValueError, KeyError):
                 continue
-            if seed in seeds:
+            if freeable(recipe, plans, ended):
                 shutil.rmtree(meta.parent, ignore_errors=True)
-                freed.append(f"{study.name}: {meta.parent.name} (seed {seed})")
+                freed.append(f"{label}: {meta.parent.name} (seed {recipe.get('seed')})")
     return freed
 
 
-if __name__ == "__main__":
-    once = "--once" in sys.argv
-    dirs = [Path(a) for a in sys.argv[1:] if a != "--once"]
+def main(argv: list[str]) -> None:
+    once, ended = "--once" in argv, "--ended" in argv
+    rest = [a for a in argv if a not in ("--once", "--ended")]
+    cache = None
+    if "--cache" in rest:
+        i = rest.index("--cache")
+        cache, rest = Path(rest[i + 1]), rest[:i] + rest[i + 2:]
+    studies = [Path(a) for a in rest]
     while True:
-        for line in sweep(dirs):
+        for line in sweep(studies, cache, ended):
             print(f"topk_janitor: freed {line}", flush=True)
         if once:
             break
         time.sleep(15)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -620,3 +620,65 @@ def test_only_a_fine_tuning_studys_figure_starts_at_step0(tmp_path, monkeypatch,
     report(folder)
     assert (0 in set(drawn[0]["step"])) == (preset == "finetune-fp8")
     assert 0 not in set(pd.read_csv(folder / "curves.csv")["step"])
+
+
+def test_a_cache_folder_given_to_a_study_is_its_teachers_and_every_points(tmp_path, monkeypatch):
+    """`study --cache DIR`: the teacher's process and the sweep's points (results.CACHE_ENV, which both inherit)
+    use DIR, created up front; without it each run keeps its own <study>/cache, as before."""
+    from workbench import cli, notebook
+    from workbench.study import run as study_run
+    from workbench.sweep import run as sweep_run
+
+    monkeypatch.delenv(results.CACHE_ENV, raising=False)  # restored after the test: main sets it for its children
+    seen = []
+    monkeypatch.setattr(notebook, "require_stack", lambda: None)
+    monkeypatch.setattr(study_run, "ensure_teacher", lambda study, d: seen.append(("teacher", os.environ.get(
+        results.CACHE_ENV))))
+
+    def fake_sweep(spec_, root, workers, cache, deadline):  # a fake: the points are not what this test is about
+        seen.append(("points", cache))
+        return {"sweep_dir": str(Path(root) / spec_.name), "failed": 0}
+
+    monkeypatch.setattr(sweep_run, "run_sweep", fake_sweep)
+    args = ["study", "--preset", "distill-quality-cpu", "--seeds", "1,2", "--out", str(tmp_path), "--no-report"]
+    assert cli.main([*args, "--name", "own"]) == 0
+    assert seen == [("teacher", None), ("points", None)]
+    seen.clear()
+    assert cli.main([*args, "--name", "shared", "--cache", str(tmp_path / "shared-cache")]) == 0
+    shared = str((tmp_path / "shared-cache").resolve())
+    assert seen == [("teacher", shared), ("points", shared)] and Path(shared).is_dir()
+
+
+def test_a_pruned_and_a_random_student_of_one_teacher_read_one_top_k_store(tmp_path, monkeypatch):
+    """The pruned and the random study of one teacher train on the same batches at each seed: given one cache
+    folder, the second study's point reads the top-k store the first built (one build per seed, not per
+    study); another seed builds its own."""
+    from workbench.models import hf_init, hf_prune
+    from workbench.results import plots
+    from workbench.run import runner
+    from workbench.train.teacher_targets import topk_store
+
+    monkeypatch.setattr(plots, "plot_run", lambda run_dir: None)
+    builds = []
+    real_build = topk_store.build_store
+    monkeypatch.setattr(topk_store, "build_store", lambda folder, *a, **k: builds.append(folder.name) or real_build(
+        folder, *a, **k))
+    monkeypatch.setenv(results.CACHE_ENV, str(tmp_path / "shared-cache"))  # what `study --cache` sets
+    teacher = hf_init.write("tiny-smollm3", tmp_path / "teacher", dtype="fp32", corpus_mb=0.2)
+    students = {"pruned": hf_prune.write(teacher, "every:2", tmp_path / "pruned"),
+                "random": hf_prune.write(teacher, "every:2", tmp_path / "random", init="random", seed=0)}
+    stores = {}
+    for name, seed in (("pruned", 1), ("random", 1), ("random", 2)):
+        s = spec.from_preset("distill-quality-real", {"lm.teacher": str(teacher), "lm.student": str(students[name]),
+                                                      "corpus_mb": 0.2, "steps": 3, "eval_every": 0, "eval_batches": 1,
+                                                      "seq_len": 32, "batch": 2, "graphs": False, "warmup": 1,
+                                                      "iters": 1, "lr_warmup_steps": 1}, seeds=[1, 2], study_name=name)
+        first = next(p for p in plan(spec.sweep_spec(s)) if p.overrides["seed"] == seed)  # the seed's bf16 point
+        cfg = config.from_preset(s.preset, **{**first.overrides, "backends": ["torch_bf16"], "baseline": "torch_bf16",
+                                              "no_kd_student": False})
+        run_dir = runner.run(cfg, out=tmp_path / "studies" / name, run_id=f"{first.id}-{seed}", progress=False)
+        assert (results.load(run_dir)["status"] == "ok").all()
+        stores[(name, seed)] = results.read_json(run_dir / "task.json")["teacher_topk_store"]
+    assert stores[("pruned", 1)] == stores[("random", 1)] != stores[("random", 2)]
+    assert Path(stores[("pruned", 1)]).parent == tmp_path / "shared-cache"
+    assert len(builds) == 2  # seed 1 once for both studies, seed 2 once

@@ -46,3 +46,42 @@ def test_only_a_done_points_store_is_freed(tmp_path):
     index.loc[index["point"] == "d", "status"] = "done"
     index.to_csv(study / "index.csv", index=False)
     assert _janitor().sweep([study]) == [f"real-pruned: topk-{2:012d} (seed 2)"]
+
+
+def _study(root: Path, name: str, seeds: dict[int, str], steps: int = 800) -> Path:
+    """A study folder with one point per seed in its plan, each with the index status given."""
+    study = root / name
+    study.mkdir(parents=True)
+    fixed = {"steps": steps, "batch": 16, "seq_len": 512}
+    grid = [{"seed": s, "backends": ["a"]} for s in seeds]
+    (study / "sweep.json").write_text(json.dumps({"name": name, "set": fixed, "grid": {"point": grid}}))
+    pd.DataFrame({"point": [f"p{s}" for s in seeds], "status": list(seeds.values()),
+                  "overrides": [json.dumps({**fixed, **g}, sort_keys=True) for g in grid]}).to_csv(
+        study / "index.csv", index=False)
+    return study
+
+
+def _store(cache: Path, seed: int, steps: int = 800) -> Path:
+    store = cache / f"topk-{seed:06d}{steps:06d}"
+    store.mkdir(parents=True)
+    (store / "meta.json").write_text(json.dumps({"format": 1, "recipe": {"seed": seed, "steps": steps, "batch": 16,
+                                                                          "seq_len": 512}}))
+    return store
+
+
+def test_a_shared_store_is_freed_once_every_study_that_reads_it_is_done_with_it(tmp_path):
+    """`study --cache`: the pruned and the random study read one store per seed; it stays until both have done that
+    seed's points. A store of another shape (the fine-tuning study's 320 steps) no study here plans: never touched;
+    while a study exists without a readable plan, nothing goes."""
+    j, cache = _janitor(), tmp_path / "cache"
+    pruned = _study(tmp_path, "real-pruned", {1: "done", 2: "done"})
+    random_ = _study(tmp_path, "real-random", {1: "done", 2: "running"})
+    s1, s2, other = _store(cache, 1), _store(cache, 2), _store(cache, 1, steps=320)
+    starting = tmp_path / "real-finetune"
+    starting.mkdir()  # `workbench study` made its folder, its sweep.json is not there yet
+    assert j.sweep([pruned, random_, starting], cache) == []
+    assert j.sweep([pruned, random_, tmp_path / "not-started"], cache) == [f"cache: {s1.name} (seed 1)"]
+    assert not s1.exists() and s2.exists() and other.exists()
+    # the studies stopped for good, seed 2's random point unfinished (--ended): its store goes, the unplanned one stays
+    assert j.sweep([pruned, random_], cache, ended=True) == [f"cache: {s2.name} (seed 2)"]
+    assert other.exists()

@@ -3,6 +3,7 @@ the first point, then the report notebook. See `workbench.study` for the study a
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -79,6 +80,19 @@ def set_aside_oom_points(study_dir: Path) -> list[str]:
     return moved
 
 
+def shared_cache(folder: str | None) -> str | None:
+    """The --cache folder, resolved and created, and made this process's cache (results.CACHE_ENV) so that the
+    teacher's process and every point's kernel inherit it; None: each run's own, the study's <study>/cache.
+    Every entry is named by a hash of what it holds (the top-k store's: teacher weights, text, seed, steps,
+    shape, k) and built under a lock, so studies side by side read one store where their recipes agree: the
+    depth-pruned and the random student of one teacher train on the same batches at each seed."""
+    if not folder:
+        return None
+    path = results.output_root(folder)  # a folder that cannot be written fails here, before any teacher
+    os.environ[results.CACHE_ENV] = str(path)
+    return str(path)
+
+
 def _cli_value(v: Any) -> str:
     return json.dumps(v) if isinstance(v, (list, dict)) else str(v)
 
@@ -106,6 +120,9 @@ def add_arguments(p) -> None:
     p.add_argument("--budget-s", type=float, default=None, metavar="SECONDS",
                    help="start no point that would not end within this many seconds of the study's start (the "
                         "teacher's training counted), by its seeds' earlier points; see `sweep --help`")
+    p.add_argument("--cache", default=None, metavar="DIR",
+                   help="folder of the text, teacher and top-k caches (default: the study's own <study>/cache); "
+                        "studies of one teacher, text and steps share their top-k stores through one such folder")
     p.add_argument("--no-report", action="store_true", help="run the points, skip the report")
     p.add_argument("--report-only", action="store_true", help="only (re)write the report of an existing study")
     p.add_argument("--compare", nargs="+", default=None, metavar="NAME",
@@ -154,6 +171,7 @@ def main(args) -> int:
     notebook.require_stack()  # before the teacher trains: every point is a notebook
     spec = sweep_spec(study)
     study_dir.mkdir(parents=True, exist_ok=True)
+    cache = shared_cache(args.cache)
     sweep.stop_on_signals()  # a kill stops the study like Ctrl-C: a rerun resumes
     try:
         # the sweep's lock before any write: a second study refused here must not rewrite the running one's
@@ -163,8 +181,9 @@ def main(args) -> int:
             ensure_teacher(study, study_dir)
             set_aside_oom_points(study_dir)
             # cache=None: the points' caches are <study>/cache, where ensure_teacher put the teacher (the sweep's
-            # default, results/cache under the working folder, had every study train its teacher a second time)
-            summary = sweep.run_sweep(spec, root=args.out, workers=args.workers, cache=None, deadline=deadline)
+            # default, results/cache under the working folder, had every study train its teacher a second time);
+            # a --cache folder is the teacher's and the points' alike (shared_cache set it for both)
+            summary = sweep.run_sweep(spec, root=args.out, workers=args.workers, cache=cache, deadline=deadline)
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

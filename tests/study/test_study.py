@@ -568,6 +568,9 @@ def test_the_curves_figure_starts_at_each_runs_step0_and_curves_csv_does_not():
     no_step0 = df.drop(columns=[c for c in df if c.endswith("_step0")])  # rows from before step-0 figures
     assert with_step0(curves, no_step0).equals(curves)
     assert with_step0(curves, df.assign(status="fallback")).equals(curves)  # a fallback is not its arm
+    # a run of a study resumed across versions, without the step-0 figures (an empty cell): no step-0 point for it
+    mixed = df.assign(heldout_ppl_step0=[8.2, float("nan"), 8.2])
+    assert list(with_step0(curves, mixed).query("step == 0")["arm"]) == ["torch_bf16"]
 
 
 def test_studies_side_by_side_each_against_its_own_noise_floor(tmp_path, capsys):

@@ -103,7 +103,7 @@ def with_step0(curves: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
         return curves
     have = set(zip(curves["arm"], curves["seed"]))
     rows = [{"arm": r["arm"], "seed": r["seed"], "step": 0, **{m: r[f"{m}_step0"] for m in cols}}
-            for r in ran.to_dict("records") if (r["arm"], r["seed"]) in have and r.get(f"{cols[0]}_step0") is not None]
+            for r in ran.to_dict("records") if (r["arm"], r["seed"]) in have and pd.notna(r.get(f"{cols[0]}_step0"))]
     if not rows:
         return curves
     out = pd.concat([pd.DataFrame(rows), curves], ignore_index=True)

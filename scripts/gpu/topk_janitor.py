@@ -88,6 +88,8 @@ def sweep(studies: list[Path], cache: Path | None = None, ended: bool = False) -
     groups = [(cache, studies, cache.name)] if cache else [(s / "cache", [s], s.name) for s in studies]
     freed = []
     for folder, users, label in groups:
+        for trash in folder.glob(".trash-topk-*"):  # left by a janitor killed mid-delete
+            shutil.rmtree(trash, ignore_errors=True)
         try:
             plans = [plan(s) for s in users]
         except Unreadable:
@@ -97,8 +99,15 @@ def sweep(studies: list[Path], cache: Path | None = None, ended: bool = False) -
                 recipe = json.loads(meta.read_text())["recipe"]
             except (OSError, ValueError, KeyError):
                 continue
-            if freeable(recipe, plans, ended):
-                shutil.rmtree(meta.parent, ignore_errors=True)
+            try:
+                free = freeable(recipe, plans, ended)
+            except (ValueError, TypeError):  # a recipe or plan value that is no number: keep the store
+                continue
+            if free:
+                # renamed first: a janitor killed mid-delete leaves a .trash- folder, never a store missing files
+                trash = meta.parent.with_name(f".trash-{meta.parent.name}")
+                meta.parent.rename(trash)
+                shutil.rmtree(trash, ignore_errors=True)
                 freed.append(f"{label}: {meta.parent.name} (seed {recipe.get('seed')})")
     return freed
 

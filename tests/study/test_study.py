@@ -632,7 +632,8 @@ def test_a_cache_folder_given_to_a_study_is_its_teachers_and_every_points(tmp_pa
     from workbench.study import run as study_run
     from workbench.sweep import run as sweep_run
 
-    monkeypatch.delenv(results.CACHE_ENV, raising=False)  # restored after the test: main sets it for its children
+    monkeypatch.setenv(results.CACHE_ENV, "x")  # recorded, so the delenv below is undone after the test: main
+    monkeypatch.delenv(results.CACHE_ENV)  # sets the variable for its children, and it must not reach other tests
     seen = []
     monkeypatch.setattr(notebook, "require_stack", lambda: None)
     monkeypatch.setattr(study_run, "ensure_teacher", lambda study, d: seen.append(("teacher", os.environ.get(

@@ -454,3 +454,38 @@ def test_the_head_fused_backward_runs_once():
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="head-fused loss's backward .* runs once"):
         loss.backward()
+
+
+def test_processes_that_need_one_store_at_once_build_it_once(tmp_path):
+    """Two studies of one teacher side by side (`study --cache`) ask for the same store at once: the first builds
+    it under the store's lock, the second waits (saying so) and opens that one, building nothing. Threads stand in
+    for the processes (each its own lock file handle, as two processes have)."""
+    import threading
+
+    folder, r = tmp_path / "topk-x", recipe(steps=4)
+    go, waiting, builds = threading.Event(), threading.Event(), []
+
+    def first_build():
+        builds.append("first")
+        assert go.wait(60)  # a bound on a hang: released once the second is seen waiting
+        build(folder, r)
+
+    first = threading.Thread(target=lambda: tt.ensure_store(folder, r, first_build))
+    first.start()
+    while not builds:  # the first holds the lock and is building
+        time.sleep(0.01)
+
+    def said(line):
+        assert "waiting for another process building" in line
+        waiting.set()
+        go.set()
+
+    second = {}
+    t = threading.Thread(target=lambda: second.update(
+        got=tt.ensure_store(folder, r, lambda: builds.append("second"), say=said)))
+    t.start()
+    t.join(60)
+    first.join(60)
+    assert waiting.is_set() and builds == ["first"]
+    store, why = second["got"]
+    assert len(store) == 4 and why == ""

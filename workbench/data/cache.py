@@ -45,6 +45,22 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def entry_lock(folder: Path) -> filelock.FileLock:
+    """The lock of a cache entry built in place of `folder` (a file beside it, `.<name>.lock`): held over the check
+    and the build, so processes that need one entry at once build it once."""
+    folder = Path(folder)
+    return filelock.FileLock(str(folder.with_name(f".{folder.name}.lock")))
+
+
+def hold(lock: filelock.FileLock, folder: Path, say: Callable[[str], None]) -> None:
+    """Acquire an entry's lock, saying once that another process is building `folder` when this one must wait."""
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        say(f"[cache] waiting for another process building {folder}")
+        lock.acquire()
+
+
 class Entry:
     """One cache folder: its files, then meta.json."""
 
@@ -85,7 +101,7 @@ class Entry:
 
     # ---- building --------------------------------------------------------------------------------
     def lock(self) -> filelock.FileLock:
-        return filelock.FileLock(str(self.folder.with_name(f".{self.folder.name}.lock")))
+        return entry_lock(self.folder)
 
     @contextlib.contextmanager
     def building(self) -> Iterator[dict | None]:
@@ -95,11 +111,7 @@ class Entry:
         the old ones. The folder is checked writable before anything is built."""
         check_writable(self.folder.parent)
         lock = self.lock()
-        try:
-            lock.acquire(timeout=0)
-        except filelock.Timeout:
-            self.say(f"[cache] waiting for another process building {self.folder}")
-            lock.acquire()
+        hold(lock, self.folder, self.say)
         try:
             why = self.damage()
             if why is None:

@@ -29,7 +29,7 @@ import torch
 
 from workbench import results
 from workbench.config import ConfigError
-from workbench.data.cache import sha256
+from workbench.data.cache import entry_lock, hold, sha256
 from workbench.train import objectives
 
 FORMAT = 1  # of the store's files; a store of another format is rebuilt
@@ -251,17 +251,13 @@ def ensure_store(folder: Path, recipe: dict, build: Callable[[], None],
                  say: Callable[[str], None] = print) -> tuple[TopKStore, str]:
     """(the store at `folder`, why it was rebuilt or ''): opened and verified; built by `build()` where there is
     none; removed and rebuilt where it is damaged; refused (ConfigError) when a fresh build fails verification.
-    The check and the build hold the store's own lock (`.topk-<key>.lock`, beside the build's), so processes that
+    The check and the build hold the store's own lock (`data.cache.entry_lock`, as a text entry's), so processes that
     need one store at once (two studies of one teacher side by side, `study --cache`) build it once: the others
     wait, with a line, and then open it. Without it both built it (bf8c11d, H100: 68 s each, one copy thrown away)."""
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    lock = filelock.FileLock(str(folder.with_name(f".{folder.name}.lock")))
-    try:
-        lock.acquire(timeout=0)
-    except filelock.Timeout:
-        say(f"[cache] waiting for another process building {folder}")
-        lock.acquire()
+    lock = entry_lock(folder)
+    hold(lock, folder, say)
     try:
         why = ""
         if folder.exists():

@@ -8,7 +8,8 @@
 # A call carries at most 64 MiB with the tree (~17 MiB on disk): the parts go first, one call each, back to back
 # (the machine is given back ~30 s after a call), each with the same command:
 #   carry [".big/aa"], then [".big/ab"], then [".big/ac"]:  mkdir -p /root/keep && cp -r .big/*/* /root/keep/
-#   then carry [".gpu", ".whl"]: cp -r /root/keep/torchao /root/keep/dask .gpu/wheelhouse/ && bash .gpu/install.sh && ... the run
+#   then carry [".gpu", ".whl"] (.gpu made by scripts/slim_gpu.sh, which takes the staged parts from /root/keep):
+#     bash .gpu/install.sh && ... the run
 # Why torchao rides with a part: .gpu holding every wheel of ../shared/gpu's wheelhouse is ~48 MiB, over the limit
 # beside the tree, and two parts of the wheel left no room for it (`scripts/gpu.sh carry` of the second part and torchao: 63.7 of 64 MiB). So its wheels move
 # from .gpu/wheelhouse/torchao (or are copied from TORCHAO_FROM) into .big/ac/torchao. Dask's (2.7 MiB) move into

@@ -1,0 +1,37 @@
+#!/bin/bash
+# Makes .gpu/ here (git-ignored) as ../shared/gpu with its TE wheelhouse alone (wheels and the extension's sdist) and
+# an install.sh that first takes the wheelhouse's other parts (the notebook stack, torchao, Dask) from KEEP, where the
+# .big parts were staged (scripts/real_model_parts.sh: Dask in .big/aa, the notebook stack in .big/ab, torchao in
+# .big/ac). Why: the whole wheelhouse is 48.2 MiB on disk and the tree 17.4 (at 7d957c4), 65.6 of a call's 64 MiB,
+# so no [".gpu"] call could start (install-check, bare-install, real, te-jax); slimmed, .gpu is ~38 MiB.
+#   bash scripts/slim_gpu.sh                       (from ../shared/gpu, or GPU_FROM=DIR)
+#   carry [".big/aa"], then [".big/ab"], then [".big/ac"]:  mkdir -p /root/keep && cp -r .big/*/* /root/keep/
+#   carry [".gpu", ...]: bash .gpu/install.sh && ...          (or bash .gpu/fill.sh first, where a route reads
+#                                                               .gpu/wheelhouse itself: bare-install, install-check)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SRC=${GPU_FROM:-../shared/gpu}
+EXCLUDE=$(git rev-parse --git-path info/exclude)
+mkdir -p "$(dirname "$EXCLUDE")"
+grep -qx "/.gpu/" "$EXCLUDE" 2>/dev/null || echo "/.gpu/" >> "$EXCLUDE"
+rm -rf .gpu && mkdir -p .gpu/wheelhouse
+cp -r "$SRC/wheelhouse/te" .gpu/wheelhouse/
+cp "$SRC/install.sh" .gpu/install-all.sh  # the shared installer, unchanged: it reads the wheelhouse beside it
+cat > .gpu/fill.sh <<'SH'
+#!/bin/bash
+# puts the wheelhouse parts this slimmed .gpu lacks in place from KEEP (the staged .big parts); exit 1 naming a missing one
+H="$(cd "$(dirname "$0")" && pwd)"
+K=${KEEP:-/root/keep}
+for d in notebook torchao dask; do
+  compgen -G "$H/wheelhouse/$d/*.whl" > /dev/null && continue
+  compgen -G "$K/$d/*.whl" > /dev/null || { echo "fill: no $d wheels in $K/$d: stage the .big parts first (scripts/slim_gpu.sh)"; exit 1; }
+  mkdir -p "$H/wheelhouse/$d" && cp "$K/$d"/*.whl "$H/wheelhouse/$d/"
+done
+SH
+cat > .gpu/install.sh <<'SH'
+#!/bin/bash
+# the shared install.sh, after fill.sh has put the staged parts in the wheelhouse
+H="$(cd "$(dirname "$0")" && pwd)"
+bash "$H/fill.sh" && exec bash "$H/install-all.sh" "$@"
+SH
+du -sh .gpu

@@ -1,0 +1,61 @@
+"""scripts/slim_gpu.sh: the .gpu route that fits a call beside the tree. Run on a copy of the script in a scratch git
+repository, with a fake ../shared/gpu (named fake: its install.sh lists the wheelhouse it was given instead of
+installing) and a fake staged KEEP."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PARTS = ("te", "notebook", "torchao", "dask")
+
+
+def _fake_shared(path: Path) -> Path:
+    for d in PARTS:
+        (path / "wheelhouse" / d).mkdir(parents=True)
+        (path / "wheelhouse" / d / f"{d}-1.0-py3-none-any.whl").write_text(d)
+    (path / "wheelhouse" / "te" / "transformer_engine_torch-2.20.2.tar.gz").write_text("sdist")
+    # the fake installer: prints which wheel folders it found beside it, as the shared one would install them
+    (path / "install.sh").write_text('#!/bin/bash\nH="$(cd "$(dirname "$0")" && pwd)"\n'
+                                     'echo "installed: $(cd "$H/wheelhouse" && ls */*.whl | sort | tr "\\n" " ")"\n')
+    return path
+
+
+def _slim(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    shutil.copy(ROOT / "scripts" / "slim_gpu.sh", repo / "scripts")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    env = {**os.environ, "GPU_FROM": str(_fake_shared(tmp_path / "shared"))}
+    subprocess.run(["bash", "scripts/slim_gpu.sh"], cwd=repo, env=env, check=True, capture_output=True)
+    return repo
+
+
+def test_the_slim_gpu_carries_te_alone_and_installs_the_staged_parts(tmp_path):
+    repo = _slim(tmp_path)
+    assert sorted(p.name for p in (repo / ".gpu" / "wheelhouse").iterdir()) == ["te"]
+    assert (repo / ".gpu/wheelhouse/te/transformer_engine_torch-2.20.2.tar.gz").is_file()  # rebuilds need the sdist
+    assert "/.gpu/" in (repo / ".git/info/exclude").read_text().split()
+    keep = tmp_path / "keep"
+    for d in ("notebook", "torchao", "dask"):
+        (keep / d).mkdir(parents=True)
+        (keep / d / f"{d}-9.9-py3-none-any.whl").write_text(d)
+    done = subprocess.run(["bash", ".gpu/install.sh"], cwd=repo, env={**os.environ, "KEEP": str(keep)},
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["installed:", "dask/dask-9.9-py3-none-any.whl",
+                                   "notebook/notebook-9.9-py3-none-any.whl", "te/te-1.0-py3-none-any.whl",
+                                   "torchao/torchao-9.9-py3-none-any.whl"]
+
+
+def test_a_part_not_staged_stops_the_install_and_names_it(tmp_path):
+    repo = _slim(tmp_path)
+    keep = tmp_path / "keep"
+    (keep / "notebook").mkdir(parents=True)
+    (keep / "notebook" / "papermill-2.7-py3-none-any.whl").write_text("n")
+    done = subprocess.run(["bash", ".gpu/install.sh"], cwd=repo, env={**os.environ, "KEEP": str(keep)},
+                          capture_output=True, text=True)
+    assert done.returncode == 1
+    assert "no torchao wheels" in done.stdout and "installed" not in done.stdout

@@ -4,8 +4,10 @@
 # .big parts were staged (scripts/real_model_parts.sh: Dask in .big/aa, the notebook stack in .big/ab, torchao in
 # .big/ac). Why: the whole wheelhouse is 48.2 MiB on disk and the tree 17.4 (at 7d957c4), 65.6 of a call's 64 MiB,
 # so no [".gpu"] call could start (install-check, bare-install, real, te-jax); slimmed, .gpu is ~38 MiB.
+# It also makes .gpukeep/ (~12 MiB): those other parts alone, for one staging call where no model travels.
 #   bash scripts/slim_gpu.sh                       (from ../shared/gpu, or GPU_FROM=DIR)
-#   carry [".big/aa"], then [".big/ab"], then [".big/ac"]:  mkdir -p /root/keep && cp -r .big/*/* /root/keep/
+#   carry [".gpukeep"]: mkdir -p /root/keep && cp -r .gpukeep/* /root/keep/      (install-check, bare-install, te-jax)
+#   or, for the real-model runs, carry [".big/aa"], then [".big/ab"], then [".big/ac"] with cp -r .big/*/* /root/keep/
 #   carry [".gpu", ...]: bash .gpu/install.sh && ...          (or bash .gpu/fill.sh first, where a route reads
 #                                                               .gpu/wheelhouse itself: bare-install, install-check)
 set -euo pipefail
@@ -13,9 +15,10 @@ cd "$(dirname "$0")/.."
 SRC=${GPU_FROM:-../shared/gpu}
 EXCLUDE=$(git rev-parse --git-path info/exclude)
 mkdir -p "$(dirname "$EXCLUDE")"
-grep -qx "/.gpu/" "$EXCLUDE" 2>/dev/null || echo "/.gpu/" >> "$EXCLUDE"
-rm -rf .gpu && mkdir -p .gpu/wheelhouse
+for d in /.gpu/ /.gpukeep/; do grep -qx "$d" "$EXCLUDE" 2>/dev/null || echo "$d" >> "$EXCLUDE"; done
+rm -rf .gpu .gpukeep && mkdir -p .gpu/wheelhouse .gpukeep
 cp -r "$SRC/wheelhouse/te" .gpu/wheelhouse/
+for d in notebook torchao dask; do cp -r "$SRC/wheelhouse/$d" .gpukeep/; done
 cp "$SRC/install.sh" .gpu/install-all.sh  # the shared installer, unchanged: it reads the wheelhouse beside it
 cat > .gpu/fill.sh <<'SH'
 #!/bin/bash
@@ -34,4 +37,4 @@ cat > .gpu/install.sh <<'SH'
 H="$(cd "$(dirname "$0")" && pwd)"
 bash "$H/fill.sh" && exec bash "$H/install-all.sh" "$@"
 SH
-du -sh .gpu
+du -sh .gpu .gpukeep

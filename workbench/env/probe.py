@@ -21,6 +21,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from typing import Any
 
 import torch
@@ -222,17 +223,32 @@ def _cudnn_version() -> tuple[int | None, str | None]:
 def probe(attention: bool = False) -> dict[str, Any]:
     """The environment. `attention`: also ask TE which attention backend it selects here (a child process
     running one small attention forward/backward; seconds, so only `workbench probe` asks)."""
+    # Each group's wall seconds go into env.json (probe_s): a study's point pays the probe at every start, and
+    # on the GPU machines a run's start (probe and all) took 15-17 s against 0.3 s for the probe on a CPU (3e25bd0).
+    seconds: dict[str, float] = {}
+
+    def timed(name: str, f, *args):
+        t = time.perf_counter()
+        out = f(*args)
+        seconds[name] = round(time.perf_counter() - t, 3)
+        return out
+
     # TE first: asking torch for its cuDNN version loads cuDNN's sub-libraries, after which a TE that
     # picks another cuDNN copy fails to import (seen on the H200; _te.load also pins CUDNN_PATH).
-    te, _, why = _te.load()
-    cuda = torch.cuda.is_available()
+    te, _, why = timed("te_load", _te.load)
+    cuda = timed("cuda_init", torch.cuda.is_available)
     cuda_home = _cuda_home()
     # The groups in this order are the keys' order in env.json; cuDNN's facts come after TE loaded.
-    env = {**_python_facts(), **_torch_facts(), **_gpu_facts(cuda), **_toolkit_facts(cuda_home),
-           **_cudnn_facts(cuda_home), **_host_facts(), **_te_facts(te, why, cuda, attention), **_jax_facts()}
+    env: dict[str, Any] = {}
+    for name, facts, args in (("python", _python_facts, ()), ("torch", _torch_facts, ()), ("gpu", _gpu_facts, (cuda,)),
+                              ("toolkit", _toolkit_facts, (cuda_home,)), ("cudnn", _cudnn_facts, (cuda_home,)),
+                              ("host", _host_facts, ()), ("te", _te_facts, (te, why, cuda, attention)),
+                              ("jax", _jax_facts, ())):
+        env.update(timed(name, facts, *args))
     env["te_consistency"] = consistency(env)
     checks = [c["ok"] for c in env["te_consistency"] if c["ok"] is not None]
     env["te_consistent"] = all(checks) if checks else None
+    env["probe_s"] = seconds
     return env
 
 

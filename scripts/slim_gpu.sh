@@ -3,7 +3,7 @@
 # an install.sh that first takes the wheelhouse's other parts (the notebook stack, torchao, Dask) from KEEP, where the
 # .big parts were staged (scripts/real_model_parts.sh: Dask in .big/aa, the notebook stack in .big/ab, torchao in
 # .big/ac). Why: the whole wheelhouse is 48.2 MiB on disk and the tree 17.4 (at 7d957c4), 65.6 of a call's 64 MiB,
-# so no [".gpu"] call could start (install-check, bare-install, real, te-jax); slimmed, .gpu is ~38 MiB.
+# so no [".gpu"] call could start (install-check, bare-install, real, te-jax); slimmed, .gpu is ~37 MiB.
 # It also makes .gpukeep/ (~12 MiB): those other parts alone, for one staging call where no model travels.
 #   bash scripts/slim_gpu.sh                       (from ../shared/gpu, or GPU_FROM=DIR)
 #   carry [".gpukeep"]: mkdir -p /root/keep && cp -r .gpukeep/* /root/keep/      (install-check, bare-install, te-jax)
@@ -27,7 +27,7 @@ H="$(cd "$(dirname "$0")" && pwd)"
 K=${KEEP:-/root/keep}
 for d in notebook torchao dask; do
   compgen -G "$H/wheelhouse/$d/*.whl" > /dev/null && continue
-  compgen -G "$K/$d/*.whl" > /dev/null || { echo "fill: no $d wheels in $K/$d: stage the .big parts first (scripts/slim_gpu.sh)"; exit 1; }
+  compgen -G "$K/$d/*.whl" > /dev/null || { echo "fill: no $d wheels in $K/$d: stage .gpukeep or the .big parts first (scripts/slim_gpu.sh)"; exit 1; }
   mkdir -p "$H/wheelhouse/$d" && cp "$K/$d"/*.whl "$H/wheelhouse/$d/"
 done
 SH

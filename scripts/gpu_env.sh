@@ -6,10 +6,9 @@
 # 66.3 on disk, was refused): this tree (16.2 MiB on disk at ba9bc5f, 12.9 in bytes; reference evidence is committed
 # as palette PNGs only (results.write_figure), .gitignore keeps its SVGs out; tests/repo/test_repo_refs.py keeps the
 # bytes under 14 MiB) plus carried paths. `scripts/gpu.sh carry .gpu ...` adds them up that way before a call.
-# The shared wheelhouse whole is 48.2 MiB on disk, so tree + all of it (64.4) no longer fits: carry a .gpu holding
-# what the call installs (te/ always, without transformer_engine_torch's sdist; torchao/, notebook/, dask/ as the
-# call needs) and install it directly (python3 -m pip install -q --no-index --no-deps --no-compile
-# .gpu/wheelhouse/{te,torchao}/*.whl) instead of `bash .gpu/install.sh`, which wants every folder.
+# The shared wheelhouse whole is 48.2 MiB on disk, so tree + all of it (65.6 at 7d957c4) no longer fits: carry the
+# .gpu that scripts/slim_gpu.sh makes (TE's wheelhouse alone; its install.sh takes the notebook stack, torchao and
+# Dask from /root/keep, staged by an earlier call of .gpukeep or the .big parts), or .gpux (scripts/train_carry.sh).
 # No LD_LIBRARY_PATH / CUDNN_PATH here: the workbench loads torch's cuDNN itself before TE
 # (workbench/env/te.py), and these runs must see what a user sees.
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1

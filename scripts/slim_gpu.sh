@@ -11,11 +11,11 @@
 #   carry [".gpu", ...]: bash .gpu/install.sh && ...          (or bash .gpu/fill.sh first, where a route reads
 #                                                               .gpu/wheelhouse itself: bare-install, install-check)
 set -euo pipefail
+SRC=$(realpath "${GPU_FROM:-$(dirname "$0")/../../shared/gpu}")  # before the cd: a relative GPU_FROM is the caller's
 cd "$(dirname "$0")/.."
-SRC=${GPU_FROM:-../shared/gpu}
 EXCLUDE=$(git rev-parse --git-path info/exclude)
 mkdir -p "$(dirname "$EXCLUDE")"
-for d in /.gpu/ /.gpukeep/; do grep -qx "$d" "$EXCLUDE" 2>/dev/null || echo "$d" >> "$EXCLUDE"; done
+for d in /.gpu/ /.gpukeep/; do grep -qxF "$d" "$EXCLUDE" 2>/dev/null || echo "$d" >> "$EXCLUDE"; done
 rm -rf .gpu .gpukeep && mkdir -p .gpu/wheelhouse .gpukeep
 cp -r "$SRC/wheelhouse/te" .gpu/wheelhouse/
 for d in notebook torchao dask; do cp -r "$SRC/wheelhouse/$d" .gpukeep/; done

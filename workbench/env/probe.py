@@ -1,6 +1,7 @@
 """Environment probe: what this machine has (GPU, driver, CUDA, nvcc, cuDNN, TE packages) and what TE can do.
 
-`probe()` returns a flat JSON-able dict; every run stores it as env.json and stamps result rows with it,
+`probe()` returns a JSON-able dict of facts (a few of them nested: TE's packages, its consistency checks, `probe_s`
+the seconds each group of facts took); every run stores it as env.json and stamps result rows with it,
 and `workbench.env.install_plan.plan()` decides the Transformer Engine install from it alone (so a plan for any
 machine can be simulated with a plain dict). Unknown values are None, never a guess.
 

@@ -686,3 +686,19 @@ def test_a_pruned_and_a_random_student_of_one_teacher_read_one_top_k_store(tmp_p
     assert stores[("pruned", 1)] == stores[("random", 1)] != stores[("random", 2)]
     assert Path(stores[("pruned", 1)]).parent == tmp_path / "shared-cache"
     assert len(builds) == 2  # seed 1 once for both studies, seed 2 once
+
+
+def test_a_gap_without_a_noise_floor_is_drawn_neither_within_nor_outside():
+    """A study of one seed (its noise point not run yet) has gaps but no verdict: the comparison drew them red
+    ('outside') while its table said 'unknown' (seen on the pruned + random pair's first seed, 3e25bd0)."""
+    import matplotlib.colors as mcolors
+
+    from workbench.study.compare import COMPARED, UNKNOWN_COLOR, figure
+
+    rows = [{"study": "s", "arm": arm, "metric": m, "noise_floor_pct": floor, "gap_pct_mean": 3.0,
+             "gap_pct_ci_low": float("nan"), "gap_pct_ci_high": float("nan"), "within_noise": within}
+            for m in COMPARED for arm, floor, within in
+            (("in", 5.0, True), ("out", 1.0, False), ("unknown", float("nan"), float("nan")))]
+    fig = figure(pd.DataFrame(rows))
+    dots = [line.get_color() for line in fig.axes[0].lines if line.get_marker() == "o"]
+    assert [mcolors.to_hex(c) for c in dots] == ["#4c72b0", "#c44e52", UNKNOWN_COLOR]

@@ -23,6 +23,7 @@ from workbench.study.report import report
 from workbench.study.spec import METRIC_NAMES, REFERENCE_ARM, STUDY_FILE, Study, given
 
 COMPARED = ("kl_teacher_student_t1_nats", "heldout_ppl")
+UNKNOWN_COLOR = "#999999"  # a gap whose study has no noise floor yet
 GAP_COLUMNS = ("n_seeds", "gap_pct_mean", "gap_pct_ci_low", "gap_pct_ci_high", "noise_floor_pct", "within_noise",
                "diff_mean", "diff_ci_low", "diff_ci_high", "noise_floor_abs")
 COLUMNS = ["study", "teacher", "student", "arm", "metric", "seeds_planned", *GAP_COLUMNS, "step0_mean", "end_mean",
@@ -102,8 +103,9 @@ def figure(table: pd.DataFrame):
             if pd.isna(r["gap_pct_mean"]):
                 ax.text(0, i, "not run", ha="center", va="center", fontsize=7, color="#777777")
                 continue
+            # no noise floor yet (its noise arm has not run, or one seed): neither within nor outside
             ax.errorbar(r["gap_pct_mean"], i, xerr=interval_xerr(r), fmt="o", capsize=3,
-                        color="#4c72b0" if _bool(r["within_noise"]) else "#c44e52")
+                        color={True: "#4c72b0", False: "#c44e52"}.get(_bool(r["within_noise"]), UNKNOWN_COLOR))
         for i in range(1, len(labels)):
             if labels[i][0] != labels[i - 1][0]:
                 ax.axhline(i - 0.5, color="black", lw=0.6)
@@ -112,8 +114,8 @@ def figure(table: pd.DataFrame):
         ax.set_ylim(len(labels) - 0.5, -0.5)
         ax.set(xlabel=f"gap to {REFERENCE_ARM}, % (95% interval over seeds)", title=METRIC_NAMES[m])
         ax.grid(True, axis="x", alpha=0.3)
-    fig.suptitle("Studies side by side: grey, each study's own bf16 noise floor; blue within noise, red outside",
-                 fontsize=10)
+    fig.suptitle("Studies side by side: grey band, each study's own bf16 noise floor; blue within noise, red outside, "
+                 "grey dot unknown (no floor yet)", fontsize=10)
     fig.tight_layout()
     return fig
 

@@ -2,8 +2,9 @@
 # Makes .gpu/ here (git-ignored) as ../shared/gpu with its TE wheelhouse alone (wheels and the extension's sdist) and
 # an install.sh that first takes the wheelhouse's other parts (the notebook stack, torchao, Dask) from KEEP, where the
 # .big parts were staged (scripts/real_model_parts.sh: Dask in .big/aa, the notebook stack in .big/ab, torchao in
-# .big/ac). Why: the whole wheelhouse is 48.2 MiB on disk and the tree 17.4 (at 7d957c4), 65.6 of a call's 64 MiB,
-# so no [".gpu"] call could start (install-check, bare-install, real, te-jax); slimmed, .gpu is ~37 MiB.
+# .big/ac). Why: the whole wheelhouse is 48.2 MiB on disk, with the tree 65.7 of a call's 64 MiB, so no [".gpu"] call
+# could start (install-check, bare-install, real, te-jax); slimmed, .gpu is 36.8 MiB and the call 54.3
+# (results/reference/cpu/carry_1f6f578.txt).
 # It also makes .gpukeep/ (~12 MiB): those other parts alone, for one staging call where no model travels.
 #   bash scripts/slim_gpu.sh                       (from ../shared/gpu, or GPU_FROM=DIR)
 #   carry [".gpukeep"]: mkdir -p /root/keep && cp -r .gpukeep/* /root/keep/      (install-check, bare-install, te-jax)

@@ -224,8 +224,10 @@ def _cudnn_version() -> tuple[int | None, str | None]:
 def probe(attention: bool = False) -> dict[str, Any]:
     """The environment. `attention`: also ask TE which attention backend it selects here (a child process
     running one small attention forward/backward; seconds, so only `workbench probe` asks)."""
-    # Each group's wall seconds go into env.json (probe_s): a study's point pays the probe at every start, and
-    # on the GPU machines a run's start (probe and all) took 15-17 s against 0.3 s for the probe on a CPU (3e25bd0).
+    # Each group's wall seconds go into env.json (probe_s): a study's point pays the probe at every start, and on
+    # an H100 a run's start, mostly the probe, took 15-17 s (task.json phase_s.start_s in
+    # results/reference/h100/quality/real/3e25bd0/), against 0.2-0.25 s for the whole probe on a CPU
+    # (results/reference/cpu/carry_1f6f578.txt).
     seconds: dict[str, float] = {}
 
     def timed(name: str, f, *args):

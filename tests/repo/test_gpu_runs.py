@@ -108,3 +108,15 @@ def test_the_tree_measure_counts_untracked_files_git_does_not_ignore(tmp_path, m
     # the device tool counts blocks on disk: each small file takes at least one (a 62.8 MiB carry in bytes was
     # refused for being 66.3 MiB on disk)
     assert gpu.tree_bytes(on_disk=True) >= 2 * 512 > gpu.tree_bytes()
+
+
+@pytest.mark.parametrize("studies,imports", [("pruned+random", True), ("finetune", True), ("here", False),
+                                             ("here+finetune", True), ("pruned+random here", True), ("bogus", False)])
+def test_quality_real_imports_the_model_when_a_study_asked_for_reads_it(studies, imports):
+    """At 33626eb a fresh machine's `STUDIES=pruned+random` call skipped the model's import (a second list of names,
+    matched with spaces around them) and every point failed: the decision now comes from each study's arguments."""
+    run = RUNS["quality-real"]["run"]
+    block = run[run.index("what() {"):run.index('if [ -n "$NEEDS_MODEL" ]')]
+    text = f'M=/r/model ROOT_DIR=/r RANDOM_SET= STUDIES={studies!r}\n{block}\necho "[$NEEDS_MODEL]"'
+    out = subprocess.run(["bash", "-c", text], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["[1]" if imports else "[]"]

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-import pandas as pd
+from workbench.sweep.index import DamagedIndex, read_index
 
 SHAPE = ("steps", "batch", "seq_len")  # recipe fields a study's points set beside the seed: a store is theirs
 
@@ -41,12 +41,12 @@ def plan(study: Path) -> tuple[list[dict], list[dict]] | None:
     if not study.exists():
         return None
     try:
-        index = pd.read_csv(study / "index.csv")
+        index = read_index(study)  # the sweep's own reader: no file yet is an empty index, a cut one DamagedIndex
         spec = json.loads((study / "sweep.json").read_text())
         planned = [{**spec.get("set", {}), **p} for p in spec["grid"]["point"]]
-    except (OSError, ValueError, KeyError, TypeError) as e:  # not written yet, or mid-rewrite (both atomic)
+    except (DamagedIndex, OSError, ValueError, KeyError, TypeError) as e:  # sweep.json not written yet
         raise Unreadable(str(study)) from e
-    if not {"status", "overrides"} <= set(index.columns):
+    if "overrides" not in index.columns:
         raise Unreadable(str(study))
     keys = {_key(p) for p in planned}
     done = []

@@ -20,17 +20,22 @@ for d in /.gpu/ /.gpukeep/; do grep -qxF "$d" "$EXCLUDE" 2>/dev/null || echo "$d
 rm -rf .gpu .gpukeep && mkdir -p .gpu/wheelhouse .gpukeep
 cp -r "$SRC/wheelhouse/te" .gpu/wheelhouse/
 for d in notebook torchao dask; do cp -r "$SRC/wheelhouse/$d" .gpukeep/; done
+# every wheel of the parts left out, by name: fill.sh checks each one staged (a copy cut short lacks some)
+(cd "$SRC/wheelhouse" && ls notebook/*.whl torchao/*.whl dask/*.whl) > .gpu/parts.txt
 cp "$SRC/install.sh" .gpu/install-all.sh  # the shared installer, unchanged: it reads the wheelhouse beside it
 cat > .gpu/fill.sh <<'SH'
 #!/bin/bash
-# puts the wheelhouse parts this slimmed .gpu lacks in place from KEEP (the staged .big parts); exit 1 naming a missing one
+# puts the wheelhouse parts this slimmed .gpu lacks in place from KEEP (the staged .big parts): every wheel parts.txt
+# names, so a staging copy cut short stops here, naming what is missing, not later inside pip
 H="$(cd "$(dirname "$0")" && pwd)"
 K=${KEEP:-/root/keep}
-for d in notebook torchao dask; do
-  compgen -G "$H/wheelhouse/$d/*.whl" > /dev/null && continue
-  compgen -G "$K/$d/*.whl" > /dev/null || { echo "fill: no $d wheels in $K/$d: stage .gpukeep or the .big parts first (scripts/slim_gpu.sh)"; exit 1; }
-  mkdir -p "$H/wheelhouse/$d" && cp "$K/$d"/*.whl "$H/wheelhouse/$d/"
-done
+missing=$(while read -r w; do [ -f "$H/wheelhouse/$w" ] || [ -f "$K/$w" ] || echo "$w"; done < "$H/parts.txt")
+if [ -n "$missing" ]; then
+  echo "fill: not staged in $K: $(echo $missing): stage .gpukeep or the .big parts first (scripts/slim_gpu.sh)"; exit 1
+fi
+while read -r w; do
+  [ -f "$H/wheelhouse/$w" ] || { mkdir -p "$H/wheelhouse/$(dirname "$w")" && cp "$K/$w" "$H/wheelhouse/$w"; }
+done < "$H/parts.txt"
 SH
 cat > .gpu/install.sh <<'SH'
 #!/bin/bash

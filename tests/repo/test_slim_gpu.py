@@ -16,6 +16,7 @@ def _fake_shared(path: Path) -> Path:
     for d in PARTS:
         (path / "wheelhouse" / d).mkdir(parents=True)
         (path / "wheelhouse" / d / f"{d}-1.0-py3-none-any.whl").write_text(d)
+    (path / "wheelhouse" / "dask" / "distributed-1.0-py3-none-any.whl").write_text("distributed")
     (path / "wheelhouse" / "te" / "transformer_engine_torch-2.20.2.tar.gz").write_text("sdist")
     # the fake installer: prints which wheel folders it found beside it, as the shared one would install them
     (path / "install.sh").write_text('#!/bin/bash\nH="$(cd "$(dirname "$0")" && pwd)"\n'
@@ -45,7 +46,7 @@ def test_the_slim_gpu_carries_te_alone_and_installs_the_staged_parts(tmp_path):
     done = subprocess.run(["bash", ".gpu/install.sh"], cwd=repo, env={**os.environ, "KEEP": str(keep)},
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["installed:", "dask/dask-1.0-py3-none-any.whl",
+    assert done.stdout.split() == ["installed:", "dask/dask-1.0-py3-none-any.whl", "dask/distributed-1.0-py3-none-any.whl",
                                    "notebook/notebook-1.0-py3-none-any.whl", "te/te-1.0-py3-none-any.whl",
                                    "torchao/torchao-1.0-py3-none-any.whl"]
 
@@ -58,4 +59,18 @@ def test_a_part_not_staged_stops_the_install_and_names_it(tmp_path):
     done = subprocess.run(["bash", ".gpu/install.sh"], cwd=repo, env={**os.environ, "KEEP": str(keep)},
                           capture_output=True, text=True)
     assert done.returncode == 1
-    assert "no torchao wheels" in done.stdout and "installed" not in done.stdout
+    assert "torchao/torchao-1.0-py3-none-any.whl" in done.stdout and "installed" not in done.stdout
+
+
+def test_a_staging_copy_cut_short_stops_the_install_and_names_the_missing_wheel(tmp_path):
+    # dask staged with one of its two wheels: a folder with some wheel in it is not a whole part
+    repo = _slim(tmp_path)
+    keep = tmp_path / "keep"
+    shutil.copytree(repo / ".gpukeep", keep)
+    (keep / "dask" / "distributed-1.0-py3-none-any.whl").unlink()
+    done = subprocess.run(["bash", ".gpu/install.sh"], cwd=repo, env={**os.environ, "KEEP": str(keep)},
+                          capture_output=True, text=True)
+    assert done.returncode == 1
+    assert "not staged" in done.stdout and "dask/distributed-1.0-py3-none-any.whl" in done.stdout
+    assert "dask/dask-1.0" not in done.stdout and "installed" not in done.stdout
+    assert not (repo / ".gpu/wheelhouse/dask").exists()  # nothing half-filled

@@ -2,6 +2,7 @@
 while another waits, checked writable before any training; a diverged teacher refused, never cached; a
 teacher's non-finite outputs blamed on the teacher; what a run refuses up front leaves no run folder."""
 import errno
+import hashlib
 import json
 import shutil
 import subprocess
@@ -173,6 +174,32 @@ def test_an_entry_without_its_file_record_is_rebuilt(tmp_path):
     with entry.building() as meta:
         assert meta is None
     assert len(lines) == 1 and "older workbench" in lines[0]
+    assert "older workbench" in entry.damaged  # why, kept for the caller's own records (the top-k store's task.json)
+
+
+def test_an_entrys_files_written_side_by_side_are_put_in_place_whole_or_not_at_all(tmp_path):
+    """Entry.writing (the top-k store's four files, a piece of each per step): under temporary names until the
+    block ends, then renamed into place and recorded for commit(); an error inside leaves none of them."""
+    folder, entry = tmp_path / "e", cache.Entry(tmp_path / "e")
+    with entry.building() as meta:
+        assert meta is None and entry.damaged == ""  # a plain miss
+        with pytest.raises(RuntimeError, match="stopped"):
+            with entry.writing("a.bin", "b.bin") as files:
+                files["a.bin"].write(b"a")
+                raise RuntimeError("stopped")
+        assert list(folder.iterdir()) == [] and entry.written == {}
+        with entry.writing("a.bin", "b.bin") as files:
+            for step in range(3):
+                files["a.bin"].write(b"a" * (step + 1))
+                files["b.bin"].write(b"b")
+            assert not (folder / "a.bin").exists() and not (folder / "b.bin").exists()
+            assert sorted(p.name.split(".")[1] for p in folder.glob(".*.tmp")) == ["a", "b"]
+        entry.commit({"k": 1})
+    assert sorted(p.name for p in folder.iterdir()) == ["a.bin", "b.bin", "meta.json"]
+    assert (folder / "a.bin").read_bytes() == b"aaaaaa" and (folder / "b.bin").read_bytes() == b"bbb"
+    meta = cache.Entry(folder).read()
+    assert meta["files"]["a.bin"] == {"bytes": 6, "sha256": hashlib.sha256(b"aaaaaa").hexdigest()}
+    assert meta["files"]["b.bin"] == {"bytes": 3, "sha256": hashlib.sha256(b"bbb").hexdigest()}
 
 
 # ---- an unwritable cache; a teacher that cannot be cached -------------------------------------------

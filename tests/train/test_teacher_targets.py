@@ -1,6 +1,7 @@
 """Teacher targets whose memory does not grow with the run's length (distill.teacher_mode) and the
 head-fused loss (distill.loss_impl=fused_head), on a CPU."""
 import functools
+import json
 import os
 import signal
 import subprocess
@@ -198,19 +199,21 @@ KILLED_BUILD = textwrap.dedent("""
     import sys, time
     from pathlib import Path
     sys.path[:0] = [sys.argv[2], sys.argv[3]]
-    from test_teacher_targets import build, recipe
+    from test_teacher_targets import build, recipe, tt
 
     def on_step(i):
         if i == 1:
             Path(sys.argv[1] + ".started").touch()
             time.sleep(600)  # killed here, half-written
 
-    build(Path(sys.argv[1]), recipe(steps=4), on_step=on_step)
+    folder, r = Path(sys.argv[1]), recipe(steps=4)
+    tt.ensure_store(folder, r, lambda: build(folder, r, on_step=on_step))  # as a run does: under the store's lock
 """)
 
 
 def _paused_build(folder: Path) -> subprocess.Popen:
-    """Another process building the store at `folder` (recipe(steps=4)), paused half-written at step 1."""
+    """Another process building the store at `folder` (recipe(steps=4)) under its lock, paused half-written at
+    step 1."""
     here = str(Path(__file__).parent)
     proc = subprocess.Popen([sys.executable, "-c", KILLED_BUILD, str(folder), here, str(Path(here).parents[1])])
     deadline = time.monotonic() + 120  # a bound on a hang, not a timed assertion
@@ -222,59 +225,113 @@ def _paused_build(folder: Path) -> subprocess.Popen:
     return proc
 
 
+def _temporaries(folder: Path) -> list[str]:
+    """The files a build writes before it renames them into place (data.cache.Entry.writing)."""
+    return sorted(p.name for p in folder.glob(".*.tmp"))
+
+
 def test_a_store_killed_mid_write_never_looks_complete_and_is_built_again(tmp_path):
-    folder = tmp_path / "topk-x"
+    folder, r = tmp_path / "topk-x", recipe(steps=4)
     proc = _paused_build(folder)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert not folder.exists()  # only the temporary folder, never the store's name
-    leftovers = list(tmp_path.glob("topk-x.tmp-*"))
-    assert len(leftovers) == 1 and not (leftovers[0] / "meta.json").exists()
-    r = recipe(steps=4)
-    store, why = tt.ensure_store(folder, r, lambda: build(folder, r))
-    assert len(store) == 4 and why == ""
-    assert not list(tmp_path.glob("topk-x.tmp-*"))  # the dead build's leftovers are gone
-    assert not list(tmp_path.glob(".topk-x.tmp-*.lock"))  # its lock file too
+    assert not (folder / "meta.json").exists() and not list(folder.glob("*.bin"))  # nothing under its own name
+    assert [n.split(".")[1] for n in _temporaries(folder)] == ["indices", "rest_lse", "values", "windows"]
+    with pytest.raises(tt.DamagedStore, match="meta.json is missing"):
+        tt.TopKStore(folder, r)
+    said = []
+    store, why = tt.ensure_store(folder, r, lambda: build(folder, r), say=said.append)
+    assert len(store) == 4 and why == "" and said == []  # a plain miss (its lock died with it): built, no word
+    assert _temporaries(folder) == []  # the killed build's leftovers are gone
+    assert sorted(p.name for p in folder.iterdir()) == ["indices.bin", "meta.json", "rest_lse.bin", "values.bin",
+                                                        "windows.bin"]
 
 
-def _not_visible(pid, sig):
-    raise ProcessLookupError(pid)  # as os.kill says of a process in another container or on another host
+def test_a_live_build_is_waited_for_and_a_killed_one_is_built_again_by_the_waiter(tmp_path):
+    """Liveness is the store's lock (a file lock the kernel, or a shared file system's lock manager, drops when
+    its holder dies, whatever host or container it ran in), never a process ID: a second process waits while the
+    first builds, and builds the store itself once the first is killed."""
+    import threading
 
-
-def test_a_live_build_is_left_alone_when_its_process_is_not_visible_here(tmp_path, monkeypatch):
-    """Two hosts sharing a cache: the other host's live build has a PID that means nothing here; its lock,
-    held while it lives, is what keeps its folder."""
     folder, r = tmp_path / "topk-x", recipe(steps=4)
     proc = _paused_build(folder)
+    said, got = [], {}
+    waiter = threading.Thread(target=lambda: got.update(
+        got=tt.ensure_store(folder, r, lambda: build(folder, r), say=said.append)))
     try:
-        live = list(tmp_path.glob("topk-x.tmp-*"))
-        with monkeypatch.context() as m:
-            m.setattr(tt.os, "kill", _not_visible)
-            store, _ = tt.ensure_store(folder, r, lambda: build(folder, r))
-        assert len(store) == 4  # this process built the store itself
-        assert len(live) == 1 and live[0].is_dir()  # and left the other build's folder as it was
+        waiter.start()
+        deadline = time.monotonic() + 60  # a bound on a hang, not a timed assertion
+        while not said and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(said) == 1 and "waiting for another process building" in said[0]
+        assert waiter.is_alive() and not (folder / "meta.json").exists()
+        assert len(_temporaries(folder)) == 4  # the live build's files, left alone
     finally:
         proc.kill()
         proc.wait()
-    build(folder, r)  # the other builder is dead now, and its lock with it: its folder goes
-    assert not list(tmp_path.glob("topk-x.tmp-*")) and not list(tmp_path.glob(".topk-x.tmp-*.lock"))
+    waiter.join(120)
+    store, why = got["got"]
+    assert len(store) == 4 and why == "" and len(said) == 1
+    assert _temporaries(folder) == []
 
 
-@pytest.mark.parametrize("damage, match", [
-    (lambda f: f.joinpath("values.bin").write_bytes(b"\0" * 5), "values.bin has 5 bytes"),
-    (lambda f: _flip_a_byte(f / "indices.bin"), "indices.bin does not match its sha256"),
-    (lambda f: f.joinpath("meta.json").unlink(), "meta.json is missing"),
-    (lambda f: f.joinpath("meta.json").write_text("{"), "meta.json is missing or unreadable"),
+def test_a_build_stopped_by_an_error_leaves_no_store_and_the_next_one_builds_it(tmp_path):
+    folder, r = tmp_path / "topk-x", recipe(steps=4)
+
+    def stop(i):
+        if i == 1:
+            raise RuntimeError("stopped mid-write")
+
+    with pytest.raises(RuntimeError, match="stopped mid-write"):
+        tt.ensure_store(folder, r, lambda: build(folder, r, on_step=stop))
+    assert sorted(p.name for p in folder.iterdir()) == []  # no meta.json, no file, no temporary file
+    said = []
+    store, why = tt.ensure_store(folder, r, lambda: build(folder, r), say=said.append)
+    assert len(store) == 4 and why == "" and said == []  # the lock was released: no wait
+
+
+@pytest.mark.parametrize("damage, match, reported", [
+    (lambda f: f.joinpath("values.bin").write_bytes(b"\0" * 5), "values.bin has 5 bytes", True),
+    (lambda f: _flip_a_byte(f / "indices.bin"), "indices.bin changed after it was written", True),
+    (lambda f: f.joinpath("meta.json").write_text("{"), "meta.json is unreadable", True),
+    (lambda f: f.joinpath("windows.bin").unlink(), "windows.bin is missing", True),
+    # no meta.json is a plain miss, as a killed build leaves: rebuilt without a reason
+    (lambda f: f.joinpath("meta.json").unlink(), "meta.json is missing", False),
 ])
-def test_a_damaged_store_is_refused_by_its_check_and_rebuilt(tmp_path, damage, match):
+def test_a_damaged_store_is_refused_by_its_check_and_rebuilt(tmp_path, damage, match, reported):
     r, folder = recipe(), tmp_path / "s"
     build(folder, r)
     good = tt.TopKStore(folder, r).host(1)["values"].clone()
     damage(folder)
     with pytest.raises(tt.DamagedStore, match=match):
         tt.TopKStore(folder, r)
-    store, why = tt.ensure_store(folder, r, lambda: build(folder, r))
-    assert match.split()[0] in why and torch.equal(store.host(1)["values"], good)
+    said = []
+    store, why = tt.ensure_store(folder, r, lambda: build(folder, r), say=said.append)
+    assert torch.equal(store.host(1)["values"], good)
+    if reported:
+        assert why.startswith("the top-k store was damaged and was rebuilt: ") and match in why
+        assert len(said) == 1 and match in said[0] and str(folder) in said[0]
+    else:
+        assert why == "" and said == []
+
+
+@pytest.mark.parametrize("meta", [
+    lambda m: {**m, "format": 1},  # whole by its record, of another format
+    lambda m: {**m, "recipe": {**m["recipe"], "k": 4}},  # whole by its record, of another recipe
+    # format 1, before the store was a cache entry: its record is keyed by array, not file name
+    lambda m: {**m, "format": 1, "files": {name.removesuffix(".bin"): v for name, v in m["files"].items()}},
+])
+def test_a_store_of_another_format_or_recipe_is_rebuilt(tmp_path, meta):
+    r, folder = recipe(), tmp_path / "s"
+    build(folder, r)
+    good = json.loads((folder / "meta.json").read_text())
+    (folder / "meta.json").write_text(json.dumps(meta(good)))
+    with pytest.raises(tt.DamagedStore):
+        tt.TopKStore(folder, r)
+    said = []
+    store, why = tt.ensure_store(folder, r, lambda: build(folder, r), say=said.append)
+    assert why.startswith("the top-k store was damaged and was rebuilt: ") and len(said) == 1
+    assert json.loads((folder / "meta.json").read_text()) == good and len(store) == r["steps"]
 
 
 def _flip_a_byte(path: Path) -> None:

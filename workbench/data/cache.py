@@ -1,5 +1,5 @@
-"""Cache entries (the text, tokenizer and teacher caches): one folder per entry, verified on read, built
-by one process at a time.
+"""Cache entries (the text, tokenizer and teacher caches, the top-k teacher store): one folder per entry,
+verified on read, built by one process at a time.
 
     entry = Entry(cache_dir / "teacher-1a2b3c")
     meta = entry.read()                     # the meta.json of a complete, undamaged entry, or None
@@ -10,10 +10,12 @@ by one process at a time.
                 entry.commit({...})         # meta.json last, with every file's size and sha256
 
 An entry's files are written under unique temporary names in its folder and renamed into place (removed
-on failure); meta.json, written last, records each file's size and sha256, so a file cut short, changed
-or deleted later makes the entry a miss that is rebuilt, with one line naming the folder. The lock is a
-file beside the folder (`.<name>.lock`, filelock): a second process waits for the first one and then
-reuses its result instead of building the same entry again.
+on failure): one at a time through a callback (`write_file`), or several side by side through open handles
+(`writing`: the top-k store appends a piece of each of its files per step). meta.json, written last,
+records each file's size and sha256, so a file cut short, changed or deleted later makes the entry a miss
+that is rebuilt, with one line naming the folder. The lock is a file beside the folder (`.<name>.lock`,
+filelock): a second process waits for the first one and then reuses its result instead of building the
+same entry again.
 """
 from __future__ import annotations
 
@@ -22,8 +24,9 @@ import hashlib
 import json
 import os
 import tempfile
+import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, BinaryIO, Callable, Iterator
 
 import filelock
 
@@ -67,6 +70,7 @@ class Entry:
     def __init__(self, folder: str | Path, say: Callable[[str], None] = print):
         self.folder, self.say = Path(folder), say
         self.written: dict[str, dict[str, Any]] = {}
+        self.damaged = ""  # why building() found the entry damaged ('' when it was whole or missing)
 
     # ---- reading ---------------------------------------------------------------------------------
     def damage(self) -> str | None:
@@ -107,13 +111,15 @@ class Entry:
     def building(self) -> Iterator[dict | None]:
         """Hold the entry's lock (waiting, with a line, while another process holds it) and yield the
         entry's meta when it is whole by then, else None: the caller builds it now. A damaged entry is
-        reported in one line and its meta.json removed first, so no reader takes the rebuilt files for
-        the old ones. The folder is checked writable before anything is built."""
+        reported in one line (why is kept in `damaged`, for the caller's own records) and its meta.json
+        removed first, so no reader takes the rebuilt files for the old ones. The folder is checked writable
+        before anything is built."""
         check_writable(self.folder.parent)
         lock = self.lock()
         hold(lock, self.folder, self.say)
         try:
             why = self.damage()
+            self.damaged = why or ""
             if why is None:
                 yield json.loads((self.folder / META).read_text())
                 return
@@ -131,8 +137,36 @@ class Entry:
         """One file of the entry, written under a unique temporary name and renamed into place; its size
         and sha256 are recorded for commit()."""
         path = write_with(self.folder / name, write, mode=mode)
-        self.written[name] = {"bytes": path.stat().st_size, "sha256": sha256(path)}
+        self._record(name)
         return path
+
+    @contextlib.contextmanager
+    def writing(self, *names: str) -> Iterator[dict[str, BinaryIO]]:
+        """Several files of the entry written side by side, {name: a binary file open for writing}, for a writer
+        that makes a piece of each per step (one pass over its data). Each is under a unique temporary name, as
+        write_file's; when the block ends without error they are flushed to disk, renamed into place and recorded
+        for commit(), otherwise removed, none of them put in place."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        files: dict[str, BinaryIO] = {}
+        try:
+            for name in names:  # `_remove_stale`'s pattern: a killed writer's files are cleared by the next build
+                files[name] = open(self.folder / f".{name}.{uuid.uuid4().hex[:8]}.tmp", "xb")
+            yield files
+            for f in files.values():
+                f.flush()
+                os.fsync(f.fileno())  # on disk before meta.json says they are whole
+                f.close()
+            for name, f in files.items():
+                os.replace(f.name, self.folder / name)
+                self._record(name)
+        finally:
+            for f in files.values():
+                f.close()
+                Path(f.name).unlink(missing_ok=True)  # gone already where it was renamed into place
+
+    def _record(self, name: str) -> None:
+        path = self.folder / name
+        self.written[name] = {"bytes": path.stat().st_size, "sha256": sha256(path)}
 
     def commit(self, meta: dict[str, Any]) -> dict[str, Any]:
         """meta.json, last: strict JSON (a NaN in it is a bug, refused here) with the files' record."""

@@ -1,8 +1,8 @@
 """distill.teacher_mode=topk: the teacher's k largest logits, their ids and the log-sum-exp of the rest per
-token, computed once into a store in the cache folder (topk_store.py: its files, their checks, the build's
-lock) and streamed to the GPU a step ahead. steps x tokens x k on disk, a few pinned buffers in memory. The
-KD loss runs over the k tokens plus one tail bucket (lm_objectives.topk_lm_loss), checkpointed; the store is
-read, never recomputed, so every student sees the same targets."""
+token, computed once into a store in the cache folder (topk_store.py: its files, a data.cache entry checked on
+use and built under its lock) and streamed to the GPU a step ahead. steps x tokens x k on disk, a few pinned
+buffers in memory. The KD loss runs over the k tokens plus one tail bucket (lm_objectives.topk_lm_loss),
+checkpointed; the store is read, never recomputed, so every student sees the same targets."""
 from __future__ import annotations
 
 from typing import Any

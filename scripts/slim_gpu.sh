@@ -29,12 +29,14 @@ cat > .gpu/fill.sh <<'SH'
 # names, so a staging copy cut short stops here, naming what is missing, not later inside pip
 H="$(cd "$(dirname "$0")" && pwd)"
 K=${KEEP:-/root/keep}
+[ -s "$H/parts.txt" ] || { echo "fill: $H/parts.txt is missing or empty: make .gpu again (scripts/slim_gpu.sh)"; exit 1; }
 missing=$(while read -r w; do [ -f "$H/wheelhouse/$w" ] || [ -f "$K/$w" ] || echo "$w"; done < "$H/parts.txt")
 if [ -n "$missing" ]; then
-  echo "fill: not staged in $K: $(echo $missing): stage .gpukeep or the .big parts first (scripts/slim_gpu.sh)"; exit 1
+  echo "fill: not staged in $K: $(echo "$missing" | tr '\n' ' ')(stage .gpukeep or the .big parts first: scripts/slim_gpu.sh)"; exit 1
 fi
 while read -r w; do
-  [ -f "$H/wheelhouse/$w" ] || { mkdir -p "$H/wheelhouse/$(dirname "$w")" && cp "$K/$w" "$H/wheelhouse/$w"; }
+  [ -f "$H/wheelhouse/$w" ] || { mkdir -p "$H/wheelhouse/$(dirname "$w")" && cp "$K/$w" "$H/wheelhouse/$w"; } ||
+    { echo "fill: copying $w from $K failed"; exit 1; }  # a full disk: not a wheelhouse missing one wheel
 done < "$H/parts.txt"
 SH
 cat > .gpu/install.sh <<'SH'

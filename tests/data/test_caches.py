@@ -4,9 +4,11 @@ teacher's non-finite outputs blamed on the teacher; what a run refuses up front 
 import errno
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
+import textwrap
 import tracemalloc
 from pathlib import Path
 
@@ -19,6 +21,8 @@ from workbench.data.text import documents
 from workbench.run import runner
 from workbench.train import Data, objectives
 from workbench.train.teacher import lm_teacher
+
+ROOT = Path(__file__).resolve().parents[2]
 
 TEACHER = ["--preset", "gpt-cpu", "--set", "corpus_mb=0.2", "--set", "teacher_steps=5"]
 
@@ -200,6 +204,30 @@ def test_an_entrys_files_written_side_by_side_are_put_in_place_whole_or_not_at_a
     meta = cache.Entry(folder).read()
     assert meta["files"]["a.bin"] == {"bytes": 6, "sha256": hashlib.sha256(b"aaaaaa").hexdigest()}
     assert meta["files"]["b.bin"] == {"bytes": 3, "sha256": hashlib.sha256(b"bbb").hexdigest()}
+
+
+FULL_DISK = textwrap.dedent("""
+    import resource, signal, sys
+    from pathlib import Path
+    from workbench.data import cache
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG), as on a full disk
+    entry = cache.Entry(sys.argv[1])
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+    try:
+        with entry.writing("a.bin", "b.bin") as files:
+            files["a.bin"].write(b"a" * 6000)  # still in the file's buffer: close() flushes it, and fails
+            raise RuntimeError("stopped")
+    except BaseException as e:
+        print(type(e).__name__, sorted(p.name for p in Path(sys.argv[1]).iterdir()))
+""")
+
+
+def test_side_by_side_files_are_removed_when_closing_them_fails_too(tmp_path):
+    # a full disk fails the block and then each file's close (its buffer's flush): the temporaries go all the same,
+    # and the block's own error is the one raised
+    done = subprocess.run([sys.executable, "-c", FULL_DISK, str(tmp_path / "e")], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.stdout.split() == ["RuntimeError", "[]"], done.stdout + done.stderr
 
 
 # ---- an unwritable cache; a teacher that cannot be cached -------------------------------------------

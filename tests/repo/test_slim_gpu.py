@@ -75,3 +75,14 @@ def test_a_staging_copy_cut_short_stops_the_install_and_names_the_missing_wheel(
     assert "not staged" in done.stdout and "dask/distributed-1.0-py3-none-any.whl" in done.stdout
     assert "dask/dask-1.0" not in done.stdout and "installed" not in done.stdout
     assert not (repo / ".gpu/wheelhouse/dask").exists()  # nothing half-filled
+
+
+def test_a_gpu_folder_without_its_parts_list_stops_the_install_saying_so(tmp_path):
+    # an empty list would pass every check and install without the staged parts
+    repo = _slim(tmp_path)
+    keep = tmp_path / "keep"
+    shutil.copytree(repo / ".gpukeep", keep)
+    (repo / ".gpu" / "parts.txt").write_text("")
+    done = subprocess.run(["bash", ".gpu/install.sh"], cwd=repo, env={**os.environ, "KEEP": str(keep)},
+                          capture_output=True, text=True)
+    assert done.returncode == 1 and "parts.txt is missing or empty" in done.stdout and "installed" not in done.stdout

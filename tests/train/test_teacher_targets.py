@@ -315,23 +315,50 @@ def test_a_damaged_store_is_refused_by_its_check_and_rebuilt(tmp_path, damage, m
         assert why == "" and said == []
 
 
-@pytest.mark.parametrize("meta", [
-    lambda m: {**m, "format": 1},  # whole by its record, of another format
-    lambda m: {**m, "recipe": {**m["recipe"], "k": 4}},  # whole by its record, of another recipe
-    # format 1, before the store was a cache entry: its record is keyed by array, not file name
-    lambda m: {**m, "format": 1, "files": {name.removesuffix(".bin"): v for name, v in m["files"].items()}},
+@pytest.mark.parametrize("meta, reason", [
+    (lambda m: {**m, "format": 1}, "meta.json is of format 1, this workbench writes format 2"),
+    (lambda m: {**m, "recipe": {**m["recipe"], "k": 4}}, "meta.json was written for another recipe"),
+    # format 1, before the store was a cache entry: its record is keyed by array, not file name; its format is
+    # the reason, not a file its record does not name
+    (lambda m: {**m, "format": 1, "files": {name.removesuffix(".bin"): v for name, v in m["files"].items()}},
+     "meta.json is of format 1, this workbench writes format 2"),
 ])
-def test_a_store_of_another_format_or_recipe_is_rebuilt(tmp_path, meta):
+def test_a_store_of_another_format_or_recipe_is_rebuilt_saying_which(tmp_path, meta, reason):
     r, folder = recipe(), tmp_path / "s"
     build(folder, r)
     good = json.loads((folder / "meta.json").read_text())
     (folder / "meta.json").write_text(json.dumps(meta(good)))
-    with pytest.raises(tt.DamagedStore):
+    with pytest.raises(tt.DamagedStore, match=reason):
         tt.TopKStore(folder, r)
     said = []
     store, why = tt.ensure_store(folder, r, lambda: build(folder, r), say=said.append)
-    assert why.startswith("the top-k store was damaged and was rebuilt: ") and len(said) == 1
+    assert why == f"the top-k store was damaged and was rebuilt: {reason}"
+    assert len(said) == 1 and reason in said[0]
     assert json.loads((folder / "meta.json").read_text()) == good and len(store) == r["steps"]
+
+
+def test_a_rebuild_removes_the_old_store_before_writing_the_new_one(tmp_path):
+    # a store is GBs: the old one and the new one never sit on the disk together
+    r, folder = recipe(), tmp_path / "s"
+    build(folder, r)
+    (folder / "meta.json").write_text(json.dumps({**json.loads((folder / "meta.json").read_text()), "format": 1}))
+    seen = []
+    tt.ensure_store(folder, r, lambda: build(folder, r, on_step=lambda i: seen.append(
+        sorted(p.name for p in folder.iterdir() if not p.name.endswith(".tmp")))))
+    assert seen == [[]] * r["steps"]  # while it wrote: no meta.json, no .bin of the old store
+
+
+def test_the_leftovers_of_a_format_1_build_killed_mid_way_are_removed(tmp_path):
+    # format 1 built in <store>.tmp-<pid>-<id>/ beside a lock file and renamed it; a killed one left both
+    r, folder = recipe(), tmp_path / "topk-x"
+    old = tmp_path / "topk-x.tmp-123-abcd1234"
+    old.mkdir()
+    (old / "values.bin").write_bytes(b"\0" * 64)
+    (tmp_path / ".topk-x.tmp-123-abcd1234.lock").touch()
+    other = tmp_path / "topk-y.tmp-9-ffff0000"  # another store's: not this one's to clear
+    other.mkdir()
+    tt.ensure_store(folder, r, lambda: build(folder, r))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".topk-x.lock", "topk-x", "topk-y.tmp-9-ffff0000"]
 
 
 def _flip_a_byte(path: Path) -> None:

@@ -67,8 +67,11 @@ def hold(lock: filelock.FileLock, folder: Path, say: Callable[[str], None]) -> N
 class Entry:
     """One cache folder: its files, then meta.json."""
 
-    def __init__(self, folder: str | Path, say: Callable[[str], None] = print):
-        self.folder, self.say = Path(folder), say
+    def __init__(self, folder: str | Path, say: Callable[[str], None] = print,
+                 kind: Callable[[dict], str | None] | None = None):
+        """`kind(meta)`: why a readable meta.json belongs to another kind of entry (another format or recipe),
+        or None; asked before the files' record, whose layout another format may not share."""
+        self.folder, self.say, self.kind = Path(folder), say, kind
         self.written: dict[str, dict[str, Any]] = {}
         self.damaged = ""  # why building() found the entry damaged ('' when it was whole or missing)
 
@@ -82,6 +85,9 @@ class Entry:
             meta = json.loads(meta_path.read_text())
         except (OSError, ValueError) as e:
             return f"{META} is unreadable ({type(e).__name__})"
+        other = self.kind(meta) if self.kind and isinstance(meta, dict) else None
+        if other:
+            return other
         record = meta.get(FILES) if isinstance(meta, dict) else None
         if not isinstance(record, dict):
             return f"{META} records no file sizes and hashes (written by an older workbench)"
@@ -145,7 +151,8 @@ class Entry:
         """Several files of the entry written side by side, {name: a binary file open for writing}, for a writer
         that makes a piece of each per step (one pass over its data). Each is under a unique temporary name, as
         write_file's; when the block ends without error they are flushed to disk, renamed into place and recorded
-        for commit(), otherwise removed, none of them put in place."""
+        for commit(), otherwise removed (a rename that fails midway can leave some in place: no meta.json names
+        them, so the entry is still a miss)."""
         self.folder.mkdir(parents=True, exist_ok=True)
         files: dict[str, BinaryIO] = {}
         try:
@@ -161,7 +168,8 @@ class Entry:
                 self._record(name)
         finally:
             for f in files.values():
-                f.close()
+                with contextlib.suppress(OSError):  # a full disk fails close()'s flush too: remove them anyway
+                    f.close()
                 Path(f.name).unlink(missing_ok=True)  # gone already where it was renamed into place
 
     def _record(self, name: str) -> None:

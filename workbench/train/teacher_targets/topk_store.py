@@ -16,6 +16,7 @@ import collections.abc
 import hashlib
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -85,7 +86,7 @@ class TopKStore:
         this one's, and the files' sizes against the recipe's layout. DamagedStore says what is wrong."""
         self.folder = Path(folder)
         if meta is None:
-            why = Entry(self.folder).damage()
+            why = Entry(self.folder, kind=lambda m: _another_kind(m, recipe)).damage()
             if why is not None:
                 raise DamagedStore(f"{self.folder}: {why or f'{META} is missing'}")
             meta = json.loads((self.folder / META).read_text())
@@ -191,16 +192,12 @@ def ensure_store(folder: Path, recipe: dict, build: Callable[[], None],
     teacher side by side, `study --cache`) build it once: the others wait, with a line, and then open it. Without
     it both built it (bf8c11d, H100: 68 s each, one copy thrown away)."""
     folder = Path(folder)
-    entry = Entry(folder, say)
+    entry = Entry(folder, say, kind=lambda meta: _another_kind(meta, recipe))
     with entry.building() as meta:
-        why = entry.damaged  # its files differ from meta.json's record ('' for a plain miss)
         if meta is not None:
-            try:
-                return TopKStore(folder, recipe, meta), ""
-            except DamagedStore as e:  # whole, but of another recipe or format (or a layout it does not fit)
-                why = str(e)
-                say(f"[topk] {folder} cannot be used: {e}; rebuilding it")
-                (folder / META).unlink()
+            return TopKStore(folder, recipe, meta), ""
+        why = entry.damaged  # its files differ from meta.json's record, or it is of another format or recipe
+        _remove_old_builds(folder)
         build()
         try:
             store = TopKStore(folder, recipe)
@@ -208,6 +205,25 @@ def ensure_store(folder: Path, recipe: dict, build: Callable[[], None],
             raise ConfigError(f"the top-k teacher store {folder} fails its check right after being built ({e}); "
                               "check the cache folder's disk, or set distill.teacher_mode=online") from e
     return store, why and f"the top-k store was damaged and was rebuilt: {why}"
+
+
+def _another_kind(meta: dict, recipe: dict) -> str | None:
+    """Why a store's meta.json is not this recipe's store of this format (None: it is); Entry asks it first."""
+    if meta.get("format") != FORMAT:
+        return f"{META} is of format {meta.get('format')}, this workbench writes format {FORMAT}"
+    if meta.get("recipe") != recipe:
+        return f"{META} was written for another recipe"
+    return None
+
+
+def _remove_old_builds(folder: Path) -> None:
+    """Temporary folders (`<store>.tmp-*`) and their lock files left by builds killed under format 1, which built
+    in a folder of its own and renamed it (GBs each, which nothing else clears). Format 2 never makes them; called
+    under the store's lock."""
+    for old in folder.parent.glob(f"{folder.name}.tmp-*"):
+        shutil.rmtree(old, ignore_errors=True)
+    for lock in folder.parent.glob(f".{folder.name}.tmp-*.lock"):
+        lock.unlink(missing_ok=True)
 
 
 class TopKBatches(collections.abc.Sequence):

@@ -38,6 +38,7 @@ overrides: list = []  # Config overrides, e.g. ["model.batch=8"] (as `--set` tak
 out: str = "results/verdict/llama-3.2-1b"  # The folder for verdict.json, verdict.md and the figure.
 budget_s: float = 360.0  # The GPU part's bench: variants not started after this many seconds become rows saying so.
 peak: Optional[str] = None  # A bench's peak.json: its measured GEMM peaks replace the datasheet's ideal times.
+studies: list = []  # Study folders (`workbench study`): what FP8 does to what the student learns, against noise.
 
 # %%
 from pathlib import Path
@@ -47,7 +48,7 @@ from IPython.display import Image, Markdown
 from workbench import config
 from workbench.verdict.cli import run
 
-verdict = run(model, preset, config.parse_set(overrides), out, peak=peak, budget_s=budget_s,
+verdict = run(model, preset, config.parse_set(overrides), out, peak=peak, budget_s=budget_s, studies=studies,
               command_line=f"papermill notebooks/verdict.ipynb out.ipynb -p model {model} -p preset {preset}")
 Markdown(f"**{verdict['headline']}**")
 

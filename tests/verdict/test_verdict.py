@@ -177,9 +177,100 @@ def test_the_verdict_notebook_runs_under_papermill_and_shows_the_page(tmp_path):
     out = tmp_path / "v"
     executed = tmp_path / "verdict.ipynb"
     papermill.execute_notebook(str(ROOT / "notebooks" / "verdict.ipynb"), str(executed), kernel_name="python3",
-                               parameters={"model": "tiny-llama", "preset": "cpu-smoke", "out": str(out)},
+                               parameters={"model": "tiny-llama", "preset": "cpu-smoke", "out": str(out),
+                                           "studies": [str(_finetune_study(tmp_path))]},
                                cwd=str(ROOT), progress_bar=False, extra_arguments=notebook.QUIET_KERNEL)
     v = json.loads((out / "verdict.json").read_text())
     assert v["measured"] == {"status": "not run", "reason": "no CUDA GPU here"}
     text = json.dumps(nbformat.read(executed, as_version=4).cells)
     assert v["headline"][:60] in text and "image/png" in text and "## FP8 eligibility" in text
+    assert v["quality"][0]["study"] == "real-finetune" and "### `real-finetune`" in text  # the study reached the page
+
+
+# ---- the quality part: studies that ran (verdict/quality.py) ------------------------------------------------
+FINETUNE = ROOT / "results/reference/h100/quality/real/bf8c11d/real-finetune.tar.gz"  # a real study, 3 seeds
+
+
+def _finetune_study(tmp_path):
+    import tarfile
+
+    folder = tmp_path / "real-finetune"
+    with tarfile.open(FINETUNE) as tar:
+        tar.extractall(folder, filter="data")
+    return folder
+
+
+def test_a_verdict_given_a_study_says_what_fp8_does_over_training_against_its_noise(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    study = _finetune_study(tmp_path)
+    out = tmp_path / "verdict"
+    assert cli.main(["verdict", "tiny-llama", "--preset", "cpu-smoke", "--out", str(out), "--study", str(study)]) == 0
+    v = json.loads((out / "verdict.json").read_text())
+    (q,) = v["quality"]
+    assert q["study"] == "real-finetune" and q["teacher"] == "smollm2-135m" and q["other_model"] is True
+    kl = next(a for a in q["arms"] if a["arm"] == "te_fp8_delayed" and a["metric"] == "kl_teacher_student_t1_nats")
+    # the study's own gaps.csv: +57.9% [+55.2%, +60.6%] against a 1.0% bf16 noise floor, 3 seeds
+    assert kl["n_seeds"] == 3 and kl["within_noise"] is False and round(kl["gap_pct"], 1) == 57.9
+    assert round(kl["noise_floor_pct"], 1) == 1.0 and round(kl["diff"], 4) == 0.0247
+    te_bf16 = next(a for a in q["arms"] if a["arm"] == "te_bf16" and a["metric"] == "kl_teacher_student_t1_nats")
+    assert te_bf16["within_noise"] is True
+    # no GPU: the predicted recipe is the one looked up; the headline carries the answer and the warning
+    assert "Quality over training, te_fp8_delayed against torch_bf16" in v["headline"]
+    assert "KL to the original model +57.9%" in v["headline"] and "outside the noise" in v["headline"]
+    assert "read that study before adopting it" in v["headline"] and "not this verdict's model" in v["headline"]
+    md = (out / "verdict.md").read_text()
+    assert "### `real-finetune`: smollm2-135m fine-tuned" in md and "| te_fp8_delayed | held-out KL" in md
+    assert "Untested" not in md and f"--study {study}" in v["command"]
+
+
+def test_a_verdict_without_studies_says_quality_is_untested(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "verdict"
+    assert cli.main(["verdict", "tiny-llama", "--preset", "cpu-smoke", "--out", str(out)]) == 0
+    v = json.loads((out / "verdict.json").read_text())
+    assert v["quality"] == [] and "Quality over training" not in v["headline"]
+    assert "Untested by this verdict (no `--study`" in (out / "verdict.md").read_text()
+
+
+def test_a_study_folder_that_is_none_is_refused_before_anything_runs(tmp_path, capsys):
+    out = tmp_path / "verdict"
+    assert cli.main(["verdict", "tiny-llama", "--preset", "cpu-smoke", "--out", str(out),
+                     "--study", str(tmp_path)]) == 2
+    assert f"--study {tmp_path}: not a study folder (no study.json)" in capsys.readouterr().err
+    assert not out.exists()  # refused up front: nothing predicted, measured or written
+
+
+def _arms(kl_within, n=3):
+    return [{"arm": "te_fp8_delayed", "metric": "kl_teacher_student_t1_nats", "n_seeds": n, "gap_pct": 4.0,
+             "ci_low_pct": -1.0, "ci_high_pct": 9.0, "noise_floor_pct": None if kl_within is None else 3.7,
+             "within_noise": kl_within, "diff": 0.01, "diff_ci_low": -0.002, "diff_ci_high": 0.02}]
+
+
+@pytest.mark.parametrize("within, words, warned", [(True, "within the noise", False),
+                                                   (False, "outside the noise", True),
+                                                   (None, "noise unknown (no noise floor yet)", False)])
+def test_the_quality_sentence_judges_by_each_studys_own_noise_floor(within, words, warned):
+    from workbench.verdict import page
+
+    studies = [{"study": "s", "student": "pruned", "teacher": "m", "other_model": False, "refused": False,
+                "arms": _arms(within)}]
+    verdict = {"quality": studies, "measured": {"status": "ok", "best_fp8": {"recipe": "te_fp8_delayed_head"}}}
+    said = page.quality_sentence(verdict)
+    # the measured FP8 row had an FP8 head: the studies' arm for it is its layers' recipe
+    assert said.startswith("Quality over training, te_fp8_delayed (the studies' arm for te_fp8_delayed_head; head "
+                           "bf16) against torch_bf16: `s` (pruned students of m, 3 seeds)")
+    assert words in said and ("read that study" in said) == warned
+
+
+def test_a_refused_study_and_an_arm_it_did_not_run_are_said_not_judged():
+    from workbench.verdict import quality
+
+    studies = [{"study": "r", "refused": True, "arms": _arms(False)},
+               {"study": "t", "student": "x", "teacher": "m", "refused": False, "arms": _arms(False)}]
+    said = quality.sentence(studies, "torchao_float8")
+    assert "`r` refused" in said and "`t` did not run torchao_float8" in said
+    assert quality.outside(studies, "torchao_float8") == [] and quality.outside(studies, "te_fp8_delayed") == ["t"]

@@ -6,5 +6,6 @@ much against the fastest bf16 path, and why (or why not)?
 
 predict.py (+ shapes.py): the prediction from config.json alone, on any machine: each GEMM's FP8 eligibility,
 the FLOPs split, ideal step times at the peaks, memory-bound floors, a speed-up range per recipe, assumptions.
-measured.py: the GPU part's seam (today: 'not run' and why). page.py: verdict.json, verdict.md, verdict.png.
+measured.py: the GPU part (the bench against the fastest bf16 row). quality.py: what FP8 does to what the student
+learns, from studies that ran (`--study DIR`). page.py: verdict.json, verdict.md, verdict.png.
 """

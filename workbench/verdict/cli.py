@@ -16,7 +16,7 @@ import shlex
 from pathlib import Path
 
 from workbench import config, results
-from workbench.verdict import measured, page
+from workbench.verdict import measured, page, quality
 from workbench.verdict.predict import DEFAULT_GPU, predict
 
 
@@ -35,6 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peak", default=None, help="a bench's peak.json: its measured GEMM peaks (and GPU) "
                                                 "replace the datasheet's in the ideal bound; the expected times "
                                                 "stay the H200 calibration's")
+    p.add_argument("--study", dest="studies", action="append", default=[], metavar="DIR",
+                   help="a study folder (`workbench study`; repeatable): what FP8 does to what the student learns "
+                        "over training, each arm's gap to torch bf16 against that study's own noise floor")
 
 
 def this_gpu() -> str:
@@ -54,14 +57,19 @@ def command(args: argparse.Namespace) -> str:
         parts += ["--peak", args.peak]
     if args.budget_s != 360.0:
         parts += ["--budget-s", f"{args.budget_s:g}"]
+    for d in args.studies:
+        parts += ["--study", d]
     return " ".join(shlex.quote(p) if " " in p and not p.startswith(("python", "--set")) else p for p in parts)
 
 
 def run(model: str, preset: str = "hf-llama-1b", overrides: dict | None = None, out: str | Path = "results/verdict",
-        gpu: str | None = None, peak: str | None = None, budget_s: float = 360.0, command_line: str = "") -> dict:
+        gpu: str | None = None, peak: str | None = None, budget_s: float = 360.0, command_line: str = "",
+        studies: list[str | Path] | None = None) -> dict:
     """Predict, measure where a CUDA GPU is, write verdict.json / .md / .png into `out`; returns the verdict.
     What `workbench verdict` and notebooks/verdict.ipynb call. `gpu` None: the GPU the measured part runs on
-    (at 05acfd3 an H100's measured rows stood beside a prediction for the default H200), DEFAULT_GPU without one."""
+    (at 05acfd3 an H100's measured rows stood beside a prediction for the default H200), DEFAULT_GPU without one.
+    `studies`: study folders whose gaps are the quality part (verdict/quality.py), checked before anything runs."""
+    quality.check(studies or [])
     overrides = dict(overrides or {})
     gpu = gpu or this_gpu()
     cfg = config.from_preset(preset, **overrides)
@@ -69,7 +77,8 @@ def run(model: str, preset: str = "hf-llama-1b", overrides: dict | None = None, 
     prediction = predict(model, cfg.model.batch, cfg.model.seq_len, gpu=gpu, peak=peak_data)
     verdict = {"schema": prediction["schema"], "model": model, "preset": preset, "set": overrides,
                "command": command_line, "prediction": prediction,
-               "measured": measured.measure(model, prediction, preset, overrides, Path(out), budget_s)}
+               "measured": measured.measure(model, prediction, preset, overrides, Path(out), budget_s),
+               "quality": quality.read(studies or [], model)}
     verdict["headline"] = page.headline(verdict)
     verdict["files"] = [p.name for p in page.write(verdict, Path(out))]
     return verdict
@@ -77,7 +86,8 @@ def run(model: str, preset: str = "hf-llama-1b", overrides: dict | None = None, 
 
 def main(args: argparse.Namespace) -> int:
     overrides = config.parse_set(args.overrides)
-    verdict = run(args.model, args.preset, overrides, args.out, args.gpu, args.peak, args.budget_s, command(args))
+    verdict = run(args.model, args.preset, overrides, args.out, args.gpu, args.peak, args.budget_s, command(args),
+                  args.studies)
     print(verdict["headline"])
     print(json.dumps({"out": args.out, "files": verdict["files"]}))
     return 0

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench import results
-from workbench.verdict import calibration
+from workbench.verdict import calibration, quality
 
 PARTS = ("layer_gemms", "lm_head", "attention", "optimizer", "logits_loss", "elementwise", "fp8_casts")
 COLOURS = ("#4c72b0", "#55a868", "#c44e52", "#8c8c8c", "#b0b0b0", "#d0d0d0", "#dd8452")
@@ -48,15 +48,17 @@ def measured_sentence(m: dict[str, Any]) -> str | None:
 
 
 def headline(verdict: dict[str, Any]) -> str:
-    """One sentence with numbers: the measurement where the GPU part ran, and the prediction beside it."""
+    """One sentence with numbers: the measurement where the GPU part ran, the prediction beside it, and where
+    studies were given, what the FP8 recipe does to what the student learns (quality.py)."""
     recipes = verdict["prediction"]["recipes"][1:]
     rows = [r for r in recipes if r["eligible"] and r.get("speedup_expected") and r["calibrated"]]
     ceil = verdict["prediction"]["ceilings"]
     m = verdict["measured"]
     measured = measured_sentence(m) or f"GPU part: {m['status']} ({m['reason']})."
     if not rows:
-        return (f"No speed-up predicted on {ceil['gpu']}: no calibrated FP8 recipe is eligible here or the GPU is "
-                f"unknown ({ceil['peak_source']}). {measured}")
+        return " ".join(filter(None, [f"No speed-up predicted on {ceil['gpu']}: no calibrated FP8 recipe is eligible "
+                                      f"here or the GPU is unknown ({ceil['peak_source']}). {measured}",
+                                      quality_sentence(verdict)]))
     top = max(rows, key=lambda r: r["speedup_expected"])
     pays = ("FP8 pays" if top["speedup_low"] > 1 else "FP8 does not pay" if top["speedup_high"] < 1
             else "within the prediction's range of bf16: FP8 may not pay")
@@ -65,7 +67,27 @@ def headline(verdict: dict[str, Any]) -> str:
     outside = verdict["prediction"].get("calibration", {}).get("outside")
     if outside:
         predicted += f" Outside the calibrated range ({outside}): expect larger misses."
-    return f"{measured} {predicted}" if m.get("status") == "ok" else f"{predicted} {measured}"
+    speed = f"{measured} {predicted}" if m.get("status") == "ok" else f"{predicted} {measured}"
+    return " ".join(filter(None, [speed, quality_sentence(verdict, top["recipe"])]))
+
+
+def studied_recipe(verdict: dict[str, Any], predicted: str | None) -> str | None:
+    """The FP8 recipe the quality part is about: the measured fastest FP8 row's, else the predicted best one's."""
+    m = verdict.get("measured") or {}
+    best = m.get("best_fp8") if m.get("status") == "ok" else None
+    return (best or {}).get("recipe") or predicted
+
+
+def quality_sentence(verdict: dict[str, Any], predicted: str | None = None) -> str | None:
+    """The studies' answer for the verdict's FP8 recipe, and a warning where it is beyond a study's noise floor."""
+    studies = verdict.get("quality") or []
+    recipe = studied_recipe(verdict, predicted)
+    said = quality.sentence(studies, recipe)
+    beyond = quality.outside(studies, recipe)
+    if said and beyond:
+        said += (f" So FP8's step comes with a student that ends measurably elsewhere than bf16's in "
+                 f"{', '.join(f'`{b}`' for b in beyond)}: read that study before adopting it.")
+    return said
 
 
 def f(v: float | None, fmt: str) -> str:
@@ -153,9 +175,7 @@ def markdown(verdict: dict[str, Any]) -> str:
               *[f"| {k} | {fl['gb'][k]:.2f} | {_ms(fl['ms'][k])} |" for k in fl["gb"]], "",
               "## Assumptions", "", *[f"- {a}" for a in p["assumptions"]], "",
               "## Measured on the GPU", "", *_measured_section(verdict), "",
-              "## Quality over training", "", "Untested by the verdict (it measures step 0 only). A study of what "
-              "FP8 does to what the student learns, against the bf16 noise floor: `python -m workbench study "
-              "--preset distill-quality --set lm.teacher=<model folder> --set lm.student=<model folder>`.", "",
+              "## Quality over training", "", *quality.section(verdict.get("quality") or []), "",
               "## Reproduce", "", f"    {verdict['command']}", ""]
     return "\n".join(lines)
 

@@ -274,3 +274,23 @@ def test_a_refused_study_and_an_arm_it_did_not_run_are_said_not_judged():
     said = quality.sentence(studies, "torchao_float8")
     assert "`r` refused" in said and "`t` did not run torchao_float8" in said
     assert quality.outside(studies, "torchao_float8") == [] and quality.outside(studies, "te_fp8_delayed") == ["t"]
+
+
+def test_a_study_whose_report_is_older_than_its_points_is_reported_again(tmp_path, monkeypatch):
+    # the pruned study's archive (H100, 3e25bd0): its report was written by an earlier call, before seed 1's bf16
+    # point finished (index.csv newer than headline.json); read as it is, every gap would say "not run"
+    import tarfile
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    study = tmp_path / "real-pruned"
+    with tarfile.open(ROOT / "results/reference/h100/quality/real/3e25bd0/real-pruned.tar.gz") as tar:
+        tar.extractall(study, filter="data")
+    assert (study / "index.csv").stat().st_mtime > (study / "headline.json").stat().st_mtime
+    assert cli.main(["verdict", "tiny-llama", "--preset", "cpu-smoke", "--out", str(tmp_path / "v"),
+                     "--study", str(study)]) == 0
+    (q,) = json.loads((tmp_path / "v" / "verdict.json").read_text())["quality"]
+    kl = next(a for a in q["arms"] if a["arm"] == "te_bf16" and a["metric"] == "kl_teacher_student_t1_nats")
+    assert kl["n_seeds"] == 1 and kl["gap_pct"] is not None and kl["within_noise"] is None  # one seed: no floor
+    assert (tmp_path / "v" / "verdict_quality.png").read_bytes()[:4] == b"\x89PNG"

@@ -4,8 +4,9 @@ arm's paired gap to torch bf16 against that study's own noise floor, in one tabl
     workbench study --compare real-pruned real-random real-finetune distill-quality-64mb --out results/studies
 
 It reads what each study's report wrote (headline.json, arms.csv, gaps.csv: the result files are the contract) and
-writes <out>/comparison/: comparison.csv, comparison.png / .svg, README.md. A study without a report yet gets one
-first. The noise floors are never pooled: each study's gaps are judged against its own, as its report does.
+writes <out>/comparison/: comparison.csv, comparison.png / .svg, README.md. A study without a report yet, or with
+one older than its index.csv, gets one first. The noise floors are never pooled: each study's gaps are judged
+against its own, as its report does.
 """
 from __future__ import annotations
 
@@ -43,8 +44,9 @@ def study_rows(study_dir: Path) -> list[dict[str, Any]]:
     """One row per arm (the reference and noise arms aside) and compared metric of one study."""
     if not (study_dir / STUDY_FILE).exists():
         raise ConfigError(f"{study_dir}: no study here (no {STUDY_FILE})")
-    if not (study_dir / "headline.json").exists():
-        report(study_dir)
+    head, index = study_dir / "headline.json", study_dir / "index.csv"
+    if not head.exists() or (index.exists() and index.stat().st_mtime > head.stat().st_mtime):
+        report(study_dir)  # none yet, or older than the points (a call's report, then more points ran): its tables
     study = Study.from_dict(results.read_json(study_dir / STUDY_FILE))
     head = results.read_json(study_dir / "headline.json")
     arms = results.read_csv(study_dir / "arms.csv").set_index("arm")

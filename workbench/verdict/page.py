@@ -175,7 +175,9 @@ def markdown(verdict: dict[str, Any]) -> str:
               *[f"| {k} | {fl['gb'][k]:.2f} | {_ms(fl['ms'][k])} |" for k in fl["gb"]], "",
               "## Assumptions", "", *[f"- {a}" for a in p["assumptions"]], "",
               "## Measured on the GPU", "", *_measured_section(verdict), "",
-              "## Quality over training", "", *quality.section(verdict.get("quality") or []), "",
+              "## Quality over training", "", *quality.section(verdict.get("quality") or []),
+              *(["![each study's gaps to torch bf16 against its own noise floor](verdict_quality.png)", ""]
+                if verdict.get("quality") else []), "",
               "## Reproduce", "", f"    {verdict['command']}", ""]
     return "\n".join(lines)
 
@@ -239,10 +241,11 @@ def write(verdict: dict[str, Any], out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = [results.write_json(out / "verdict.json", verdict),
              results.write_bytes(out / "verdict.md", markdown(verdict).encode())]
-    fig = figure(verdict)
-    if fig is not None:
-        import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt
 
-        paths += results.write_figure(fig, out, "verdict")
-        plt.close(fig)
+    for name, fig in (("verdict", figure(verdict)),
+                      ("verdict_quality", quality.figure(verdict["quality"]) if verdict.get("quality") else None)):
+        if fig is not None:
+            paths += results.write_figure(fig, out, name)
+            plt.close(fig)
     return paths

@@ -151,3 +151,17 @@ def section(quality: list[dict[str, Any]]) -> list[str]:
                        f"[{_pct(a['ci_low_pct'])}, {_pct(a['ci_high_pct'])}] | {diff} | {floor} | {judged} |")
         out.append("")
     return out
+
+
+def figure(quality: list[dict[str, Any]]):
+    """The studies' gaps side by side (study.compare's figure: each arm's interval, its own study's noise band)."""
+    import pandas as pd
+
+    from workbench.study.compare import figure as side_by_side
+
+    keys = {"gap_pct": "gap_pct_mean", "ci_low_pct": "gap_pct_ci_low", "ci_high_pct": "gap_pct_ci_high"}
+    table = pd.DataFrame([{"study": s["study"], **{keys.get(k, k): v for k, v in a.items()}}
+                          for s in quality for a in s["arms"]])
+    return side_by_side(table.astype({c: float for c in ("gap_pct_mean", "gap_pct_ci_low", "gap_pct_ci_high",
+                                                             "noise_floor_pct")}))
+

@@ -143,11 +143,13 @@ def section(quality: list[dict[str, Any]]) -> list[str]:
                     ""]
         out += [f"| arm | metric | seeds | gap to {REFERENCE_ARM} [95% interval] | difference | noise floor | "
                 "judgement |", "|---|---|---:|---|---:|---:|---|"]
+        to = "the original model" if str(s["student"]).startswith("the teacher itself") else "the teacher"
         for a in s["arms"]:
+            name = METRIC_NAMES[a["metric"]].replace("the teacher", to)
             diff = "" if a["diff"] is None else f"{a['diff']:+.4f}"
             floor = "" if a["noise_floor_pct"] is None else f"{a['noise_floor_pct']:.1f}%"
             judged = "not run" if a["gap_pct"] is None else WORDS[a["within_noise"]]
-            out.append(f"| {a['arm']} | {METRIC_NAMES[a['metric']]} | {a['n_seeds']} | {_pct(a['gap_pct'])} "
+            out.append(f"| {a['arm']} | {name} | {a['n_seeds']} | {_pct(a['gap_pct'])} "
                        f"[{_pct(a['ci_low_pct'])}, {_pct(a['ci_high_pct'])}] | {diff} | {floor} | {judged} |")
         out.append("")
     return out

@@ -49,7 +49,8 @@ from workbench import config
 from workbench.verdict.cli import run
 
 verdict = run(model, preset, config.parse_set(overrides), out, peak=peak, budget_s=budget_s, studies=studies,
-              command_line=f"papermill notebooks/verdict.ipynb out.ipynb -p model {model} -p preset {preset}")
+              command_line=f"papermill notebooks/verdict.ipynb out.ipynb -p model {model} -p preset {preset}"
+              + (f" -y 'studies: {list(studies)}'" if studies else ""))
 Markdown(f"**{verdict['headline']}**")
 
 # %%

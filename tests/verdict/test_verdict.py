@@ -218,7 +218,8 @@ def test_a_verdict_given_a_study_says_what_fp8_does_over_training_against_its_no
     assert te_bf16["within_noise"] is True
     # no GPU: the predicted recipe is the one looked up; the headline carries the answer and the warning
     assert "Quality over training, te_fp8_delayed against torch_bf16" in v["headline"]
-    assert "KL to the original model +57.9%" in v["headline"] and "outside the noise" in v["headline"]
+    assert "KL to the original model +57.9% [+55.2%, +60.6%]; +0.0247 nats" in v["headline"]
+    assert "outside the noise" in v["headline"]
     assert "read that study before adopting it" in v["headline"] and "not this verdict's model" in v["headline"]
     md = (out / "verdict.md").read_text()
     assert "### `real-finetune`: smollm2-135m fine-tuned" in md
@@ -258,12 +259,12 @@ def test_the_quality_sentence_judges_by_each_studys_own_noise_floor(within, word
     from workbench.verdict import page
 
     studies = [{"study": "s", "student": "pruned", "teacher": "m", "other_model": False, "refused": False,
-                "arms": _arms(within)}]
+                "finetuned": False, "trained_here": False, "arms": _arms(within)}]
     verdict = {"quality": studies, "measured": {"status": "ok", "best_fp8": {"recipe": "te_fp8_delayed_head"}}}
     said = page.quality_sentence(verdict)
     # the measured FP8 row had an FP8 head: the studies' arm for it is its layers' recipe
-    assert said.startswith("Quality over training, te_fp8_delayed (the studies' arm for te_fp8_delayed_head; head "
-                           "bf16) against torch_bf16: `s` (pruned students of m, 3 seeds)")
+    assert said.startswith("Quality over training, te_fp8_delayed (the studies' arm for te_fp8_delayed_head: its "
+                           "FP8 head not studied) against torch_bf16: `s` (pruned students of m, 3 seeds)")
     assert words in said and ("read that study" in said) == warned
 
 
@@ -271,9 +272,10 @@ def test_a_refused_study_and_an_arm_it_did_not_run_are_said_not_judged():
     from workbench.verdict import quality
 
     studies = [{"study": "r", "refused": True, "arms": _arms(False)},
-               {"study": "t", "student": "x", "teacher": "m", "refused": False, "arms": _arms(False)}]
+               {"study": "t", "student": "x", "teacher": "m", "refused": False, "finetuned": False,
+                "trained_here": False, "arms": _arms(False)}]
     said = quality.sentence(studies, "torchao_float8")
-    assert "`r` refused" in said and "`t` did not run torchao_float8" in said
+    assert "`r` refused" in said and "`t` has no torchao_float8 arm" in said
     assert quality.outside(studies, "torchao_float8") == [] and quality.outside(studies, "te_fp8_delayed") == ["t"]
 
 
@@ -295,3 +297,50 @@ def test_a_study_whose_report_is_older_than_its_points_is_reported_again(tmp_pat
     kl = next(a for a in q["arms"] if a["arm"] == "te_bf16" and a["metric"] == "kl_teacher_student_t1_nats")
     assert kl["n_seeds"] == 1 and kl["gap_pct"] is not None and kl["within_noise"] is None  # one seed: no floor
     assert (tmp_path / "v" / "verdict_quality.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_an_fp8_attention_recipe_is_looked_up_as_its_layers_arm_saying_what_was_not_studied():
+    from workbench.verdict import quality
+
+    assert quality.arm_of("te_fp8_current_head_attention") == ("te_fp8_current", "its FP8 head and attention")
+    assert quality.arm_of("torchao_float8") == ("torchao_float8", "")
+
+
+def test_a_report_of_a_study_whose_point_folders_are_gone_is_read_as_it_is(tmp_path, monkeypatch):
+    # the committed reference layout keeps the report, not the points: reporting it again would wipe its gaps, however
+    # the checkout ordered the files' times
+    import os
+    import shutil
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    study = tmp_path / "quality"
+    shutil.copytree(ROOT / "results/reference/h200/quality", study,
+                    ignore=shutil.ignore_patterns("64mb", "real", "carry", "long_3200", "*.png", "*.ipynb"))
+    os.utime(study / "index.csv", (2e9, 2e9))  # newer than the report
+    before = (study / "headline.json").read_text()
+    assert cli.main(["verdict", "tiny-llama", "--preset", "cpu-smoke", "--out", str(tmp_path / "v"),
+                     "--study", str(study)]) == 0
+    assert (study / "headline.json").read_text() == before
+    (q,) = json.loads((tmp_path / "v" / "verdict.json").read_text())["quality"]
+    assert q["trained_here"] and q["other_model"] is None and "students of a teacher trained in the study" in (
+        tmp_path / "v" / "verdict.md").read_text()
+
+
+def test_a_study_that_cannot_be_read_is_refused_naming_it_before_the_gpu_part(tmp_path, monkeypatch, capsys):
+    from workbench.verdict import measured
+
+    monkeypatch.setattr(measured, "measure", lambda *a, **k: pytest.fail("the GPU part ran before the studies"))
+    study = _finetune_study(tmp_path)
+    (study / "gaps.csv").write_bytes(b"")  # damaged
+    assert cli.main(["verdict", "tiny-llama", "--preset", "cpu-smoke", "--out", str(tmp_path / "v"),
+                     "--study", str(study)]) == 2
+    assert f"--study {study}: its report cannot be read" in capsys.readouterr().err
+
+
+def test_papermills_text_of_a_list_of_studies_is_read_as_the_list(tmp_path):
+    from workbench.verdict import quality
+
+    study = _finetune_study(tmp_path)
+    assert quality.check(f'["{study}"]') == [study] and quality.check(str(study)) == [study]

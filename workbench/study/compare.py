@@ -5,11 +5,12 @@ arm's paired gap to torch bf16 against that study's own noise floor, in one tabl
 
 It reads what each study's report wrote (headline.json, arms.csv, gaps.csv: the result files are the contract) and
 writes <out>/comparison/: comparison.csv, comparison.png / .svg, README.md. A study without a report yet, or with
-one older than its index.csv, gets one first. The noise floors are never pooled: each study's gaps are judged
-against its own, as its report does.
+done points its report has not read (unreported_points), gets one first. The noise floors are never pooled: each
+study's gaps are judged against its own, as its report does.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from workbench.study.figures import interval_xerr
 from workbench.study.readme import md_table
 from workbench.study.report import report
 from workbench.study.spec import METRIC_NAMES, REFERENCE_ARM, STUDY_FILE, Study, given
+from workbench.sweep.index import read_index
 
 COMPARED = ("kl_teacher_student_t1_nats", "heldout_ppl")
 UNKNOWN_COLOR = "#999999"  # a gap whose study has no noise floor yet
@@ -44,9 +46,8 @@ def study_rows(study_dir: Path) -> list[dict[str, Any]]:
     """One row per arm (the reference and noise arms aside) and compared metric of one study."""
     if not (study_dir / STUDY_FILE).exists():
         raise ConfigError(f"{study_dir}: no study here (no {STUDY_FILE})")
-    head, index = study_dir / "headline.json", study_dir / "index.csv"
-    if not head.exists() or (index.exists() and index.stat().st_mtime > head.stat().st_mtime):
-        report(study_dir)  # none yet, or older than the points (a call's report, then more points ran): its tables
+    if not (study_dir / "headline.json").exists() or unreported_points(study_dir):
+        report(study_dir)
     study = Study.from_dict(results.read_json(study_dir / STUDY_FILE))
     head = results.read_json(study_dir / "headline.json")
     arms = results.read_csv(study_dir / "arms.csv").set_index("arm")
@@ -65,6 +66,21 @@ def study_rows(study_dir: Path) -> list[dict[str, Any]]:
                          "step0_mean": a.get(f"{m}_step0_mean"), "end_mean": a.get(f"{m}_mean"),
                          "flattened": a.get("flattened"), "refused": bool(head.get("refused"))})
     return rows
+
+
+def unreported_points(study_dir: Path) -> list[str]:
+    """Done points (index.csv) whose folders are here but whose students the report (study.csv) has not read: a
+    report written by an earlier call, then more points ran (the pruned study's archive at 3e25bd0). Empty where the
+    folder cannot be written (its report is read as it is) and where the points' folders are gone (a reference copy
+    keeps the report alone: reporting it again would lose it)."""
+    table = study_dir / "study.csv"
+    if not table.exists() or not os.access(study_dir, os.W_OK):
+        return []
+    index = read_index(study_dir)
+    reported = results.read_csv(table)
+    read = set(reported.loc[reported["status"] == "ok", "point"].astype(str)) if "point" in reported else set()
+    done = index.loc[index["status"] == "done", "point"].astype(str)
+    return sorted(p for p in done if p not in read and (study_dir / p).is_dir())
 
 
 def compare(study_dirs: list[str | Path], out: str | Path) -> pd.DataFrame:
@@ -107,7 +123,7 @@ def figure(table: pd.DataFrame):
                 continue
             # no noise floor yet (its noise arm has not run, or one seed): neither within nor outside
             ax.errorbar(r["gap_pct_mean"], i, xerr=interval_xerr(r), fmt="o", capsize=3,
-                        color={True: "#4c72b0", False: "#c44e52"}.get(_bool(r["within_noise"]), UNKNOWN_COLOR))
+                        color={True: "#4c72b0", False: "#c44e52"}.get(flag(r["within_noise"]), UNKNOWN_COLOR))
         for i in range(1, len(labels)):
             if labels[i][0] != labels[i - 1][0]:
                 ax.axhline(i - 0.5, color="black", lw=0.6)
@@ -138,11 +154,11 @@ def page(table: pd.DataFrame, heads: dict[str, str | None]) -> str:
                   or "not run",
                   "noise floor %": _cell(r["noise_floor_pct"], ".2f"),
                   "verdict": "refused" if r["refused"] else
-                  {True: "within noise", False: "outside"}.get(_bool(r["within_noise"]), "unknown"),
+                  {True: "within noise", False: "outside"}.get(flag(r["within_noise"]), "unknown"),
                   f"diff {unit} [95%]": _span(r["diff_mean"], r["diff_ci_low"], r["diff_ci_high"], "+.4f"),
                   "step 0 -> end": "" if pd.isna(r["end_mean"]) else
                   f"{_cell(r['step0_mean'], '.4f')} -> {r['end_mean']:.4f}",
-                  "flattened": {True: "yes", False: "no"}.get(_bool(r["flattened"]), "")}
+                  "flattened": {True: "yes", False: "no"}.get(flag(r["flattened"]), "")}
                  for r in table[table["metric"] == m].to_dict("records")]
         parts += ["", f"## {METRIC_NAMES[m]}", "", md_table(pd.DataFrame(shown))]
     parts += ["", "Figure: `comparison.png`; rows: `comparison.csv`. Gaps are paired by seed within a study; the noise "
@@ -155,6 +171,6 @@ def _span(mean: Any, low: Any, high: Any, fmt: str) -> str:
     return "" if pd.isna(mean) else f"{mean:{fmt}} [{_cell(low, fmt)}, {_cell(high, fmt)}]"
 
 
-def _bool(v: Any) -> bool | None:
+def flag(v: Any) -> bool | None:
     """A flag cell read back from CSV (cells.truthy), None where it is empty."""
     return None if v is None or (isinstance(v, float) and pd.isna(v)) else truthy(v)

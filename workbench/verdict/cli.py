@@ -64,12 +64,12 @@ def command(args: argparse.Namespace) -> str:
 
 def run(model: str, preset: str = "hf-llama-1b", overrides: dict | None = None, out: str | Path = "results/verdict",
         gpu: str | None = None, peak: str | None = None, budget_s: float = 360.0, command_line: str = "",
-        studies: list[str | Path] | None = None) -> dict:
+        studies: list[str | Path] | str | None = None) -> dict:
     """Predict, measure where a CUDA GPU is, write verdict.json / .md / .png into `out`; returns the verdict.
     What `workbench verdict` and notebooks/verdict.ipynb call. `gpu` None: the GPU the measured part runs on
     (at 05acfd3 an H100's measured rows stood beside a prediction for the default H200), DEFAULT_GPU without one.
-    `studies`: study folders whose gaps are the quality part (verdict/quality.py), checked before anything runs."""
-    quality.check(studies or [])
+    `studies`: study folders whose gaps are the quality part (verdict/quality.py), read before anything runs."""
+    studied = quality.read(studies or [], model)  # before any GPU time: a study that cannot be read stops here
     overrides = dict(overrides or {})
     gpu = gpu or this_gpu()
     cfg = config.from_preset(preset, **overrides)
@@ -78,7 +78,7 @@ def run(model: str, preset: str = "hf-llama-1b", overrides: dict | None = None, 
     verdict = {"schema": prediction["schema"], "model": model, "preset": preset, "set": overrides,
                "command": command_line, "prediction": prediction,
                "measured": measured.measure(model, prediction, preset, overrides, Path(out), budget_s),
-               "quality": quality.read(studies or [], model)}
+               "quality": studied}
     verdict["headline"] = page.headline(verdict)
     verdict["files"] = [p.name for p in page.write(verdict, Path(out))]
     return verdict

@@ -2,26 +2,32 @@
 (`workbench study`, `--study DIR` once per study). The speed part measures step 0 only; a study trains every arm
 from the same weights on the same batches over seeds, and judges each arm's paired gap to torch bf16 against its
 own bf16 noise floor. This reads what the studies' reports wrote (study.compare.study_rows: headline.json,
-arms.csv, gaps.csv; a study without a report gets one first) and never pools noise floors across studies.
+arms.csv, gaps.csv; a study without a report, or with done points its report has not read, gets one first) and
+never pools noise floors across studies.
 
     python -m workbench verdict MODEL --study results/studies/real-finetune --study results/studies/real-pruned ...
 """
 from __future__ import annotations
 
-import math
+import json
 from pathlib import Path
 from typing import Any
 
 from workbench import results
 from workbench.config import ConfigError
-from workbench.study.spec import METRIC_NAMES, REFERENCE_ARM, STUDY_FILE
+from workbench.study.compare import describe, flag, study_rows
+from workbench.study.spec import METRIC_NAMES, REFERENCE_ARM, STUDY_FILE, Study
+from workbench.verdict.measured import _num
 
 METRIC = "kl_teacher_student_t1_nats"  # the study's own headline metric: how far the student is from its teacher
 WORDS = {True: "within the noise", False: "outside the noise", None: "noise unknown (no noise floor yet)"}
 
 
-def check(study_dirs: list[str | Path]) -> list[Path]:
-    """The folders, each a study (its study.json): refused up front, naming --study, before any GPU time is spent."""
+def check(study_dirs: list[str | Path] | str) -> list[Path]:
+    """The folders, each a study (its study.json): refused up front, naming --study. A string is one folder, or a
+    JSON list of them (papermill's `-p studies '[...]'` passes the list as its text)."""
+    if isinstance(study_dirs, str):
+        study_dirs = json.loads(study_dirs) if study_dirs.lstrip().startswith("[") else [study_dirs]
     dirs = [Path(d) for d in study_dirs]
     for d in dirs:
         if not (d / STUDY_FILE).is_file():
@@ -30,64 +36,65 @@ def check(study_dirs: list[str | Path]) -> list[Path]:
     return dirs
 
 
-def _num(v: Any) -> float | None:
-    return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
-
-
-def _within(v: Any) -> bool | None:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return None
-    return str(v).strip().lower() in ("true", "1", "1.0")
-
-
-def read(study_dirs: list[str | Path], model: str | None = None) -> list[dict[str, Any]]:
+def read(study_dirs: list[str | Path] | str, model: str | None = None) -> list[dict[str, Any]]:
     """Per study: what it distilled, its headline sentence, and each FP8 / bf16 arm's gap to torch bf16 in KL to
     the teacher and held-out perplexity, with its interval and the study's noise floor. `model` (the verdict's):
-    `other_model` says where the study's teacher is another folder (its name differs), which the page names."""
-    from workbench.study.compare import study_rows  # the studies' own reader (pandas): only when asked for
-
+    `other_model` says whether the study's teacher folder has another name (None: unknown, a teacher trained in the
+    study). A study whose report or files cannot be read is refused naming --study."""
     out = []
     for d in check(study_dirs):
-        rows = study_rows(d)
-        head = results.read_json(d / "headline.json")
+        try:
+            rows = study_rows(d)
+            head = results.read_json(d / "headline.json")
+            study = Study.from_dict(results.read_json(d / STUDY_FILE))
+        except (OSError, ValueError, KeyError, results.OutputError) as e:
+            raise ConfigError(f"--study {d}: its report cannot be read ({type(e).__name__}: {e})") from e
         arms = [{"arm": r["arm"], "metric": r["metric"], "n_seeds": int(_num(r["n_seeds"]) or 0),
                  "gap_pct": _num(r["gap_pct_mean"]), "ci_low_pct": _num(r["gap_pct_ci_low"]),
                  "ci_high_pct": _num(r["gap_pct_ci_high"]), "noise_floor_pct": _num(r["noise_floor_pct"]),
-                 "within_noise": _within(r["within_noise"]), "diff": _num(r["diff_mean"]),
+                 "within_noise": flag(r["within_noise"]), "diff": _num(r["diff_mean"]),
                  "diff_ci_low": _num(r["diff_ci_low"]), "diff_ci_high": _num(r["diff_ci_high"]),
                  "step0": _num(r["step0_mean"]), "end": _num(r["end_mean"]),
-                 "flattened": _within(r["flattened"])} for r in rows]
-        first = rows[0] if rows else {}
-        teacher = first.get("teacher")
-        other = None if model is None or teacher in (None, "trained here") else Path(model).name != teacher
-        out.append({"study": d.name, "folder": str(d), "teacher": teacher, "other_model": other,
-                    "student": first.get("student"), "seeds_planned": first.get("seeds_planned"),
-                    "refused": bool(head.get("refused")), "sentence": head.get("sentence"),
-                    "arms_not_flattened": head.get("arms_not_flattened") or [], "gpus": head.get("gpus") or [],
-                    "code_versions": head.get("code_versions") or [], "arms": arms})
+                 "flattened": flag(r["flattened"])} for r in rows]
+        teacher, student = describe(study)
+        trained_here = teacher == "trained here"
+        other = None if model is None or trained_here else Path(model).name.casefold() != teacher.casefold()
+        out.append({"study": d.name, "folder": str(d), "teacher": teacher, "student": student,
+                    "finetuned": study.student_is_teacher, "trained_here": trained_here, "other_model": other,
+                    "seeds_planned": len(study.seeds), "refused": bool(head.get("refused")),
+                    "sentence": head.get("sentence"), "arms_not_flattened": head.get("arms_not_flattened") or [],
+                    "gpus": head.get("gpus") or [], "code_versions": head.get("code_versions") or [], "arms": arms})
     return out
 
 
-def arm_of(recipe: str) -> str:
-    """The study arm that trains `recipe`'s layers: a verdict recipe with an FP8 head (te_fp8_delayed_head, ...) is its
-    layers' recipe there, the studies' heads staying bf16."""
-    return recipe.split("_head")[0]
+def arm_of(recipe: str) -> tuple[str, str]:
+    """(the study arm that trains `recipe`'s layers, what of the recipe no study arm has, '' for nothing): a verdict
+    recipe with an FP8 head (te_fp8_delayed_head) or FP8 attention too is its layers' recipe there."""
+    arm, head, rest = recipe.partition("_head")
+    if not head:
+        return arm, ""
+    return arm, "its FP8 head and attention" if rest == "_attention" else "its FP8 head"
 
 
 def gap(study: dict[str, Any], recipe: str, metric: str = METRIC) -> dict[str, Any] | None:
-    """The study's row of `recipe`'s arm (te_fp8_delayed, torchao_float8, ...) and `metric`, where it ran."""
-    for a in study["arms"]:
-        if a["arm"] == arm_of(recipe) and a["metric"] == metric and a["gap_pct"] is not None:
-            return a
-    return None
+    """The study's row of `recipe`'s arm (te_fp8_delayed, torchao_float8, ...) and `metric`, where the study has it."""
+    arm = arm_of(recipe)[0]
+    return next((a for a in study["arms"] if a["arm"] == arm and a["metric"] == metric), None)
 
 
 def _what(s: dict[str, Any]) -> str:
-    """What the study trained, in words: '<teacher> fine-tuned' (its students start as the teacher), else
-    '<student> students of <teacher>'; marked where the teacher is not the verdict's model."""
-    what = (f"{s['teacher']} fine-tuned" if str(s["student"]).startswith("the teacher itself")
-            else f"{s['student']} students of {s['teacher']}")
+    """What the study trained, in words; marked where its teacher is not the verdict's model."""
+    if s["finetuned"]:
+        what = f"{s['teacher']} fine-tuned"
+    elif s["trained_here"]:
+        what = f"{s['student']} students of a teacher trained in the study"
+    else:
+        what = f"{s['student']} students of {s['teacher']}"
     return what + (", not this verdict's model" if s.get("other_model") else "")
+
+
+def _to(s: dict[str, Any]) -> str:
+    return "the original model" if s["finetuned"] else "the teacher"
 
 
 def _pct(v: float | None) -> str:
@@ -101,23 +108,24 @@ def sentence(quality: list[dict[str, Any]], recipe: str | None) -> str | None:
         return None
     if recipe is None:
         return "Quality over training: no FP8 recipe to look up in the studies."
+    arm, beyond = arm_of(recipe)
     parts = []
     for s in quality:
+        g = gap(s, recipe)
         if s["refused"]:
             parts.append(f"`{s['study']}` refused (its KD students beat their teacher)")
-            continue
-        g = gap(s, recipe)
-        if g is None:
-            parts.append(f"`{s['study']}` did not run {arm_of(recipe)}")
-            continue
-        floor = "" if g["noise_floor_pct"] is None else f", bf16 noise floor {g['noise_floor_pct']:.1f}%"
-        nats = "" if g["diff"] is None else f" ({g['diff']:+.4f} nats)"
-        to = "the original model" if s["student"].startswith("the teacher itself") else "the teacher"
-        parts.append(f"`{s['study']}` ({_what(s)}, {g['n_seeds']} seeds): KL to {to} "
-                     f"{_pct(g['gap_pct'])}{nats} [{_pct(g['ci_low_pct'])}, {_pct(g['ci_high_pct'])}]{floor}: "
-                     f"{WORDS[g['within_noise']]}")
-    arm = arm_of(recipe) + ("" if arm_of(recipe) == recipe else f" (the studies' arm for {recipe}; head bf16)")
-    return f"Quality over training, {arm} against {REFERENCE_ARM}: " + "; ".join(parts) + "."
+        elif g is None:
+            parts.append(f"`{s['study']}` has no {arm} arm")
+        elif g["gap_pct"] is None:
+            parts.append(f"`{s['study']}` has no gap for {arm} yet ({g['n_seeds']} seeds in its report)")
+        else:
+            floor = "" if g["noise_floor_pct"] is None else f", bf16 noise floor {g['noise_floor_pct']:.1f}%"
+            nats = "" if g["diff"] is None else f"; {g['diff']:+.4f} nats"
+            span = f"{_pct(g['gap_pct'])} [{_pct(g['ci_low_pct'])}, {_pct(g['ci_high_pct'])}]"
+            parts.append(f"`{s['study']}` ({_what(s)}, {g['n_seeds']} seeds): KL to {_to(s)} {span}{nats}{floor}: "
+                         f"{WORDS[g['within_noise']]}")
+    label = arm if not beyond else f"{arm} (the studies' arm for {recipe}: {beyond} not studied)"
+    return f"Quality over training, {label} against {REFERENCE_ARM}: " + "; ".join(parts) + "."
 
 
 def outside(quality: list[dict[str, Any]], recipe: str | None) -> list[str]:
@@ -143,9 +151,8 @@ def section(quality: list[dict[str, Any]]) -> list[str]:
                     ""]
         out += [f"| arm | metric | seeds | gap to {REFERENCE_ARM} [95% interval] | difference | noise floor | "
                 "judgement |", "|---|---|---:|---|---:|---:|---|"]
-        to = "the original model" if str(s["student"]).startswith("the teacher itself") else "the teacher"
         for a in s["arms"]:
-            name = METRIC_NAMES[a["metric"]].replace("the teacher", to)
+            name = METRIC_NAMES[a["metric"]].replace("the teacher", _to(s))
             diff = "" if a["diff"] is None else f"{a['diff']:+.4f}"
             floor = "" if a["noise_floor_pct"] is None else f"{a['noise_floor_pct']:.1f}%"
             judged = "not run" if a["gap_pct"] is None else WORDS[a["within_noise"]]

@@ -20,6 +20,9 @@ import sys
 import time
 from pathlib import Path
 
+import filelock
+
+from workbench.data.cache import entry_lock
 from workbench.sweep.index import DamagedIndex, read_index
 
 SHAPE = ("steps", "batch", "seq_len")  # recipe fields a study's points set beside the seed: a store is theirs
@@ -103,13 +106,27 @@ def sweep(studies: list[Path], cache: Path | None = None, ended: bool = False) -
                 free = freeable(recipe, plans, ended)
             except (ValueError, TypeError):  # a recipe or plan value that is no number: keep the store
                 continue
-            if free:
-                # renamed first: a janitor killed mid-delete leaves a .trash- folder, never a store missing files
-                trash = meta.parent.with_name(f".trash-{meta.parent.name}")
-                meta.parent.rename(trash)
-                shutil.rmtree(trash, ignore_errors=True)
+            if free and _free(meta.parent):
                 freed.append(f"{label}: {meta.parent.name} (seed {recipe.get('seed')})")
     return freed
+
+
+def _free(store: Path) -> bool:
+    """Remove the store under its cache-entry lock (data.cache.entry_lock), taken without waiting: a point checking,
+    building or opening it right now (a rerun) holds it, and the store then stays for a later pass. Renamed first: a
+    janitor killed mid-delete leaves a .trash- folder, never a store missing files."""
+    lock = entry_lock(store)
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        return False
+    try:
+        trash = store.with_name(f".trash-{store.name}")
+        store.rename(trash)
+    finally:
+        lock.release()
+    shutil.rmtree(trash, ignore_errors=True)
+    return True
 
 
 def main(argv: list[str]) -> None:

@@ -40,8 +40,8 @@ def test_only_a_done_points_store_is_freed(tmp_path):
         study / "index.csv", index=False)
     freed = _janitor().sweep([study, tmp_path / "not-started-yet"])
     assert freed == [f"real-pruned: topk-{1:012d} (seed 1)"]
-    left = sorted(p.name for p in (study / "cache").iterdir())
-    assert left == ["topk-000000000002", "topk-000000001001", "topk-building.tmp"]
+    left = sorted(p.name for p in (study / "cache").iterdir() if not p.name.endswith(".lock"))  # (empty lock files
+    assert left == ["topk-000000000002", "topk-000000001001", "topk-building.tmp"]  # stay, as every cache entry's)
     index = pd.read_csv(study / "index.csv")
     index.loc[index["point"] == "d", "status"] = "done"
     index.to_csv(study / "index.csv", index=False)
@@ -85,3 +85,19 @@ def test_a_shared_store_is_freed_once_every_study_that_reads_it_is_done_with_it(
     # the studies stopped for good, seed 2's random point unfinished (--ended): its store goes, the unplanned one stays
     assert j.sweep([pruned, random_], cache, ended=True) == [f"cache: {s2.name} (seed 2)"]
     assert other.exists()
+
+
+def test_a_store_a_point_is_checking_or_building_is_left_for_a_later_pass(tmp_path):
+    # a rerun's ensure_store holds the store's entry lock while it hashes, builds or opens it
+    from workbench.data.cache import entry_lock
+
+    j, cache = _janitor(), tmp_path / "cache"
+    study = _study(tmp_path, "real-pruned", {1: "done"})
+    store = _store(cache, 1)
+    lock = entry_lock(store)
+    lock.acquire()
+    try:
+        assert j.sweep([study], cache) == [] and store.exists()
+    finally:
+        lock.release()
+    assert j.sweep([study], cache) == [f"cache: {store.name} (seed 1)"] and not store.exists()

@@ -212,8 +212,8 @@ def test_a_verdict_given_a_study_says_what_fp8_does_over_training_against_its_no
     assert q["study"] == "real-finetune" and q["teacher"] == "smollm2-135m" and q["other_model"] is True
     kl = next(a for a in q["arms"] if a["arm"] == "te_fp8_delayed" and a["metric"] == "kl_teacher_student_t1_nats")
     # the study's own gaps.csv: +57.9% [+55.2%, +60.6%] against a 1.0% bf16 noise floor, 3 seeds
-    assert kl["n_seeds"] == 3 and kl["within_noise"] is False and round(kl["gap_pct"], 1) == 57.9
-    assert round(kl["noise_floor_pct"], 1) == 1.0 and round(kl["diff"], 4) == 0.0247
+    assert kl["n_seeds"] == 3 and kl["within_noise"] is False and round(kl["gap_pct_mean"], 1) == 57.9
+    assert round(kl["noise_floor_pct"], 1) == 1.0 and round(kl["diff_mean"], 4) == 0.0247
     te_bf16 = next(a for a in q["arms"] if a["arm"] == "te_bf16" and a["metric"] == "kl_teacher_student_t1_nats")
     assert te_bf16["within_noise"] is True
     # no GPU: the predicted recipe is the one looked up; the headline carries the answer and the warning
@@ -247,9 +247,9 @@ def test_a_study_folder_that_is_none_is_refused_before_anything_runs(tmp_path, c
 
 
 def _arms(kl_within, n=3):
-    return [{"arm": "te_fp8_delayed", "metric": "kl_teacher_student_t1_nats", "n_seeds": n, "gap_pct": 4.0,
-             "ci_low_pct": -1.0, "ci_high_pct": 9.0, "noise_floor_pct": None if kl_within is None else 3.7,
-             "within_noise": kl_within, "diff": 0.01, "diff_ci_low": -0.002, "diff_ci_high": 0.02}]
+    return [{"arm": "te_fp8_delayed", "metric": "kl_teacher_student_t1_nats", "n_seeds": n, "gap_pct_mean": 4.0,
+             "gap_pct_ci_low": -1.0, "gap_pct_ci_high": 9.0, "noise_floor_pct": None if kl_within is None else 3.7,
+             "within_noise": kl_within, "diff_mean": 0.01, "diff_ci_low": -0.002, "diff_ci_high": 0.02}]
 
 
 @pytest.mark.parametrize("within, words, warned", [(True, "within the noise", False),
@@ -295,7 +295,7 @@ def test_a_study_whose_report_is_older_than_its_points_is_reported_again(tmp_pat
                      "--study", str(study)]) == 0
     (q,) = json.loads((tmp_path / "v" / "verdict.json").read_text())["quality"]
     kl = next(a for a in q["arms"] if a["arm"] == "te_bf16" and a["metric"] == "kl_teacher_student_t1_nats")
-    assert kl["n_seeds"] == 1 and kl["gap_pct"] is not None and kl["within_noise"] is None  # one seed: no floor
+    assert kl["n_seeds"] == 1 and kl["gap_pct_mean"] is not None and kl["within_noise"] is None  # one seed: no floor
     assert (tmp_path / "v" / "verdict_quality.png").read_bytes()[:4] == b"\x89PNG"
 
 

@@ -44,6 +44,12 @@ def describe(study: Study) -> tuple[str, str]:
 
 def study_rows(study_dir: Path) -> list[dict[str, Any]]:
     """One row per arm (the reference and noise arms aside) and compared metric of one study."""
+    return load(study_dir)[2]
+
+
+def load(study_dir: Path) -> tuple[Study, dict[str, Any], list[dict[str, Any]]]:
+    """(the study, its headline.json, study_rows): its report read once (made first where it is missing or has not
+    read done points)."""
     if not (study_dir / STUDY_FILE).exists():
         raise ConfigError(f"{study_dir}: no study here (no {STUDY_FILE})")
     if not (study_dir / "headline.json").exists() or unreported_points(study_dir):
@@ -65,7 +71,7 @@ def study_rows(study_dir: Path) -> list[dict[str, Any]]:
                          "seeds_planned": len(study.seeds), **{c: g.get(c) for c in GAP_COLUMNS},
                          "step0_mean": a.get(f"{m}_step0_mean"), "end_mean": a.get(f"{m}_mean"),
                          "flattened": a.get("flattened"), "refused": bool(head.get("refused"))})
-    return rows
+    return study, head, rows
 
 
 def unreported_points(study_dir: Path) -> list[str]:

@@ -1,7 +1,7 @@
 """The verdict's quality part: what FP8 does to what a student learns over training, from studies that ran
 (`workbench study`, `--study DIR` once per study). The speed part measures step 0 only; a study trains every arm
 from the same weights on the same batches over seeds, and judges each arm's paired gap to torch bf16 against its
-own bf16 noise floor. This reads what the studies' reports wrote (study.compare.study_rows: headline.json,
+own bf16 noise floor. This reads what the studies' reports wrote (study.compare.load: headline.json,
 arms.csv, gaps.csv; a study without a report, or with done points its report has not read, gets one first) and
 never pools noise floors across studies.
 
@@ -15,11 +15,13 @@ from typing import Any
 
 from workbench import results
 from workbench.config import ConfigError
-from workbench.study.compare import describe, flag, study_rows
-from workbench.study.spec import METRIC_NAMES, REFERENCE_ARM, STUDY_FILE, Study
+from workbench.study.compare import describe, flag, load
+from workbench.study.spec import METRIC_NAMES, REFERENCE_ARM, STUDY_FILE
 from workbench.verdict.measured import _num
 
 METRIC = "kl_teacher_student_t1_nats"  # the study's own headline metric: how far the student is from its teacher
+NUMBERS = ("gap_pct_mean", "gap_pct_ci_low", "gap_pct_ci_high", "noise_floor_pct", "diff_mean", "diff_ci_low",
+           "diff_ci_high", "step0_mean", "end_mean")
 WORDS = {True: "within the noise", False: "outside the noise", None: "noise unknown (no noise floor yet)"}
 
 
@@ -44,18 +46,13 @@ def read(study_dirs: list[str | Path] | str, model: str | None = None) -> list[d
     out = []
     for d in check(study_dirs):
         try:
-            rows = study_rows(d)
-            head = results.read_json(d / "headline.json")
-            study = Study.from_dict(results.read_json(d / STUDY_FILE))
+            study, head, rows = load(d)
         except (OSError, ValueError, KeyError, results.OutputError) as e:
             raise ConfigError(f"--study {d}: its report cannot be read ({type(e).__name__}: {e})") from e
+        # compare's rows as they are (the figure takes them back), their CSV cells as numbers, flags or None
         arms = [{"arm": r["arm"], "metric": r["metric"], "n_seeds": int(_num(r["n_seeds"]) or 0),
-                 "gap_pct": _num(r["gap_pct_mean"]), "ci_low_pct": _num(r["gap_pct_ci_low"]),
-                 "ci_high_pct": _num(r["gap_pct_ci_high"]), "noise_floor_pct": _num(r["noise_floor_pct"]),
-                 "within_noise": flag(r["within_noise"]), "diff": _num(r["diff_mean"]),
-                 "diff_ci_low": _num(r["diff_ci_low"]), "diff_ci_high": _num(r["diff_ci_high"]),
-                 "step0": _num(r["step0_mean"]), "end": _num(r["end_mean"]),
-                 "flattened": flag(r["flattened"])} for r in rows]
+                 **{k: _num(r[k]) for k in NUMBERS}, **{k: flag(r[k]) for k in ("within_noise", "flattened")}}
+                for r in rows]
         teacher, student = describe(study)
         trained_here = teacher == "trained here"
         other = None if model is None or trained_here else Path(model).name.casefold() != teacher.casefold()
@@ -116,12 +113,12 @@ def sentence(quality: list[dict[str, Any]], recipe: str | None) -> str | None:
             parts.append(f"`{s['study']}` refused (its KD students beat their teacher)")
         elif g is None:
             parts.append(f"`{s['study']}` has no {arm} arm")
-        elif g["gap_pct"] is None:
+        elif g["gap_pct_mean"] is None:
             parts.append(f"`{s['study']}` has no gap for {arm} yet ({g['n_seeds']} seeds in its report)")
         else:
             floor = "" if g["noise_floor_pct"] is None else f", bf16 noise floor {g['noise_floor_pct']:.1f}%"
-            nats = "" if g["diff"] is None else f"; {g['diff']:+.4f} nats"
-            span = f"{_pct(g['gap_pct'])} [{_pct(g['ci_low_pct'])}, {_pct(g['ci_high_pct'])}]"
+            nats = "" if g["diff_mean"] is None else f"; {g['diff_mean']:+.4f} nats"
+            span = f"{_pct(g['gap_pct_mean'])} [{_pct(g['gap_pct_ci_low'])}, {_pct(g['gap_pct_ci_high'])}]"
             parts.append(f"`{s['study']}` ({_what(s)}, {g['n_seeds']} seeds): KL to {_to(s)} {span}{nats}{floor}: "
                          f"{WORDS[g['within_noise']]}")
     label = arm if not beyond else f"{arm} (the studies' arm for {recipe}: {beyond} not studied)"
@@ -153,11 +150,11 @@ def section(quality: list[dict[str, Any]]) -> list[str]:
                 "judgement |", "|---|---|---:|---|---:|---:|---|"]
         for a in s["arms"]:
             name = METRIC_NAMES[a["metric"]].replace("the teacher", _to(s))
-            diff = "" if a["diff"] is None else f"{a['diff']:+.4f}"
+            diff = "" if a["diff_mean"] is None else f"{a['diff_mean']:+.4f}"
             floor = "" if a["noise_floor_pct"] is None else f"{a['noise_floor_pct']:.1f}%"
-            judged = "not run" if a["gap_pct"] is None else WORDS[a["within_noise"]]
-            out.append(f"| {a['arm']} | {name} | {a['n_seeds']} | {_pct(a['gap_pct'])} "
-                       f"[{_pct(a['ci_low_pct'])}, {_pct(a['ci_high_pct'])}] | {diff} | {floor} | {judged} |")
+            judged = "not run" if a["gap_pct_mean"] is None else WORDS[a["within_noise"]]
+            out.append(f"| {a['arm']} | {name} | {a['n_seeds']} | {_pct(a['gap_pct_mean'])} "
+                       f"[{_pct(a['gap_pct_ci_low'])}, {_pct(a['gap_pct_ci_high'])}] | {diff} | {floor} | {judged} |")
         out.append("")
     return out
 
@@ -168,9 +165,5 @@ def figure(quality: list[dict[str, Any]]):
 
     from workbench.study.compare import figure as side_by_side
 
-    keys = {"gap_pct": "gap_pct_mean", "ci_low_pct": "gap_pct_ci_low", "ci_high_pct": "gap_pct_ci_high"}
-    table = pd.DataFrame([{"study": s["study"], **{keys.get(k, k): v for k, v in a.items()}}
-                          for s in quality for a in s["arms"]])
-    return side_by_side(table.astype({c: float for c in ("gap_pct_mean", "gap_pct_ci_low", "gap_pct_ci_high",
-                                                             "noise_floor_pct")}))
-
+    table = pd.DataFrame([{"study": s["study"], **a} for s in quality for a in s["arms"]])
+    return side_by_side(table.astype({c: float for c in NUMBERS}))

@@ -380,8 +380,25 @@ def test_a_store_that_fails_its_check_after_a_fresh_build_is_refused(tmp_path):
         build(folder, r)
         (folder / "rest_lse.bin").write_bytes(b"")
 
-    with pytest.raises(ConfigError, match="fails its check right after being built"):
+    with pytest.raises(ConfigError, match="fails its check right after being built.*0 bytes on disk"):
         tt.ensure_store(folder, r, bad_build)
+    with pytest.raises(ConfigError, match="fails its check right after being built.*meta.json is missing"):
+        tt.ensure_store(tmp_path / "t", r, lambda: None)  # a build that wrote nothing
+
+
+def test_a_fresh_store_is_hashed_once_as_it_is_written(tmp_path, monkeypatch):
+    # GBs on a real teacher: the check right after the build compares sizes; the next open checks the hashes
+    from workbench.data import cache
+
+    hashed = []
+    real = cache.sha256
+    monkeypatch.setattr(cache, "sha256", lambda path: hashed.append(Path(path).name) or real(path))
+    r, folder = recipe(), tmp_path / "s"
+    tt.ensure_store(folder, r, lambda: build(folder, r))
+    assert sorted(hashed) == ["indices.bin", "rest_lse.bin", "values.bin", "windows.bin"]
+    hashed.clear()
+    tt.ensure_store(folder, r, lambda: pytest.fail("built again"))
+    assert sorted(hashed) == ["indices.bin", "rest_lse.bin", "values.bin", "windows.bin"]
 
 
 def _rss_bytes() -> int:

@@ -82,8 +82,9 @@ class TopKStore:
 
     def __init__(self, folder: Path, recipe: dict, meta: dict | None = None):
         """The store at `folder`, checked: its files against meta.json's sizes and hashes (Entry.damage; skipped
-        when the caller passes the `meta` of an entry it found whole), meta.json's format and recipe against
-        this one's, and the files' sizes against the recipe's layout. DamagedStore says what is wrong."""
+        when the caller passes the `meta` of an entry it found whole or has just written), meta.json's format and
+        recipe against this one's, and the files' sizes on disk against the recipe's layout. DamagedStore says what
+        is wrong."""
         self.folder = Path(folder)
         if meta is None:
             why = Entry(self.folder, kind=lambda m: _another_kind(m, recipe)).damage()
@@ -97,8 +98,10 @@ class TopKStore:
         for name, (shape, dtype) in self.layout.arrays().items():
             path, size = self.folder / f"{name}.bin", int(np.prod(shape)) * dtype.itemsize
             recorded = meta[FILES].get(path.name, {}).get("bytes")
-            if recorded != size:
-                raise DamagedStore(f"{path}: {META} records {recorded} bytes, the recipe's layout is {size}")
+            on_disk = path.stat().st_size if path.exists() else None
+            if recorded != size or on_disk != size:
+                raise DamagedStore(f"{path}: {on_disk} bytes on disk, {META} records {recorded}, the recipe's "
+                                   f"layout is {size}")
             self.files[name] = (path, shape[1:], dtype)
 
     def __len__(self) -> int:
@@ -199,12 +202,20 @@ def ensure_store(folder: Path, recipe: dict, build: Callable[[], None],
         why = entry.damaged  # its files differ from meta.json's record, or it is of another format or recipe
         _remove_old_builds(folder)
         build()
-        try:
-            store = TopKStore(folder, recipe)
+        try:  # its files were hashed as they were written (Entry.writing): sizes now, not a second pass over GBs
+            store = TopKStore(folder, recipe, _written_meta(folder))
         except DamagedStore as e:
             raise ConfigError(f"the top-k teacher store {folder} fails its check right after being built ({e}); "
                               "check the cache folder's disk, or set distill.teacher_mode=online") from e
     return store, why and f"the top-k store was damaged and was rebuilt: {why}"
+
+
+def _written_meta(folder: Path) -> dict:
+    """The meta.json a build has just committed; DamagedStore where there is none to read."""
+    try:
+        return json.loads((folder / META).read_text())
+    except (OSError, ValueError) as e:
+        raise DamagedStore(f"{folder / META} is missing or unreadable ({type(e).__name__})") from e
 
 
 def _another_kind(meta: dict, recipe: dict) -> str | None:
